@@ -1,0 +1,452 @@
+"""The objective contract, the registry and the shared helpers every objective uses.
+
+An objective is a callable object built with its hyperparameters as keyword arguments::
+
+    obj = get_objective("ppo_clip", eps_low=0.2, eps_high=0.28)
+    out = obj(logp, logp_old, adv, mask, generator=gen)
+
+and returns an :class:`ObjectiveOutput` with a per-token ``loss`` ``[B, T]`` (0 where the mask is 0),
+the realised gradient coefficient ``coef = -dloss/dlogp`` (detached) and a dict of 0-d metric
+tensors. Objectives never call ``.item()`` and never touch global RNG.
+
+Notation (spec §0): ``log_ratio = clamp(logp - logp_old, -20, 20)`` (:func:`log_ratio`, the one
+clamp), ``r = exp(log_ratio)``, ``l = 1 - eps_low``, ``u = 1 + eps_high``. The hard-clip dead zone is
+``Z_hi = {A > 0, r > u}`` and ``Z_lo = {A < 0, r < l}``. The clamp is a true clamp, as in verl: a
+token whose raw log-ratio lies outside ±20 gets no gradient through ``r`` (its ``coef`` reports 0).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+LOG_RATIO_CLAMP = 20.0
+"""Bound on |logp - logp_old| (spec §0). exp(20) ~ 4.9e8 stays finite in float32 and bf16."""
+
+
+@dataclass
+class ObjectiveOutput:
+    """What every objective returns.
+
+    Attributes:
+        loss: ``[B, T]`` per-token loss, 0 where ``mask == 0``. Aggregate it with
+            :func:`sandbox.aggregate.aggregate`.
+        coef: ``[B, T]`` detached gradient coefficient, ``-dloss/dlogp`` as realised in this call
+            (including this call's random draws).
+        metrics: 0-d tensors (no host sync): clip fractions, ratio statistics, k3, ...
+    """
+
+    loss: Tensor
+    coef: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[Objective]] = {}
+
+
+def register_objective(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    """Class decorator: register an :class:`Objective` subclass under ``name``."""
+
+    def wrap(cls: type[Objective]) -> type[Objective]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"objective name {name!r} is already registered")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_objectives() -> list[str]:
+    """Every registered objective name, sorted."""
+    return sorted(_REGISTRY)
+
+
+def objective_class(name: str) -> type[Objective]:
+    """The class registered under ``name`` (no presets). Raises ``ValueError`` if unknown."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown objective {name!r}; valid names: {', '.join(available_objectives())}"
+        ) from None
+
+
+def build_objective(name: str, params: dict[str, Any]) -> Objective:
+    """Instantiate a registered objective, turning unknown keywords into a clear ``ValueError``."""
+    cls = objective_class(name)
+    valid = cls.param_names()
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown} for objective {name!r}; "
+            f"valid parameters: {', '.join(valid) or '(none)'}"
+        )
+    return cls(**params)
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation helpers (hyperparameters)
+# --------------------------------------------------------------------------------------------------
+
+
+def check_range(
+    name: str,
+    value: float,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """Return ``float(value)`` if it lies in the interval, else raise a ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    bad = not math.isfinite(value)
+    if low is not None:
+        bad |= value <= low if low_open else value < low
+    if high is not None:
+        bad |= value >= high if high_open else value > high
+    if bad:
+        lo = "(-inf" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        hi = "inf)" if high is None else f"{high:g}" + (")" if high_open else "]")
+        raise ValueError(f"{name} must lie in {lo}, {hi}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Input preparation (tensors)
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """Validated, sanitised inputs. Masked positions hold logp = logp_old = adv = 0."""
+
+    logp: Tensor  # [B, T], carries the graph
+    logp_old: Tensor  # [B, T], detached
+    adv: Tensor  # [B, T], detached
+    mask: Tensor  # [B, T], bool
+    maskf: Tensor  # [B, T], compute dtype
+    n_valid: Tensor  # 0-d, number of valid tokens (>= 1 when validated)
+
+
+def _check_tensor(name: str, x: Any) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def prepare_batch(
+    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, *, validate: bool = True
+) -> Batch:
+    """Check shapes, devices and values, broadcast ``adv`` and sanitise masked positions.
+
+    ``validate=True`` also checks that valid positions are finite and that the mask is not empty;
+    these checks read one boolean back from the device, so a GPU hot loop may pass
+    ``validate=False`` once its inputs are known to be clean.
+    """
+    _check_tensor("logp", logp)
+    _check_tensor("logp_old", logp_old)
+    _check_tensor("adv", adv)
+    if logp.dim() != 2:
+        raise ValueError(f"logp must have shape [B, T], got {tuple(logp.shape)}")
+    B, T = logp.shape
+    if logp_old.shape != logp.shape:
+        raise ValueError(
+            f"logp_old must have the shape of logp {(B, T)}, got {tuple(logp_old.shape)}"
+        )
+    if adv.dim() == 1 and adv.shape[0] == B:
+        adv = adv[:, None]
+    if adv.dim() != 2 or adv.shape[0] != B or adv.shape[1] not in (1, T):
+        raise ValueError(f"adv must have shape [B, T] or [B, 1] = {(B, T)}, got {tuple(adv.shape)}")
+    if mask is None:
+        mask = torch.ones_like(logp, dtype=torch.bool)
+    _check_tensor("mask", mask)
+    if mask.shape != logp.shape:
+        raise ValueError(f"mask must have the shape of logp {(B, T)}, got {tuple(mask.shape)}")
+    for name, x in (("logp_old", logp_old), ("adv", adv), ("mask", mask)):
+        if x.device != logp.device:
+            raise ValueError(f"{name} is on {x.device} but logp is on {logp.device}")
+    if not logp.is_floating_point():
+        raise ValueError(f"logp must be a floating-point tensor, got {logp.dtype}")
+
+    dtype = torch.promote_types(logp.dtype, torch.float32)  # compute in >= fp32 (bf16 inputs)
+    mask = mask.bool() if mask.dtype == torch.bool else mask != 0
+    adv = adv.detach().to(dtype).expand(B, T)
+    logp_old = logp_old.detach().to(dtype)
+    if validate:
+        bad = ~torch.isfinite(logp.detach() + logp_old + adv) & mask
+        if bool(bad.any()) or not bool(mask.any()):
+            _raise_bad_values(logp, logp_old, adv, mask)
+
+    zero = logp.new_zeros((), dtype=dtype)
+    logp = torch.where(mask, logp.to(dtype), zero)  # no gradient (and no NaN) through padding
+    logp_old = torch.where(mask, logp_old, zero)
+    adv = torch.where(mask, adv, zero)
+    maskf = mask.to(dtype)
+    return Batch(logp, logp_old, adv, mask, maskf, maskf.sum())
+
+
+def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> None:
+    if not bool(mask.any()):
+        raise ValueError("mask is empty: no valid token to compute a loss on")
+    for name, x in (("logp", logp.detach()), ("logp_old", logp_old), ("adv", adv)):
+        if bool((~torch.isfinite(x) & mask).any()):
+            raise ValueError(f"{name} contains NaN or Inf at valid (mask == 1) positions")
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared maths
+# --------------------------------------------------------------------------------------------------
+
+
+def log_ratio(logp: Tensor, logp_old: Tensor) -> tuple[Tensor, Tensor]:
+    """``clamp(logp - logp_old, ±20)`` and a detached 0/1 tensor: where the clamp passes gradient."""
+    raw = logp - logp_old
+    lr = raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    passes = (raw.detach().abs() <= LOG_RATIO_CLAMP).to(raw.dtype)
+    return lr, passes
+
+
+def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
+    n = maskf.sum() if n is None else n
+    return (x * maskf).sum() / n.clamp(min=1)
+
+
+def sequence_log_ratio(b: Batch) -> Tensor:
+    """GSPO-token log-ratio: value ``log s_i = clamp(mean_t log r_it, ±20)``, gradient 1 per token.
+
+    ``log s_it = sg(log s_i) + logp_t - sg(logp_t)`` (GSPO, arXiv 2507.18071, eq. 11), so that
+    d log s_it / d logp_t = 1 and a per-token loss built on ``s_it`` has the per-sequence GSPO gradient
+    when aggregated with ``seq-mean-token-mean``.
+    """
+    with torch.no_grad():
+        lengths = b.maskf.sum(-1, keepdim=True).clamp(min=1)
+        seq_lr = ((b.logp - b.logp_old) * b.maskf).sum(-1, keepdim=True) / lengths
+        seq_lr = seq_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return seq_lr + b.logp - b.logp.detach()
+
+
+def dead_zone(ratio: Tensor, adv: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """Boolean masks ``Z_lo = {A < 0, r < low}`` and ``Z_hi = {A > 0, r > high}`` (detached)."""
+    ratio = ratio.detach()
+    return (adv < 0) & (ratio < low), (adv > 0) & (ratio > high)
+
+
+def ppo_clip_loss(ratio: Tensor, adv: Tensor, low: float, high: float) -> Tensor:
+    """PPO min-form ``max(-A r, -A clip(r, low, high))``; gradient 0 exactly on the dead zone."""
+    return torch.maximum(-adv * ratio, -adv * ratio.clamp(low, high))
+
+
+def ratio_metrics(lr: Tensor, token_lr: Tensor, b: Batch) -> dict[str, Tensor]:
+    """Statistics of the ratio the rule acts on (``lr``: token or sequence log-ratio) over valid
+    tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio (estimates KL(pi_old || pi))."""
+    with torch.no_grad():
+        r = lr.detach().exp()
+        token_lr = token_lr.detach()
+        big = torch.finfo(r.dtype).max
+        return {
+            "ratio_mean": masked_mean(r, b.maskf, b.n_valid),
+            "ratio_max": torch.where(b.mask, r, -big).amax(),
+            "ratio_min": torch.where(b.mask, r, big).amin(),
+            "kl_k3": masked_mean(token_lr.exp() - 1 - token_lr, b.maskf, b.n_valid),
+        }
+
+
+def clip_metrics(z_lo: Tensor, z_hi: Tensor, b: Batch) -> dict[str, Tensor]:
+    """Sign-aware dead-zone shares of valid tokens (identically 0 on-policy, where r = 1)."""
+    return {
+        "clip_low_frac": masked_mean(z_lo.to(b.maskf.dtype), b.maskf, b.n_valid),
+        "clip_high_frac": masked_mean(z_hi.to(b.maskf.dtype), b.maskf, b.n_valid),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# Base class
+# --------------------------------------------------------------------------------------------------
+
+
+class Objective:
+    """Base class. Subclasses set the class attributes, validate parameters in ``__init__`` (keyword
+    arguments with the paper's defaults) and implement :meth:`compute` (and, where a closed form
+    exists, :meth:`expected_coef`).
+
+    Class attributes:
+        name: registry name (set by :func:`register_objective`).
+        level: ``"token"`` or ``"sequence"`` (the importance ratio the clip acts on).
+        stochastic: whether ``coef`` depends on random draws (then ``expected_coef`` is its mean).
+        aggregation: the aggregation mode the paper uses (a recommendation; drivers may override).
+        paper: arXiv id of the source.
+    """
+
+    name: ClassVar[str] = "objective"
+    level: ClassVar[str] = "token"
+    stochastic: ClassVar[bool] = False
+    aggregation: ClassVar[str] = "token-mean"
+    paper: ClassVar[str] = ""
+
+    # -- parameters ---------------------------------------------------------------------------------
+    @classmethod
+    def param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return [p for p in sig.parameters if p != "self"]
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        sig = inspect.signature(cls.__init__)
+        return {k: p.default for k, p in sig.parameters.items() if k != "self"}
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The hyperparameters of this instance (as resolved in ``__init__``)."""
+        return {k: getattr(self, k) for k in self.param_names()}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({args})"
+
+    # -- call -----------------------------------------------------------------------------------------
+    def __call__(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        adv: Tensor,
+        mask: Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+        validate: bool = True,
+    ) -> ObjectiveOutput:
+        """Per-token loss, realised gradient coefficient and metrics.
+
+        Args:
+            logp: ``[B, T]`` log pi_theta of the sampled tokens (carries the graph).
+            logp_old: ``[B, T]`` log-probs under the sampling policy (no gradient flows into it).
+            adv: ``[B, T]`` or ``[B, 1]`` advantages (no gradient flows into it).
+            mask: ``[B, T]`` 1 for real tokens; ``None`` means every token is valid.
+            generator: the only source of randomness for stochastic objectives. ``None`` uses a
+                generator owned by the objective, seeded by its ``seed`` (never the global RNG).
+            validate: check values (finite, non-empty mask); costs one device->host read.
+        """
+        b = prepare_batch(logp, logp_old, adv, mask, validate=validate)
+        loss, coef, metrics = self.compute(b, generator)
+        loss = loss * b.maskf
+        coef = (coef * b.maskf).detach()
+        return ObjectiveOutput(loss=loss, coef=coef, metrics=metrics)
+
+    def compute(
+        self, b: Batch, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def expected_coef(self, ratio: Tensor, adv: Tensor) -> Tensor:
+        """Closed-form ``E[coef | r, A]`` over the objective's own randomness.
+
+        ``ratio`` is the ratio the rule acts on (the token ratio, or the sequence ratio s_i for
+        sequence-level rules); any broadcastable shapes. Raises ``NotImplementedError`` for rules
+        that depend on batch statistics (clip_cov, kl_cov).
+        """
+        raise NotImplementedError(f"{self.name} has no closed-form expected coefficient")
+
+    # -- randomness -----------------------------------------------------------------------------------
+    def _generator(
+        self, generator: torch.Generator | None, device: torch.device
+    ) -> torch.Generator:
+        if generator is not None:
+            if generator.device.type != device.type:
+                raise ValueError(
+                    f"generator is on {generator.device} but the tensors are on {device}"
+                )
+            return generator
+        own = getattr(self, "_own_generators", None)
+        if own is None:
+            own = self._own_generators = {}
+        key = str(device)
+        if key not in own:
+            own[key] = torch.Generator(device=device).manual_seed(int(getattr(self, "seed", 0)))
+        return own[key]
+
+
+def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, Tensor]:
+    """Broadcast ``ratio`` and ``adv`` (numbers or tensors) to tensors of a common float dtype."""
+    ratio = torch.as_tensor(ratio)
+    adv = torch.as_tensor(adv)
+    dtype = torch.promote_types(torch.promote_types(ratio.dtype, adv.dtype), torch.float32)
+    ratio, adv = torch.broadcast_tensors(ratio.to(dtype), adv.to(dtype, device=ratio.device))
+    if bool((ratio <= 0).any()):
+        raise ValueError("ratio must be positive")
+    return ratio, adv
+
+
+class RatioObjective(Objective):
+    """An objective defined per token by a surrogate of the importance ratio.
+
+    Subclasses give the loss (:meth:`surrogate`) and the closed-form gradient weight g
+    (:meth:`weight`, ``coef = g * A``); the base computes the ratio (token or sequence level), the
+    realised ``coef``, the clip fractions on :meth:`bounds` and the ratio statistics. Stochastic or
+    batch-dependent rules override :meth:`realise`.
+    """
+
+    #: Whether the loss depends on logp through the (clamped) ratio; False for CISPO-style
+    #: ``-sg(w) * A * logp`` losses, which the ±20 clamp cannot cut.
+    through_ratio: ClassVar[bool] = True
+
+    def bounds(self) -> tuple[float, float] | None:
+        """``(l, u)``: the ratio interval whose sign-aware violations are the dead zone Z."""
+        return None
+
+    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
+        """Per-token loss. ``r`` carries the graph, ``rd`` is its detached value."""
+        raise NotImplementedError
+
+    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+        """Closed-form gradient weight g(r, A) (realised; the expectation for stochastic rules)."""
+        raise NotImplementedError
+
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """``(loss, coef, extra metrics)`` for this call; ``coef`` before the clamp's cut-off."""
+        return self.surrogate(r, rd, b.adv, b), b.adv * self.weight(rd, b.adv), {}
+
+    def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
+        ratio, adv = as_tensor_pair(ratio, adv)
+        return adv * self.weight(ratio, adv)
+
+    def compute(
+        self, b: Batch, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        token_lr, passes = log_ratio(b.logp, b.logp_old)
+        if self.level == "sequence":
+            lr, passes = sequence_log_ratio(b), None  # the sequence clamp is on a detached value
+        else:
+            lr = token_lr
+        if not self.through_ratio:
+            passes = None
+        r = lr.exp()
+        rd = r.detach()
+        loss, coef, extra = self.realise(r, rd, b, generator)
+        if passes is not None:
+            coef = coef * passes
+        metrics = ratio_metrics(lr, token_lr, b)
+        if (bounds := self.bounds()) is not None:
+            metrics.update(clip_metrics(*dead_zone(rd, b.adv, *bounds), b))
+        metrics.update(extra)
+        return loss, coef, metrics

@@ -1,0 +1,192 @@
+"""Hard-clip family: unclipped IS, PPO/GRPO clip (with dual clip and DAPO clip-higher), GSPO, ATR."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy.special import lambertw
+from torch import Tensor
+
+from .base import (
+    Batch,
+    RatioObjective,
+    check_range,
+    dead_zone,
+    masked_mean,
+    ppo_clip_loss,
+    register_objective,
+)
+
+
+@register_objective("unclipped")
+class Unclipped(RatioObjective):
+    r"""Importance-weighted REINFORCE, no trust region.
+
+    Equation: ``loss_t = -A_t * r_t``.
+
+    Gradient weight: ``g = r`` for A > 0 and A < 0 alike (never zero). On-policy this is REINFORCE.
+
+    Paper: the off-policy policy-gradient estimator (e.g. Degris et al. 2012, arXiv 1205.4839).
+
+    Deviations: the log-ratio is clamped to ±20 (spec §0); beyond it the gradient is 0.
+    """
+
+    paper = "1205.4839"
+
+    def __init__(self) -> None:
+        pass
+
+    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
+        return -adv * r
+
+    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+        return ratio
+
+
+@register_objective("ppo_clip")
+class PPOClip(RatioObjective):
+    r"""PPO / GRPO ratio clipping, with DAPO's decoupled bounds and optional dual clip.
+
+    Equation (``l = 1 - eps_low``, ``u = 1 + eps_high``)::
+
+        loss_t = max(-A r, -A clip(r, l, u))              # PPO min-form, as a loss
+        loss_t = min(loss_t, -c A)       if A < 0 and clip_c = c is set   (dual clip)
+
+    Gradient weight g (coef = g * A):
+
+        A > 0:  g = 0 if r > u (Z_hi, dead zone),          else g = r   (also for r < l)
+        A < 0:  g = 0 if r < l (Z_lo, dead zone),          else g = r   (also for r > u)
+                g = 0 if r > c (dual clip, only when clip_c is set)
+
+    Papers: PPO arXiv 1707.06347; GRPO arXiv 2402.03300 (eps 0.2); DAPO clip-higher arXiv
+    2503.14476 §3.1 (eps_low 0.2, eps_high 0.28); dual clip arXiv 1912.09729 (c = 3 in verl).
+
+    Args:
+        eps_low: ``l = 1 - eps_low``, in [0, 1] (1 switches the lower clip off).
+        eps_high: ``u = 1 + eps_high``, >= 0.
+        clip_c: dual-clip constant c > 1 for A < 0, or ``None`` (off).
+
+    Deviations: the log-ratio is clamped to ±20 as in verl (zero gradient beyond). Equals verl
+    ``loss_mode=vanilla`` (with ``clip_ratio_c`` when ``clip_c`` is set) and TRL ``loss_type=grpo``
+    (TRL's ``delta`` caps r at delta with gradient flowing in the other regions; it is not the
+    same as dual clip).
+    """
+
+    paper = "1707.06347"
+
+    def __init__(
+        self, eps_low: float = 0.2, eps_high: float = 0.2, clip_c: float | None = None
+    ) -> None:
+        self.eps_low = check_range("eps_low", eps_low, 0.0, 1.0)
+        self.eps_high = check_range("eps_high", eps_high, 0.0)
+        self.clip_c = None if clip_c is None else check_range("clip_c", clip_c, 1.0, low_open=True)
+
+    def bounds(self) -> tuple[float, float]:
+        return 1.0 - self.eps_low, 1.0 + self.eps_high
+
+    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
+        loss = ppo_clip_loss(r, adv, *self.bounds())
+        if self.clip_c is not None:
+            loss = torch.where(adv < 0, torch.minimum(loss, -adv * self.clip_c), loss)
+        return loss
+
+    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+        z_lo, z_hi = dead_zone(ratio, adv, *self.bounds())
+        dead = z_lo | z_hi
+        if self.clip_c is not None:
+            dead = dead | ((adv < 0) & (ratio > self.clip_c))
+        return torch.where(dead, 0.0, ratio)
+
+    def realise(self, r, rd, b, generator):
+        loss, coef, extra = super().realise(r, rd, b, generator)
+        if self.clip_c is not None:
+            dual = ((b.adv < 0) & (rd > self.clip_c)).to(b.maskf.dtype)
+            extra["dual_clip_frac"] = masked_mean(dual, b.maskf, b.n_valid)
+        return loss, coef, extra
+
+
+@register_objective("gspo")
+class GSPO(PPOClip):
+    r"""GSPO: PPO clipping on the length-normalised sequence ratio (GSPO-token form).
+
+    Equation: ``s_i = exp(mean_t log r_{i,t})`` over the valid tokens of sequence i, and with
+    ``log s_{i,t} = sg(log s_i) + logp_t - sg(logp_t)``::
+
+        loss_{i,t} = max(-A s_{i,t}, -A clip(s_{i,t}, l, u))
+
+    aggregated with ``seq-mean-token-mean``, the gradient equals that of the per-sequence loss
+    ``-min(s_i A_i, clip(s_i, l, u) A_i)``: each token gets ``s_i A_i / |o_i|``.
+
+    Gradient weight (per token, as a function of the sequence ratio s):
+
+        A > 0:  g = 0 if s > u, else g = s
+        A < 0:  g = 0 if s < l, else g = s
+
+    ``expected_coef(ratio, adv)`` takes the sequence ratio s. Paper: arXiv 2507.18071 (eps_low 3e-4,
+    eps_high 4e-4).
+
+    Deviations: the mean log-ratio is clamped to ±20 (verl clamps it at +10 only); the clamp acts on
+    the detached value, so the gradient keeps flowing. Matches verl ``loss_mode=gspo`` and TRL
+    ``importance_sampling_level="sequence"``.
+    """
+
+    level = "sequence"
+    aggregation = "seq-mean-token-mean"
+    paper = "2507.18071"
+
+    def __init__(self, eps_low: float = 3e-4, eps_high: float = 4e-4) -> None:
+        super().__init__(eps_low=eps_low, eps_high=eps_high, clip_c=None)
+
+
+def atr_bounds(delta: float) -> tuple[float, float]:
+    """The ratio interval where KL3 ``k3(w) = w - 1 - log w`` stays <= delta (spec §4).
+
+    ``l = -W_0(-exp(-(1+delta)))`` and ``u = -W_{-1}(-exp(-(1+delta)))``: solving ``w - log w = 1 +
+    delta`` gives ``w = -W(-e^{-(1+delta)})`` on the two real branches of Lambert W.
+    """
+    delta = check_range("delta", delta, 0.0, low_open=True)
+    x = -math.exp(-(1.0 + delta))
+    return float(-lambertw(x, 0).real), float(-lambertw(x, -1).real)
+
+
+@register_objective("atr")
+class ATR(PPOClip):
+    r"""ATR-GRPO: the KL3 trust region ``k3(r) <= delta`` as an asymmetric ratio clip.
+
+    ``k3(r) = r - 1 - log r <= delta``  iff  ``l_delta <= r <= u_delta`` with the Lambert-W bounds
+    of :func:`atr_bounds` (delta 0.02314 -> (0.8000, 1.2308); 0.1 -> (0.6168, 1.5162)): more room
+    upward than downward. With ``two_sided=False`` (default) it is ppo_clip on ``[l_delta,
+    u_delta]`` (min-form); with ``two_sided=True`` every token outside the region is clipped::
+
+        two_sided:  loss_t = -A clip(r, l_delta, u_delta)
+
+    Gradient weight:
+
+        min-form:   A > 0: g = 0 if r > u_delta else r;   A < 0: g = 0 if r < l_delta else r
+        two_sided:  g = r if l_delta <= r <= u_delta else 0   (either sign of A)
+
+    Paper: arXiv 2602.05494. [open] The paper's default delta and whether (A < 0, r > u) is clipped
+    are not known; ``delta=0.03`` and the min-form are this library's defaults (sweep 0.02-0.1).
+    """
+
+    paper = "2602.05494"
+
+    def __init__(self, delta: float = 0.03, two_sided: bool = False) -> None:
+        low, high = atr_bounds(delta)
+        super().__init__(eps_low=1.0 - low, eps_high=high - 1.0)
+        self.delta = float(delta)
+        if not isinstance(two_sided, bool):
+            raise ValueError(f"two_sided must be True or False, got {two_sided!r}")
+        self.two_sided = two_sided
+
+    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
+        if self.two_sided:
+            return -adv * r.clamp(*self.bounds())
+        return super().surrogate(r, rd, adv, b)
+
+    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+        if self.two_sided:
+            low, high = self.bounds()
+            return torch.where((ratio >= low) & (ratio <= high), ratio, 0.0)
+        return super().weight(ratio, adv)

@@ -1,0 +1,147 @@
+"""Covariance-based entropy control (arXiv 2505.22617): Clip-Cov and KL-Cov.
+
+Both rank tokens by ``Cov_t = (A_t - mean A)(logp_t - mean logp)`` (means over the valid tokens of
+the batch), so they depend on batch statistics and have no closed-form ``expected_coef``. The token
+choice is made without a device->host sync: the number of tokens to pick,
+``max(1, floor(ratio * n_valid))``, stays a tensor, and ``topk`` runs with the static upper bound
+``max(1, floor(ratio * B * T))``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .base import (
+    Batch,
+    RatioObjective,
+    check_range,
+    dead_zone,
+    masked_mean,
+    register_objective,
+)
+from .clip import PPOClip
+
+
+def token_covariance(b: Batch) -> Tensor:
+    """``Cov_t = (A_t - mean A)(logp_t - mean logp)`` over valid tokens (detached; 0 on padding)."""
+    logp = b.logp.detach()
+    adv_c = b.adv - masked_mean(b.adv, b.maskf, b.n_valid)
+    logp_c = logp - masked_mean(logp, b.maskf, b.n_valid)
+    return adv_c * logp_c * b.maskf
+
+
+def pick_top(scores: Tensor, eligible: Tensor, ratio: float, n_valid: Tensor) -> Tensor:
+    """Boolean mask of the ``max(1, floor(ratio * n_valid))`` eligible entries with the largest score
+    (fewer if fewer are eligible). Sync-free: ``topk`` uses a static bound on the count."""
+    flat = torch.where(eligible, scores, -math.inf).flatten()
+    k_static = min(flat.numel(), max(1, math.floor(ratio * flat.numel())))
+    values, index = torch.topk(flat, k_static, largest=True, sorted=True)
+    k = torch.floor(ratio * n_valid).clamp(min=1)
+    rank = torch.arange(k_static, device=flat.device)
+    chosen = (rank < k) & (values > -math.inf)
+    picked = torch.zeros_like(flat, dtype=torch.bool).scatter(0, index, chosen)
+    return picked.view_as(scores)
+
+
+@register_objective("clip_cov")
+class ClipCov(PPOClip):
+    r"""Clip-Cov: ppo_clip, plus the gradient of a few random high-covariance tokens is cut.
+
+    Equation: among valid tokens not already in the dead zone with ``clip_cov_lb < Cov_t <
+    clip_cov_ub``, pick ``max(1, floor(clip_cov_ratio * n_valid))`` uniformly at random (from
+    ``generator``) and zero their loss::
+
+        loss_t = 0 if picked else ppo_clip loss_t
+
+    Gradient weight (coef = g * A):
+
+        A > 0:  g = 0 on Z_hi or if picked, else r
+        A < 0:  g = 0 on Z_lo, if picked, or if r > c (dual clip), else r
+
+    Paper: arXiv 2505.22617 (ratio 2e-4, lb 1, ub 5; the authors' recipe sets eps_low = eps_high = 1
+    and dual clip c = 10, the defaults here). verl ``clip_cov`` uses eps 0.2 and no dual clip
+    (preset ``clip_cov_verl``). No ``expected_coef``: the pick depends on the whole batch.
+
+    Deviations: the random subset is drawn by ranking i.i.d. uniforms from ``generator``
+    (verl: ``torch.randperm`` on the global RNG), the same distribution over subsets.
+    """
+
+    stochastic = True
+    paper = "2505.22617"
+
+    def __init__(
+        self,
+        eps_low: float = 1.0,
+        eps_high: float = 1.0,
+        clip_c: float | None = 10.0,
+        clip_cov_ratio: float = 2e-4,
+        clip_cov_lb: float = 1.0,
+        clip_cov_ub: float = 5.0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(eps_low=eps_low, eps_high=eps_high, clip_c=clip_c)
+        self.clip_cov_ratio = check_range("clip_cov_ratio", clip_cov_ratio, 0.0, 1.0, low_open=True)
+        self.clip_cov_lb = check_range("clip_cov_lb", clip_cov_lb)
+        self.clip_cov_ub = check_range("clip_cov_ub", clip_cov_ub)
+        if self.clip_cov_ub <= self.clip_cov_lb:
+            raise ValueError(
+                f"clip_cov_ub must be greater than clip_cov_lb={self.clip_cov_lb}, "
+                f"got {self.clip_cov_ub}"
+            )
+        self.seed = int(seed)
+
+    def expected_coef(self, ratio, adv):
+        raise NotImplementedError("clip_cov depends on batch statistics: no closed form")
+
+    def realise(self, r, rd, b, generator):
+        loss, coef, extra = super().realise(r, rd, b, generator)
+        cov = token_covariance(b)
+        z_lo, z_hi = dead_zone(rd, b.adv, *self.bounds())
+        eligible = b.mask & ~(z_lo | z_hi) & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
+        gen = self._generator(generator, rd.device)
+        keys = torch.rand(rd.shape, generator=gen, device=rd.device, dtype=rd.dtype)
+        picked = pick_top(keys, eligible, self.clip_cov_ratio, b.n_valid)
+        keep = (~picked).to(rd.dtype)
+        extra["clip_cov_frac"] = masked_mean(picked.to(rd.dtype), b.maskf, b.n_valid)
+        return loss * keep, coef * keep, extra
+
+
+@register_objective("kl_cov")
+class KLCov(RatioObjective):
+    r"""KL-Cov: no ratio clip; the top-k tokens by covariance get a |log r| penalty.
+
+    Equation (``k = max(1, floor(kl_cov_ratio * n_valid))`` tokens with the largest ``Cov_t``)::
+
+        loss_t = -A r + ppo_kl_coef * |log r|    on the top-k
+        loss_t = -A r                            elsewhere
+
+    Gradient coefficient (not of the form g * A on the top-k):
+
+        coef = A r - ppo_kl_coef * sign(log r)   on the top-k (pulls r back to 1)
+        coef = A r                               elsewhere (g = r for both signs of A)
+
+    Paper: arXiv 2505.22617 (authors: k ratio 2e-3, coef 1, the defaults here; verl: 2e-4 and 0.1,
+    preset ``kl_cov_verl``). No ``expected_coef``: the top-k depends on the whole batch.
+
+    Deviations: the log-ratio is clamped to ±20 (verl does not clamp it for kl_cov).
+    """
+
+    paper = "2505.22617"
+
+    def __init__(self, kl_cov_ratio: float = 2e-3, ppo_kl_coef: float = 1.0) -> None:
+        self.kl_cov_ratio = check_range("kl_cov_ratio", kl_cov_ratio, 0.0, 1.0, low_open=True)
+        self.ppo_kl_coef = check_range("ppo_kl_coef", ppo_kl_coef, 0.0)
+
+    def expected_coef(self, ratio, adv):
+        raise NotImplementedError("kl_cov depends on batch statistics: no closed form")
+
+    def realise(self, r, rd, b, generator):
+        picked = pick_top(token_covariance(b), b.mask, self.kl_cov_ratio, b.n_valid)
+        pickf = picked.to(rd.dtype)
+        lr = torch.log(r)
+        loss = -b.adv * r + self.ppo_kl_coef * lr.abs() * pickf
+        coef = b.adv * rd - self.ppo_kl_coef * torch.sign(lr.detach()) * pickf
+        return loss, coef, {"kl_cov_frac": masked_mean(pickf, b.maskf, b.n_valid)}
