@@ -386,10 +386,11 @@ class Objective:
 
 def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, Tensor]:
     """Broadcast ``ratio`` and ``adv`` (numbers or tensors) to tensors of a common float dtype."""
-    ratio = torch.as_tensor(ratio)
-    adv = torch.as_tensor(adv)
+    # Python numbers become float64 (the closed forms are cheap; keep them exact).
+    ratio = ratio if isinstance(ratio, Tensor) else torch.tensor(ratio, dtype=torch.float64)
+    adv = adv if isinstance(adv, Tensor) else torch.tensor(adv, dtype=torch.float64)
     dtype = torch.promote_types(torch.promote_types(ratio.dtype, adv.dtype), torch.float32)
-    ratio, adv = torch.broadcast_tensors(ratio.to(dtype), adv.to(dtype, device=ratio.device))
+    ratio, adv = torch.broadcast_tensors(ratio.to(dtype), adv.to(device=ratio.device, dtype=dtype))
     if bool((ratio <= 0).any()):
         raise ValueError("ratio must be positive")
     return ratio, adv

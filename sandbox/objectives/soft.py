@@ -177,7 +177,7 @@ class SAPO(RatioObjective):
         self.tau_neg = check_range("tau_neg", tau_neg, 0.0, low_open=True)
 
     def _tau(self, adv: Tensor) -> Tensor:
-        return torch.where(adv > 0, self.tau_pos, self.tau_neg).to(adv.dtype)
+        return torch.full_like(adv, self.tau_neg).masked_fill(adv > 0, self.tau_pos)
 
     def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
         tau = self._tau(adv)
