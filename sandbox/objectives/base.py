@@ -21,12 +21,14 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 LOG_RATIO_CLAMP = 20.0
+Zone = tuple[Tensor, Tensor]  # (Z_lo, Z_hi) boolean masks
 """Bound on |logp - logp_old| (spec §0). exp(20) ~ 4.9e8 stays finite in float32 and bf16."""
 
 
@@ -136,16 +138,34 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass
 class Batch:
-    """Validated, sanitised inputs. Masked positions hold logp = logp_old = adv = 0."""
+    """Validated inputs with masked positions neutralised.
 
-    logp: Tensor  # [B, T], carries the graph
-    logp_old: Tensor  # [B, T], detached
-    adv: Tensor  # [B, T], detached
-    mask: Tensor  # [B, T], bool
-    maskf: Tensor  # [B, T], compute dtype
-    n_valid: Tensor  # 0-d, number of valid tokens (>= 1 when validated)
+    ``raw_lr = logp - logp_old`` (unclamped, carries the graph) and ``adv`` are 0 at masked
+    positions, so padding contributes neither loss nor gradient, whatever garbage (NaN, ±inf) it
+    holds; ``logp`` (sanitised the same way) is built only for the rules that need it.
+    """
+
+    def __init__(self, logp: Tensor, logp_old: Tensor, raw_lr: Tensor, adv: Tensor, mask: Tensor):
+        self._logp_in, self._logp_old_in = logp, logp_old
+        self.raw_lr = raw_lr  # [B, T], 0 where masked, carries the graph
+        self.adv = adv  # [B, T], detached, 0 where masked
+        self.mask = mask  # [B, T] bool
+        self.maskf = mask.to(raw_lr.dtype)
+        self.n_valid = self.maskf.sum()  # 0-d
+
+    @cached_property
+    def logp(self) -> Tensor:
+        """``[B, T]`` log pi_theta, 0 where masked (carries the graph)."""
+        return torch.where(self.mask, self._logp_in, 0.0)
+
+    @cached_property
+    def logp_old(self) -> Tensor:
+        return torch.where(self.mask, self._logp_old_in, 0.0)
+
+    @cached_property
+    def neg_adv(self) -> Tensor:
+        return -self.adv
 
 
 def _check_tensor(name: str, x: Any) -> Tensor:
@@ -157,7 +177,7 @@ def _check_tensor(name: str, x: Any) -> Tensor:
 def prepare_batch(
     logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, *, validate: bool = True
 ) -> Batch:
-    """Check shapes, devices and values, broadcast ``adv`` and sanitise masked positions.
+    """Check shapes, devices and values, broadcast ``adv`` and neutralise masked positions.
 
     ``validate=True`` also checks that valid positions are finite and that the mask is not empty;
     these checks read one boolean back from the device, so a GPU hot loop may pass
@@ -189,20 +209,18 @@ def prepare_batch(
         raise ValueError(f"logp must be a floating-point tensor, got {logp.dtype}")
 
     dtype = torch.promote_types(logp.dtype, torch.float32)  # compute in >= fp32 (bf16 inputs)
-    mask = mask.bool() if mask.dtype == torch.bool else mask != 0
-    adv = adv.detach().to(dtype).expand(B, T)
-    logp_old = logp_old.detach().to(dtype)
+    mask = mask if mask.dtype == torch.bool else mask != 0
+    logp, logp_old = logp.to(dtype), logp_old.detach().to(dtype)
+    raw_lr = torch.where(mask, logp - logp_old, 0.0)  # no gradient (and no NaN) through padding
+    adv = torch.where(mask, adv.detach().to(dtype), 0.0)  # broadcasts [B, 1] to [B, T]
+    b = Batch(logp, logp_old, raw_lr, adv, mask)
     if validate:
-        bad = ~torch.isfinite(logp.detach() + logp_old + adv) & mask
-        if bool(bad.any()) or not bool(mask.any()):
+        # One reduction and one device->host read: a NaN/Inf at a valid position makes the sum
+        # non-finite (masked positions are already 0); the message is worked out only on failure.
+        ok = torch.isfinite(raw_lr.detach().sum() + adv.sum()) & (b.n_valid > 0)
+        if not bool(ok):
             _raise_bad_values(logp, logp_old, adv, mask)
-
-    zero = logp.new_zeros((), dtype=dtype)
-    logp = torch.where(mask, logp.to(dtype), zero)  # no gradient (and no NaN) through padding
-    logp_old = torch.where(mask, logp_old, zero)
-    adv = torch.where(mask, adv, zero)
-    maskf = mask.to(dtype)
-    return Batch(logp, logp_old, adv, mask, maskf, maskf.sum())
+    return b
 
 
 def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> None:
@@ -211,6 +229,7 @@ def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor)
     for name, x in (("logp", logp.detach()), ("logp_old", logp_old), ("adv", adv)):
         if bool((~torch.isfinite(x) & mask).any()):
             raise ValueError(f"{name} contains NaN or Inf at valid (mask == 1) positions")
+    raise ValueError("logp - logp_old is not finite at a valid position (e.g. -inf - -inf)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -219,11 +238,13 @@ def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor)
 
 
 def log_ratio(logp: Tensor, logp_old: Tensor) -> tuple[Tensor, Tensor]:
-    """``clamp(logp - logp_old, ±20)`` and a detached 0/1 tensor: where the clamp passes gradient."""
-    raw = logp - logp_old
+    """``clamp(logp - logp_old, ±20)`` and a detached bool tensor: where the clamp passes gradient."""
+    return clamp_log_ratio(logp - logp_old)
+
+
+def clamp_log_ratio(raw: Tensor) -> tuple[Tensor, Tensor]:
     lr = raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    passes = (raw.detach().abs() <= LOG_RATIO_CLAMP).to(raw.dtype)
-    return lr, passes
+    return lr, lr.detach() == raw.detach()
 
 
 def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
@@ -231,52 +252,62 @@ def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
     return (x * maskf).sum() / n.clamp(min=1)
 
 
+def valid_share(flags: Tensor, b: Batch) -> Tensor:
+    """Share of valid tokens where ``flags`` (bool, False on padding) holds."""
+    return flags.sum().to(b.maskf.dtype) / b.n_valid.clamp(min=1)
+
+
 def sequence_log_ratio(b: Batch) -> Tensor:
     """GSPO-token log-ratio: value ``log s_i = clamp(mean_t log r_it, ±20)``, gradient 1 per token.
 
     ``log s_it = sg(log s_i) + logp_t - sg(logp_t)`` (GSPO, arXiv 2507.18071, eq. 11), so that
-    d log s_it / d logp_t = 1 and a per-token loss built on ``s_it`` has the per-sequence GSPO gradient
-    when aggregated with ``seq-mean-token-mean``.
+    d log s_it / d logp_t = 1 and a per-token loss built on ``s_it`` has the per-sequence GSPO
+    gradient when aggregated with ``seq-mean-token-mean``.
     """
     with torch.no_grad():
         lengths = b.maskf.sum(-1, keepdim=True).clamp(min=1)
-        seq_lr = ((b.logp - b.logp_old) * b.maskf).sum(-1, keepdim=True) / lengths
+        seq_lr = b.raw_lr.sum(-1, keepdim=True) / lengths
         seq_lr = seq_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return seq_lr + b.logp - b.logp.detach()
+    return seq_lr + (b.logp - b.logp.detach())
 
 
 def dead_zone(ratio: Tensor, adv: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
-    """Boolean masks ``Z_lo = {A < 0, r < low}`` and ``Z_hi = {A > 0, r > high}`` (detached)."""
+    """Boolean masks ``Z_lo = {A < 0, r < low}`` and ``Z_hi = {A > 0, r > high}`` (detached).
+
+    Padding has ``adv = 0``, so it is never in the dead zone."""
     ratio = ratio.detach()
     return (adv < 0) & (ratio < low), (adv > 0) & (ratio > high)
 
 
-def ppo_clip_loss(ratio: Tensor, adv: Tensor, low: float, high: float) -> Tensor:
-    """PPO min-form ``max(-A r, -A clip(r, low, high))``; gradient 0 exactly on the dead zone."""
-    return torch.maximum(-adv * ratio, -adv * ratio.clamp(low, high))
-
-
-def ratio_metrics(lr: Tensor, token_lr: Tensor, b: Batch) -> dict[str, Tensor]:
+def ratio_metrics(lr: Tensor, b: Batch, token_lr: Tensor | None = None) -> dict[str, Tensor]:
     """Statistics of the ratio the rule acts on (``lr``: token or sequence log-ratio) over valid
-    tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio (estimates KL(pi_old || pi))."""
+    tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio ``token_lr`` (default: ``lr``;
+    0 on padding), which estimates KL(pi_old || pi)."""
     with torch.no_grad():
-        r = lr.detach().exp()
-        token_lr = token_lr.detach()
-        big = torch.finfo(r.dtype).max
+        lr = lr.detach()
+        n = b.n_valid.clamp(min=1)
+        # One pass for both extremes: padding takes the value of a valid token (first one).
+        first_valid = b.mask.flatten().to(torch.uint8).argmax()
+        lo, hi = torch.aminmax(torch.where(b.mask, lr, lr.flatten()[first_valid]))
+        ratio_sum = (lr.exp() * b.maskf).sum()
+        if token_lr is None:
+            token_lr, token_ratio_sum = lr, ratio_sum
+        else:
+            token_lr = token_lr.detach()
+            token_ratio_sum = token_lr.exp().sum() - (
+                b.mask.numel() - b.n_valid
+            )  # r = 1 on padding
         return {
-            "ratio_mean": masked_mean(r, b.maskf, b.n_valid),
-            "ratio_max": torch.where(b.mask, r, -big).amax(),
-            "ratio_min": torch.where(b.mask, r, big).amin(),
-            "kl_k3": masked_mean(token_lr.exp() - 1 - token_lr, b.maskf, b.n_valid),
+            "ratio_mean": ratio_sum / n,
+            "ratio_max": hi.exp(),
+            "ratio_min": lo.exp(),
+            "kl_k3": (token_ratio_sum - token_lr.sum()) / n - 1,  # token_lr is 0 on padding
         }
 
 
 def clip_metrics(z_lo: Tensor, z_hi: Tensor, b: Batch) -> dict[str, Tensor]:
     """Sign-aware dead-zone shares of valid tokens (identically 0 on-policy, where r = 1)."""
-    return {
-        "clip_low_frac": masked_mean(z_lo.to(b.maskf.dtype), b.maskf, b.n_valid),
-        "clip_high_frac": masked_mean(z_hi.to(b.maskf.dtype), b.maskf, b.n_valid),
-    }
+    return {"clip_low_frac": valid_share(z_lo, b), "clip_high_frac": valid_share(z_hi, b)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -346,10 +377,9 @@ class Objective:
             validate: check values (finite, non-empty mask); costs one device->host read.
         """
         b = prepare_batch(logp, logp_old, adv, mask, validate=validate)
+        # Every rule gives loss = coef = 0 on padding (adv and raw_lr are 0 there; tested).
         loss, coef, metrics = self.compute(b, generator)
-        loss = loss * b.maskf
-        coef = (coef * b.maskf).detach()
-        return ObjectiveOutput(loss=loss, coef=coef, metrics=metrics)
+        return ObjectiveOutput(loss=loss, coef=coef.detach(), metrics=metrics)
 
     def compute(
         self, b: Batch, generator: torch.Generator | None
@@ -401,8 +431,8 @@ class RatioObjective(Objective):
 
     Subclasses give the loss (:meth:`surrogate`) and the closed-form gradient weight g
     (:meth:`weight`, ``coef = g * A``); the base computes the ratio (token or sequence level), the
-    realised ``coef``, the clip fractions on :meth:`bounds` and the ratio statistics. Stochastic or
-    batch-dependent rules override :meth:`realise`.
+    dead zone of :meth:`bounds` once, the realised ``coef``, the clip fractions and the ratio
+    statistics. Stochastic, batch-dependent or hand-fused rules override :meth:`realise`.
     """
 
     #: Whether the loss depends on logp through the (clamped) ratio; False for CISPO-style
@@ -413,19 +443,24 @@ class RatioObjective(Objective):
         """``(l, u)``: the ratio interval whose sign-aware violations are the dead zone Z."""
         return None
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        """Per-token loss. ``r`` carries the graph, ``rd`` is its detached value."""
+    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
+        """Per-token loss. ``r`` carries the graph, ``rd`` is its detached value, ``z`` the dead
+        zone ``(Z_lo, Z_hi)`` when the rule has bounds."""
         raise NotImplementedError
 
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
-        """Closed-form gradient weight g(r, A) (realised; the expectation for stochastic rules)."""
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
+        """Closed-form gradient weight g(r, A) (realised; the expectation for stochastic rules).
+        ``z`` is the precomputed dead zone of ``(ratio, adv)``, if at hand."""
         raise NotImplementedError
+
+    def zone(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Zone:
+        return z if z is not None else dead_zone(ratio, adv, *self.bounds())
 
     def realise(
-        self, r: Tensor, rd: Tensor, b: Batch, generator: torch.Generator | None
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """``(loss, coef, extra metrics)`` for this call; ``coef`` before the clamp's cut-off."""
-        return self.surrogate(r, rd, b.adv, b), b.adv * self.weight(rd, b.adv), {}
+        return self.surrogate(r, rd, b, z), b.adv * self.weight(rd, b.adv, z), {}
 
     def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         ratio, adv = as_tensor_pair(ratio, adv)
@@ -434,20 +469,23 @@ class RatioObjective(Objective):
     def compute(
         self, b: Batch, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        token_lr, passes = log_ratio(b.logp, b.logp_old)
+        token_lr = b.raw_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        passes = None  # where the clamp lets the gradient through (only if the rule uses it)
         if self.level == "sequence":
-            lr, passes = sequence_log_ratio(b), None  # the sequence clamp is on a detached value
+            lr = sequence_log_ratio(b)  # the sequence clamp is on a detached value
         else:
             lr = token_lr
-        if not self.through_ratio:
-            passes = None
+            if self.through_ratio:
+                passes = token_lr.detach() == b.raw_lr.detach()
         r = lr.exp()
         rd = r.detach()
-        loss, coef, extra = self.realise(r, rd, b, generator)
+        bounds = self.bounds()
+        z = dead_zone(rd, b.adv, *bounds) if bounds is not None else None
+        loss, coef, extra = self.realise(r, rd, b, z, generator)
         if passes is not None:
-            coef = coef * passes
-        metrics = ratio_metrics(lr, token_lr, b)
-        if (bounds := self.bounds()) is not None:
-            metrics.update(clip_metrics(*dead_zone(rd, b.adv, *bounds), b))
+            coef = torch.where(passes, coef, 0.0)
+        metrics = ratio_metrics(lr, b, token_lr if self.level == "sequence" else None)
+        if z is not None:
+            metrics.update(clip_metrics(*z, b))
         metrics.update(extra)
         return loss, coef, metrics

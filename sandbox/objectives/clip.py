@@ -11,11 +11,10 @@ from torch import Tensor
 from .base import (
     Batch,
     RatioObjective,
+    Zone,
     check_range,
-    dead_zone,
-    masked_mean,
-    ppo_clip_loss,
     register_objective,
+    valid_share,
 )
 
 
@@ -37,10 +36,10 @@ class Unclipped(RatioObjective):
     def __init__(self) -> None:
         pass
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        return -adv * r
+    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
+        return b.neg_adv * r
 
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         return ratio
 
 
@@ -85,24 +84,37 @@ class PPOClip(RatioObjective):
     def bounds(self) -> tuple[float, float]:
         return 1.0 - self.eps_low, 1.0 + self.eps_high
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        loss = ppo_clip_loss(r, adv, *self.bounds())
-        if self.clip_c is not None:
-            loss = torch.where(adv < 0, torch.minimum(loss, -adv * self.clip_c), loss)
-        return loss
-
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
-        z_lo, z_hi = dead_zone(ratio, adv, *self.bounds())
+    def _dead(self, ratio: Tensor, adv: Tensor, z: Zone | None) -> tuple[Tensor, Tensor | None]:
+        """Where the gradient is zero (Z, plus the dual-clip region) and the dual-clip mask."""
+        z_lo, z_hi = self.zone(ratio, adv, z)
         dead = z_lo | z_hi
-        if self.clip_c is not None:
-            dead = dead | ((adv < 0) & (ratio > self.clip_c))
+        if self.clip_c is None:
+            return dead, None
+        dual = (adv < 0) & (ratio > self.clip_c)
+        return dead | dual, dual
+
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
+        dead, _ = self._dead(ratio, adv, z)
         return torch.where(dead, 0.0, ratio)
 
-    def realise(self, r, rd, b, generator):
-        loss, coef, extra = super().realise(r, rd, b, generator)
-        if self.clip_c is not None:
-            dual = ((b.adv < 0) & (rd > self.clip_c)).to(b.maskf.dtype)
-            extra["dual_clip_frac"] = masked_mean(dual, b.maskf, b.n_valid)
+    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
+        # The PPO min-form max(-A r, -A clip(r, l, u)) (then min with -c A for A < 0) equals -A r
+        # off the dead region and a constant on it: -A u on Z_hi, -A l on Z_lo, -A c on dual.
+        dead, dual = self._dead(rd, b.adv, z)
+        frozen = rd.clamp(*self.bounds())
+        if dual is not None:
+            frozen = torch.where(dual, self.clip_c, frozen)
+        return b.neg_adv * torch.where(dead, frozen, r)
+
+    def realise(self, r, rd, b, z, generator):
+        dead, dual = self._dead(rd, b.adv, z)
+        frozen = rd.clamp(*self.bounds())
+        extra = {}
+        if dual is not None:
+            frozen = torch.where(dual, self.clip_c, frozen)
+            extra["dual_clip_frac"] = valid_share(dual, b)
+        loss = b.neg_adv * torch.where(dead, frozen, r)
+        coef = torch.where(dead, 0.0, b.adv * rd)
         return loss, coef, extra
 
 
@@ -180,13 +192,14 @@ class ATR(PPOClip):
             raise ValueError(f"two_sided must be True or False, got {two_sided!r}")
         self.two_sided = two_sided
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        if self.two_sided:
-            return -adv * r.clamp(*self.bounds())
-        return super().surrogate(r, rd, adv, b)
-
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         if self.two_sided:
             low, high = self.bounds()
             return torch.where((ratio >= low) & (ratio <= high), ratio, 0.0)
-        return super().weight(ratio, adv)
+        return super().weight(ratio, adv, z)
+
+    def realise(self, r, rd, b, z, generator):
+        if self.two_sided:
+            loss = b.neg_adv * r.clamp(*self.bounds())
+            return loss, b.adv * self.weight(rd, b.adv), {}
+        return super().realise(r, rd, b, z, generator)

@@ -18,19 +18,19 @@ from .base import (
     Batch,
     RatioObjective,
     check_range,
-    dead_zone,
-    masked_mean,
     register_objective,
+    valid_share,
 )
 from .clip import PPOClip
 
 
 def token_covariance(b: Batch) -> Tensor:
-    """``Cov_t = (A_t - mean A)(logp_t - mean logp)`` over valid tokens (detached; 0 on padding)."""
-    logp = b.logp.detach()
-    adv_c = b.adv - masked_mean(b.adv, b.maskf, b.n_valid)
-    logp_c = logp - masked_mean(logp, b.maskf, b.n_valid)
-    return adv_c * logp_c * b.maskf
+    """``Cov_t = (A_t - mean A)(logp_t - mean logp)``, means over valid tokens (detached).
+
+    Meaningless on padding: callers restrict their choice to ``b.mask``."""
+    logp = b.logp.detach()  # 0 on padding, as adv: plain sums are masked sums
+    n = b.n_valid.clamp(min=1)
+    return (b.adv - b.adv.sum() / n) * (logp - logp.sum() / n)
 
 
 def pick_top(scores: Tensor, eligible: Tensor, ratio: float, n_valid: Tensor) -> Tensor:
@@ -96,17 +96,16 @@ class ClipCov(PPOClip):
     def expected_coef(self, ratio, adv):
         raise NotImplementedError("clip_cov depends on batch statistics: no closed form")
 
-    def realise(self, r, rd, b, generator):
-        loss, coef, extra = super().realise(r, rd, b, generator)
+    def realise(self, r, rd, b, z, generator):
+        loss, coef, extra = super().realise(r, rd, b, z, generator)
         cov = token_covariance(b)
-        z_lo, z_hi = dead_zone(rd, b.adv, *self.bounds())
+        z_lo, z_hi = z
         eligible = b.mask & ~(z_lo | z_hi) & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
         gen = self._generator(generator, rd.device)
         keys = torch.rand(rd.shape, generator=gen, device=rd.device, dtype=rd.dtype)
         picked = pick_top(keys, eligible, self.clip_cov_ratio, b.n_valid)
-        keep = (~picked).to(rd.dtype)
-        extra["clip_cov_frac"] = masked_mean(picked.to(rd.dtype), b.maskf, b.n_valid)
-        return loss * keep, coef * keep, extra
+        extra["clip_cov_frac"] = valid_share(picked, b)
+        return torch.where(picked, 0.0, loss), torch.where(picked, 0.0, coef), extra
 
 
 @register_objective("kl_cov")
@@ -138,10 +137,9 @@ class KLCov(RatioObjective):
     def expected_coef(self, ratio, adv):
         raise NotImplementedError("kl_cov depends on batch statistics: no closed form")
 
-    def realise(self, r, rd, b, generator):
+    def realise(self, r, rd, b, z, generator):
         picked = pick_top(token_covariance(b), b.mask, self.kl_cov_ratio, b.n_valid)
-        pickf = picked.to(rd.dtype)
         lr = torch.log(r)
-        loss = -b.adv * r + self.ppo_kl_coef * lr.abs() * pickf
-        coef = b.adv * rd - self.ppo_kl_coef * torch.sign(lr.detach()) * pickf
-        return loss, coef, {"kl_cov_frac": masked_mean(pickf, b.maskf, b.n_valid)}
+        loss = b.neg_adv * r + torch.where(picked, self.ppo_kl_coef * lr.abs(), 0.0)
+        coef = b.adv * rd - torch.where(picked, self.ppo_kl_coef * torch.sign(lr.detach()), 0.0)
+        return loss, coef, {"kl_cov_frac": valid_share(picked, b)}

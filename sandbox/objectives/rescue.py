@@ -8,9 +8,9 @@ from torch import Tensor
 from .base import (
     Batch,
     RatioObjective,
+    Zone,
     check_choice,
     check_range,
-    dead_zone,
     register_objective,
 )
 
@@ -56,20 +56,16 @@ class _NSRBase(RatioObjective):
         p_lo = (((1.0 + s) - low / ratio) / s).clamp(0.0, 1.0)
         return p_lo, p_hi
 
-    def keep_prob(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def keep_prob(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         """P(the token keeps its gradient r A): 1 off the dead zone, the rescue probability on it."""
-        z_lo, z_hi = dead_zone(ratio, adv, *self.bounds())
+        z_lo, z_hi = self.zone(ratio, adv, z)
         p_lo, p_hi = self.rescue_prob(ratio)
         one = torch.ones_like(ratio)
         return torch.where(z_hi, p_hi, torch.where(z_lo, p_lo, one))
 
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         """Expected gradient weight ``E[g] = r p(r)`` on Z, ``r`` elsewhere."""
-        return ratio * self.keep_prob(ratio, adv)
-
-    def _clipped_value(self, rd: Tensor, adv: Tensor) -> Tensor:
-        """The (gradient-free) ppo_clip value of a dead-zone token: ``-A clip(r, l, u)``."""
-        return -adv * rd.clamp(*self.bounds())
+        return ratio * self.keep_prob(ratio, adv, z)
 
 
 @register_objective("nsr")
@@ -122,7 +118,7 @@ class NSR(_NSRBase):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
 
-    def realise(self, r, rd, b: Batch, generator):
+    def realise(self, r, rd, b: Batch, z, generator):
         gen = self._generator(generator, rd.device)
         shape = (rd.shape[0], 1) if self.level == "sequence" else rd.shape
         u01 = torch.rand(shape, generator=gen, device=rd.device, dtype=rd.dtype)
@@ -133,14 +129,14 @@ class NSR(_NSRBase):
         else:
             rescued_hi = rd * (1.0 - self.sigma + self.sigma * u01) <= high
             rescued_lo = rd * (1.0 + self.sigma * u01) >= low
-        z_lo, z_hi = dead_zone(rd, b.adv, low, high)
+        z_lo, z_hi = z
         res_lo, res_hi = z_lo & rescued_lo, z_hi & rescued_hi
         keep = ~(z_lo | z_hi) | res_lo | res_hi
-        loss = torch.where(keep, -b.adv * r, self._clipped_value(rd, b.adv))
-        coef = b.adv * rd * keep.to(rd.dtype)
-        valid = b.mask
-        n_lo, n_hi = (z_lo & valid).sum(), (z_hi & valid).sum()
-        k_lo, k_hi = (res_lo & valid).sum(), (res_hi & valid).sum()
+        loss = b.neg_adv * torch.where(keep, r, rd.clamp(low, high))
+        coef = torch.where(keep, b.adv * rd, 0.0)
+        # padding has adv = 0, so it is never in Z: plain counts are counts over valid tokens
+        n_lo, n_hi = z_lo.sum(), z_hi.sum()
+        k_lo, k_hi = res_lo.sum(), res_hi.sum()
         metrics = {
             "rescue_frac": (k_lo + k_hi) / (n_lo + n_hi).clamp(min=1),
             "rescue_low_frac": k_lo / n_lo.clamp(min=1),
@@ -167,6 +163,6 @@ class NSRDecay(_NSRBase):
 
     paper = "2605.22703"
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        q = self.keep_prob(rd, adv)
-        return q * (-adv * r) + (1.0 - q) * self._clipped_value(rd, adv)
+    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
+        q = self.keep_prob(rd, b.adv, z)
+        return b.neg_adv * (q * r + (1.0 - q) * rd.clamp(*self.bounds()))

@@ -10,10 +10,10 @@ from torch import Tensor
 from .base import (
     Batch,
     RatioObjective,
+    Zone,
     check_range,
-    dead_zone,
-    masked_mean,
     register_objective,
+    valid_share,
 )
 
 
@@ -59,33 +59,33 @@ class CEGPPO(RatioObjective):
     def bounds(self) -> tuple[float, float]:
         return 1.0 - self.eps_low, 1.0 + self.eps_high
 
-    def _dual(self, ratio: Tensor, adv: Tensor) -> Tensor:
-        if self.clip_c is None:
-            return torch.zeros_like(ratio, dtype=torch.bool)
-        return (adv < 0) & (ratio > self.clip_c)
+    def _dual(self, ratio: Tensor, adv: Tensor) -> Tensor | None:
+        return None if self.clip_c is None else (adv < 0) & (ratio > self.clip_c)
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
+    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
         low, high = self.bounds()
-        z_lo, z_hi = dead_zone(rd, adv, low, high)
+        z_lo, z_hi = self.zone(rd, b.adv, z)
         delta = torch.log(r) - torch.log(rd)  # value 0, gradient 1 w.r.t. logp
-        loss = torch.where(z_hi, -adv * high * (1 + self.beta2 * delta), -adv * r)
-        loss = torch.where(z_lo, -adv * low * (1 + self.beta1 * delta), loss)
-        if self.clip_c is not None:
-            loss = torch.where(self._dual(rd, adv), -adv * self.clip_c, loss)
-        return loss
+        # Value of the (dual-)clipped ppo loss everywhere; on Z the gradient is beta * bound.
+        bound = torch.where(z_hi, high * (1 + self.beta2 * delta), r)
+        bound = torch.where(z_lo, low * (1 + self.beta1 * delta), bound)
+        if (dual := self._dual(rd, b.adv)) is not None:
+            bound = torch.where(dual, self.clip_c, bound)
+        return b.neg_adv * bound
 
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         low, high = self.bounds()
-        z_lo, z_hi = dead_zone(ratio, adv, low, high)
+        z_lo, z_hi = self.zone(ratio, adv, z)
         g = torch.where(z_hi, self.beta2 * high, ratio)
         g = torch.where(z_lo, self.beta1 * low, g)
-        return torch.where(self._dual(ratio, adv), 0.0, g)
+        if (dual := self._dual(ratio, adv)) is not None:
+            g = torch.where(dual, 0.0, g)
+        return g
 
-    def realise(self, r, rd, b, generator):
-        loss, coef, extra = super().realise(r, rd, b, generator)
-        if self.clip_c is not None:
-            dual = self._dual(rd, b.adv).to(b.maskf.dtype)
-            extra["dual_clip_frac"] = masked_mean(dual, b.maskf, b.n_valid)
+    def realise(self, r, rd, b, z, generator):
+        loss, coef, extra = super().realise(r, rd, b, z, generator)
+        if (dual := self._dual(rd, b.adv)) is not None:
+            extra["dual_clip_frac"] = valid_share(dual, b)
         return loss, coef, extra
 
 
@@ -148,11 +148,12 @@ class CISPO(RatioObjective):
     def bounds(self) -> tuple[float, float]:
         return self.lower, self.upper
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        return -self.weight(rd, adv) * adv * b.logp
-
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         return ratio.clamp(self.lower, self.upper)
+
+    def realise(self, r, rd, b, z, generator):
+        coef = b.adv * self.weight(rd, b.adv)
+        return -coef * b.logp, coef, {}
 
 
 @register_objective("sapo")
@@ -171,21 +172,25 @@ class SAPO(RatioObjective):
     """
 
     paper = "2511.20347"
+    aggregation = "seq-mean-token-mean"  # what verl's sapo always uses (it ignores loss_agg_mode)
 
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05) -> None:
         self.tau_pos = check_range("tau_pos", tau_pos, 0.0, low_open=True)
         self.tau_neg = check_range("tau_neg", tau_neg, 0.0, low_open=True)
 
     def _tau(self, adv: Tensor) -> Tensor:
-        return torch.full_like(adv, self.tau_neg).masked_fill(adv > 0, self.tau_pos)
+        return torch.where(adv > 0, adv.new_tensor(self.tau_pos), adv.new_tensor(self.tau_neg))
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
-        tau = self._tau(adv)
-        return -(4.0 / tau) * torch.sigmoid(tau * (r - 1.0)) * adv
-
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         s = torch.sigmoid(self._tau(adv) * (ratio - 1.0))
         return 4.0 * ratio * s * (1.0 - s)
+
+    def realise(self, r, rd, b, z, generator):
+        tau = self._tau(b.adv)
+        gate = torch.sigmoid(tau * (r - 1.0))
+        loss = (4.0 / tau) * gate * b.neg_adv
+        s = gate.detach()
+        return loss, (4.0 * rd) * s * (1.0 - s) * b.adv, {}
 
 
 @register_objective("dgpo")
@@ -231,17 +236,17 @@ class DGPO(RatioObjective):
     def bounds(self) -> tuple[float, float]:
         return 1.0 - self.eps_low, 1.0 + self.eps_high
 
-    def surrogate(self, r: Tensor, rd: Tensor, adv: Tensor, b: Batch) -> Tensor:
+    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
         low, high = self.bounds()
-        z_lo, z_hi = dead_zone(rd, adv, low, high)
+        z_lo, z_hi = self.zone(rd, b.adv, z)
         lr, lrd = torch.log(r), torch.log(rd)
         eff = torch.where(z_lo, lr + self.n * (lrd - math.log(low)), lr)
         eff = torch.where(z_hi, lr + (math.log(high) - lrd) / self.m, eff)
-        return -adv * torch.exp(eff)
+        return b.neg_adv * torch.exp(eff)
 
-    def weight(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         low, high = self.bounds()
-        z_lo, z_hi = dead_zone(ratio, adv, low, high)
+        z_lo, z_hi = self.zone(ratio, adv, z)
         lr = torch.log(ratio)
         log_g = torch.where(z_lo, (self.n + 1) * lr - self.n * math.log(low), lr)
         log_g = torch.where(z_hi, math.log(high) / self.m + (self.m - 1) / self.m * lr, log_g)

@@ -1,0 +1,42 @@
+"""Exact theory on softmax bandits: expected gradients, their variance, and expected-gradient flows.
+
+    >>> from sandbox.exact import bandit_gradient
+    >>> g = bandit_gradient(obj, logits, old_logits, rewards)  # doctest: +SKIP
+
+Everything here calls the objectives of :mod:`sandbox.objectives` through their
+``expected_coef``; no clip rule is written twice. See :mod:`sandbox.exact.bandit` for the
+equations (spec §6.3–6.5), :mod:`sandbox.exact.flow` for the deterministic dynamics and
+:mod:`sandbox.exact.softmax` for the entropy–covariance law (§6.8).
+"""
+
+from __future__ import annotations
+
+from .bandit import (
+    ADVANTAGE_OPTIONS,
+    GROUP_ADVANTAGES,
+    NSRGradientVariance,
+    bandit_gradient,
+    contextual_bandit_gradient,
+    expected_clip_fractions,
+    group_advantage_table,
+    nsr_gradient_variance,
+)
+from .flow import FLOW_COLUMNS, OPTIMIZERS, exact_flow
+from .softmax import entropy, entropy_covariance_prediction, expected_value
+
+__all__ = [
+    "ADVANTAGE_OPTIONS",
+    "FLOW_COLUMNS",
+    "GROUP_ADVANTAGES",
+    "OPTIMIZERS",
+    "NSRGradientVariance",
+    "bandit_gradient",
+    "contextual_bandit_gradient",
+    "entropy",
+    "entropy_covariance_prediction",
+    "exact_flow",
+    "expected_clip_fractions",
+    "expected_value",
+    "group_advantage_table",
+    "nsr_gradient_variance",
+]

@@ -1,0 +1,41 @@
+"""Toy trainers, vectorised over seeds: they call the registry's objectives and define no loss.
+
+>>> import envs
+>>> from sandbox.train import BanditTrainConfig, train_bandit
+>>> model = envs.make_bandit_suite()["easy"].make().unwrapped
+>>> df = train_bandit(model, BanditTrainConfig(objective="dapo", seeds=8, steps=5))
+>>> sorted(set(df.columns) >= {"step", "seed", "expected_reward", "clip_high_frac"})
+[True]
+"""
+
+from __future__ import annotations
+
+from .bandit import (
+    BATCH_STATISTIC_OBJECTIVES,
+    BanditRun,
+    BanditStep,
+    BanditTask,
+    BanditTrainConfig,
+    Rollout,
+    UpdateStats,
+    bandit_update,
+    make_optimizer,
+    run_bandit,
+    sample_rollout,
+    train_bandit,
+)
+
+__all__ = [
+    "BATCH_STATISTIC_OBJECTIVES",
+    "BanditRun",
+    "BanditStep",
+    "BanditTask",
+    "BanditTrainConfig",
+    "Rollout",
+    "UpdateStats",
+    "bandit_update",
+    "make_optimizer",
+    "run_bandit",
+    "sample_rollout",
+    "train_bandit",
+]

@@ -1,0 +1,681 @@
+"""Sampled softmax-bandit trainer, vectorised over S seeds in one process.
+
+What it does
+------------
+A tabular softmax policy (logits ``[S, K]``, or ``[S, P, K]`` for a contextual bandit with P
+prompts) is trained with GRPO-style group sampling, for S independent seeds at once (the seed is a
+batch dimension; no Python loop over seeds). One step, for every seed::
+
+    snapshot pi_old = softmax(logits)                     (the sampling policy)
+    rollout   P' prompts ~ prompt_probs, G arms per prompt ~ pi_old, rewards from the exact model
+    advantage A = compute_advantages(rewards, G, method)  (sandbox.advantages, per group)
+    update    mu epochs x minibatches: logp = log_softmax(logits)[a]
+              out = objective(logp, logp_old, A)          (sandbox.objectives; a one-token sequence
+                                                           per sample, tensors [S * n, 1])
+              loss = sum over seeds of each seed's aggregate(out.loss)  -> backward -> optimizer step
+    log       sampled reward, exact expected reward and entropy of pi_old, gradient norm, the
+              objective's metrics
+
+The loss comes from :func:`sandbox.objectives.get_objective` only; this module defines none.
+
+How to run (CPU; ``device="cuda"`` runs the same code on one GPU)::
+
+    import envs
+    from sandbox.train import BanditTrainConfig, train_bandit
+
+    model = envs.make_bandit_suite()["easy"].make().unwrapped
+    df = train_bandit(model, BanditTrainConfig(objective="dapo", seeds=256, steps=500), progress=True)
+    df.groupby("step")["expected_reward"].mean().plot()
+
+Seeds and randomness
+--------------------
+All randomness (prompts, arms, rewards, minibatch shuffles, the objective's own draws such as
+NSR's rescue noise) comes from one ``torch.Generator`` seeded with ``config.seed``. A run is a
+deterministic function of its config. The column ``seed`` is the index ``s`` in ``[0, S)``: the
+random stream of seed ``s`` depends on ``(config.seed, S)``, so seed 2 of a 4-seed run is *not*
+the same trajectory as a 1-seed run with ``config.seed + 2``. What holds exactly is
+independence: the update of seed ``s`` depends only on seed ``s``'s logits and batch (see
+:func:`bandit_update`; tested by perturbing one seed and checking the others' updates are
+bit-identical), so the S seeds are i.i.d. replicates.
+
+How seeds stay independent: each seed's loss is aggregated on its own (the per-seed counts are
+passed to :func:`sandbox.aggregate.aggregate` as the global counts, so the sum over seeds of the
+per-seed aggregates is one call), SGD and Adam act elementwise, and
+
+* objectives that depend on batch statistics (``clip_cov``, ``kl_cov``: covariance ranking over the
+  batch, :data:`BATCH_STATISTIC_OBJECTIVES`) are called once per seed in a Python loop, so each sees
+  only its own seed's batch (slower: S calls per update);
+* the ``batch_std`` advantage (std over the whole batch) is computed per seed in a Python loop;
+  the other advantage methods normalise within a group, so one call covers all seeds.
+
+Logged metrics (one row per ``(step, seed)``; :meth:`BanditRun.to_frame`)
+------------------------------------------------------------------------
+=================== ========================================================================
+column              meaning
+=================== ========================================================================
+step, seed          step index t (0-based); seed index s in [0, S)
+reward              mean sampled reward of the seed's batch at step t (drawn from pi_old)
+expected_reward     exact sum_a pi_old(a) E[r | a], prompt-weighted (sum_p w_p ...) for
+                    contextual bandits; for binary rewards this is the pass rate. Noise-free.
+entropy             exact entropy of pi_old in nats (prompt-weighted mean for contextual)
+grad_norm           L2 norm of the seed's logits gradient of its aggregated loss, mean over
+                    the mu x minibatches updates of the step
+zero_var_frac       share of the seed's groups whose G rewards are all equal (zero GRPO
+                    advantage; the groups DAPO's dynamic sampling would drop)
+<objective metrics> every key of ``out.metrics`` (clip_low_frac, clip_high_frac, ratio_mean,
+                    ratio_max, ratio_min, kl_k3, and dual_clip_frac, rescue_frac, ... where the
+                    objective reports them), mean over the mu x minibatches updates of the
+                    step. Vectorised calls see all seeds' samples at once, so these are pooled
+                    over seeds (equal sizes, so fractions and ratio_mean/kl_k3 are the mean of
+                    the per-seed values; ratio_max/min are over all seeds) and repeated on every
+                    seed's row. For objectives called per seed (clip_cov, kl_cov) they are
+                    per seed.
+=================== ========================================================================
+
+The row of step t describes the policy *before* the step's update (the one that sampled the
+batch), so ``reward`` is an unbiased sample of ``expected_reward``. The final policy is
+:attr:`BanditRun.logits`. On-policy (mu = 1, one minibatch) the ratio is exactly 1 and every clip
+fraction is exactly 0; off-policy epochs or minibatches make them positive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from envs.bandit import BanditModel, ContextualBanditModel
+from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages
+from sandbox.aggregate import AGGREGATION_MODES, aggregate
+from sandbox.objectives import Objective, get_objective
+
+__all__ = [
+    "BATCH_STATISTIC_OBJECTIVES",
+    "BanditRun",
+    "BanditStep",
+    "BanditTask",
+    "BanditTrainConfig",
+    "Rollout",
+    "UpdateStats",
+    "bandit_update",
+    "make_optimizer",
+    "run_bandit",
+    "sample_rollout",
+    "train_bandit",
+]
+
+#: Registry names of objectives whose loss depends on statistics of the whole batch; the trainer
+#: calls them once per seed so that seeds stay independent.
+BATCH_STATISTIC_OBJECTIVES: frozenset[str] = frozenset({"clip_cov", "kl_cov"})
+
+#: Advantage methods that normalise over the whole batch rather than within a group.
+_BATCH_ADVANTAGE_METHODS: frozenset[str] = frozenset({"batch_std"})
+
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+
+#: Per-seed columns the trainer computes itself (the objective's metrics follow them).
+SEED_COLUMNS: tuple[str, ...] = (
+    "reward",
+    "expected_reward",
+    "entropy",
+    "grad_norm",
+    "zero_var_frac",
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BanditTrainConfig:
+    """Settings of one bandit training run (S seeds). Validated on construction."""
+
+    objective: str = field(
+        default="grpo",
+        metadata={"help": "objective registry name or preset (sandbox.objectives.get_objective)"},
+    )
+    objective_params: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "keyword overrides for the objective's hyperparameters"},
+    )
+    seeds: int = field(default=64, metadata={"help": "number of independent seeds S (batched)"})
+    steps: int = field(default=300, metadata={"help": "number of sampling + update steps"})
+    group_size: int = field(default=8, metadata={"help": "G: samples per prompt (one group)"})
+    prompts_per_batch: int = field(
+        default=1,
+        metadata={
+            "help": "P': prompts (groups) sampled per step and seed; for a plain bandit every "
+            "group comes from its single state"
+        },
+    )
+    epochs: int = field(default=1, metadata={"help": "mu: passes over each batch"})
+    minibatches: int = field(
+        default=1, metadata={"help": "optimizer steps per epoch; must divide P' * G"}
+    )
+    optimizer: str = field(default="sgd", metadata={"help": f"one of {list(OPTIMIZERS)}"})
+    lr: float = field(default=0.5, metadata={"help": "learning rate on the logits"})
+    advantage: str = field(
+        default="grpo",
+        metadata={"help": f"advantage method, one of {sorted(ADVANTAGE_METHODS)}"},
+    )
+    aggregation: str | None = field(
+        default=None,
+        metadata={
+            "help": f"loss aggregation, one of {list(AGGREGATION_MODES)}; None uses the "
+            "objective's recommendation (obj.aggregation)"
+        },
+    )
+    seed: int = field(default=0, metadata={"help": "base seed of the run's torch.Generator"})
+    device: str = field(default="cpu", metadata={"help": "torch device"})
+    dtype: str = field(default="float32", metadata={"help": f"one of {list(DTYPES)}"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+        for name in ("seeds", "steps", "prompts_per_batch", "epochs", "minibatches"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("group_size", self.group_size, 1)
+        if self.advantage not in ADVANTAGE_METHODS:
+            raise ValueError(
+                f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
+            )
+        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2 for advantage={self.advantage!r}, got {self.group_size}"
+            )
+        batch = self.prompts_per_batch * self.group_size
+        if batch % self.minibatches:
+            raise ValueError(
+                f"minibatches must divide prompts_per_batch * group_size = {batch}, "
+                f"got {self.minibatches}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
+        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float):
+            raise ValueError(f"lr must be a number, got {self.lr!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        if self.aggregation is not None and self.aggregation not in AGGREGATION_MODES:
+            raise ValueError(
+                f"aggregation must be None or one of {list(AGGREGATION_MODES)}, "
+                f"got {self.aggregation!r}"
+            )
+        _check_int("seed", self.seed, 0)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        try:
+            torch.device(self.device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device must be a torch device string, got {self.device!r}") from exc
+        if not isinstance(self.objective_params, dict):
+            raise ValueError(f"objective_params must be a dict, got {self.objective_params!r}")
+        self.build_objective()
+
+    def build_objective(self) -> Objective:
+        """The objective, through the registry; errors name ``objective`` / ``objective_params``."""
+        try:
+            return get_objective(self.objective, **self.objective_params)
+        except ValueError as exc:
+            raise ValueError(
+                f"objective={self.objective!r} with objective_params={self.objective_params!r} "
+                f"is invalid: {exc}"
+            ) from exc
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Field name -> help string (for CLIs generated from the dataclass)."""
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+def _check_int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# The task as tensors
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BanditTask:
+    """A bandit's exact model as tensors; a plain bandit is the contextual case with P = 1.
+
+    Attributes:
+        mean_rewards: ``[P, K]`` E[r | prompt, arm].
+        success_probs: ``[P, K]`` P(r = 1 | prompt, arm), or ``None`` for Gaussian rewards.
+        noise_std: reward noise (Gaussian rewards only; 0 otherwise).
+        prompt_probs: ``[P]`` prompt distribution (``[1.]`` for a plain bandit).
+        initial_logits: ``[P, K]`` the model's suggested initial logits.
+        contextual: whether the model is a :class:`~envs.bandit.ContextualBanditModel`.
+    """
+
+    mean_rewards: Tensor
+    success_probs: Tensor | None
+    noise_std: float
+    prompt_probs: Tensor
+    initial_logits: Tensor
+    contextual: bool
+
+    @classmethod
+    def from_model(
+        cls,
+        model: BanditModel | ContextualBanditModel | Any,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> BanditTask:
+        """Convert an exact model (or an env whose ``.unwrapped`` is one) to tensors."""
+        model = getattr(model, "unwrapped", model)
+        if not isinstance(model, BanditModel | ContextualBanditModel):
+            raise ValueError(
+                "model must be an envs.BanditModel or envs.ContextualBanditModel (or an env "
+                f"wrapping one), got {type(model).__name__}"
+            )
+        contextual = isinstance(model, ContextualBanditModel)
+
+        def table(x: np.ndarray) -> Tensor:
+            t = torch.as_tensor(np.array(x), dtype=dtype, device=device)
+            return t if contextual else t[None]
+
+        success = None if model.success_probs is None else table(model.success_probs)
+        prompts = model.prompt_probs if contextual else np.ones(1)
+        return cls(
+            mean_rewards=table(model.mean_rewards),
+            success_probs=success,
+            noise_std=float(model.noise_std or 0.0) if not contextual else 0.0,
+            prompt_probs=torch.as_tensor(np.array(prompts), dtype=dtype, device=device),
+            initial_logits=table(model.initial_logits),
+            contextual=contextual,
+        )
+
+    @property
+    def num_prompts(self) -> int:
+        return self.mean_rewards.shape[0]
+
+    @property
+    def num_arms(self) -> int:
+        return self.mean_rewards.shape[1]
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollout
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rollout:
+    """One step's batch for S seeds, N = P' * G samples each (groups contiguous).
+
+    Attributes:
+        index: ``[S, N]`` long, flat table index ``prompt * K + arm`` of each sample.
+        rewards: ``[S, N]`` sampled rewards.
+        logp_old: ``[S, N]`` log pi_old of each sample.
+        adv: ``[S, N]`` advantages.
+    """
+
+    index: Tensor
+    rewards: Tensor
+    logp_old: Tensor
+    adv: Tensor
+
+    @property
+    def num_seeds(self) -> int:
+        return self.index.shape[0]
+
+    @property
+    def size(self) -> int:
+        return self.index.shape[1]
+
+
+def _sample_categorical(probs: Tensor, num_samples: int, generator: torch.Generator) -> Tensor:
+    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` by inverse CDF (one uniform each)."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(
+        (*probs.shape[:-1], num_samples),
+        generator=generator,
+        device=probs.device,
+        dtype=probs.dtype,
+    )
+    draws = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # first arm with cdf > u
+    return draws.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample_rollout(
+    log_pi: Tensor,
+    task: BanditTask,
+    *,
+    prompts_per_batch: int,
+    group_size: int,
+    advantage: str,
+    generator: torch.Generator,
+) -> Rollout:
+    """Sample P' prompts and G arms per prompt from ``pi_old = exp(log_pi)`` for every seed.
+
+    Args:
+        log_pi: ``[S, P, K]`` log-probabilities of the sampling policy (detached).
+        task: the exact model as tensors.
+        prompts_per_batch: P'; prompts are drawn with replacement from ``task.prompt_probs``
+            (a plain bandit has one prompt, drawn without randomness).
+        group_size: G.
+        advantage: a method of :func:`sandbox.advantages.compute_advantages`.
+        generator: the only source of randomness.
+    """
+    S, P, K = log_pi.shape
+    G = group_size
+    pi = log_pi.exp()
+    if P == 1:
+        prompts = torch.zeros(S, prompts_per_batch, dtype=torch.long, device=log_pi.device)
+    else:
+        prompts = _sample_categorical(task.prompt_probs.expand(S, P), prompts_per_batch, generator)
+    pi_prompt = pi.gather(1, prompts[:, :, None].expand(-1, -1, K))  # [S, P', K]
+    arms = _sample_categorical(pi_prompt, G, generator)  # [S, P', G]
+    index = (prompts[:, :, None] * K + arms).view(S, -1)  # [S, N]
+
+    if task.success_probs is not None:
+        p = task.success_probs.view(-1)[index]
+        u = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
+        rewards = (u < p).to(log_pi.dtype)
+    else:
+        noise = torch.randn(
+            index.shape, generator=generator, device=index.device, dtype=log_pi.dtype
+        )
+        rewards = task.mean_rewards.view(-1)[index] + task.noise_std * noise
+
+    if advantage in _BATCH_ADVANTAGE_METHODS:  # normalised over the whole batch: per seed
+        adv = torch.stack([compute_advantages(r, G, method=advantage) for r in rewards])
+    else:  # within-group normalisation: one call for all S * P' groups
+        adv = compute_advantages(rewards.view(-1, G), G, method=advantage).view(S, -1)
+    logp_old = log_pi.view(S, P * K).gather(1, index)
+    return Rollout(index=index, rewards=rewards, logp_old=logp_old, adv=adv)
+
+
+# --------------------------------------------------------------------------------------------------
+# Update
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class UpdateStats:
+    """What one step's updates report.
+
+    Attributes:
+        metric_names: the objective's metric keys, in order.
+        metrics: ``[M, 1]`` (pooled over seeds) or ``[M, S]`` (objectives called per seed): mean
+            over the step's mu x minibatches updates.
+        grad_norm: ``[S]`` per-seed L2 norm of the logits gradient, mean over the updates.
+    """
+
+    metric_names: tuple[str, ...]
+    metrics: Tensor
+    grad_norm: Tensor
+
+    def as_dict(self) -> dict[str, Tensor]:
+        return dict(zip(self.metric_names, self.metrics, strict=True))
+
+
+def make_optimizer(name: str, params: list[Tensor], lr: float) -> torch.optim.Optimizer:
+    """Plain SGD or Adam (elementwise, so each seed's logits are optimised independently)."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {name!r}")
+
+
+def _objective_loss(
+    objective: Objective,
+    logp: Tensor,
+    rollout_mb: tuple[Tensor, Tensor],
+    mask: Tensor,
+    aggregation: str,
+    per_seed: bool,
+    generator: torch.Generator,
+) -> tuple[Tensor, dict[str, Tensor], bool]:
+    """Sum over seeds of each seed's aggregated loss, and the metrics ([S] if per seed)."""
+    logp_old, adv = rollout_mb
+    S, n = logp.shape
+    if not per_seed:
+        # One call on all seeds' samples; passing the per-seed count n as the global count makes
+        # the aggregate the sum over seeds of each seed's own aggregate (all modes, T = 1).
+        out = objective(
+            logp.reshape(S * n, 1), logp_old.reshape(S * n, 1), adv.reshape(S * n, 1),
+            mask, generator=generator,
+        )  # fmt: skip
+        loss = aggregate(out.loss, mask, aggregation, num_tokens=n, num_seqs=n)
+        return loss, out.metrics, False
+    # Batch-statistic objectives (clip_cov, kl_cov): one call per seed on that seed's batch only.
+    losses, metrics = [], []
+    for s in range(S):
+        out = objective(logp[s, :, None], logp_old[s, :, None], adv[s, :, None], mask[:n],
+                        generator=generator)  # fmt: skip
+        losses.append(aggregate(out.loss, mask[:n], aggregation, num_tokens=n, num_seqs=n))
+        metrics.append(out.metrics)
+    stacked = {k: torch.stack([m[k] for m in metrics]) for k in metrics[0]}
+    return torch.stack(losses).sum(), stacked, True
+
+
+def bandit_update(
+    logits: Tensor,
+    optimizer: torch.optim.Optimizer,
+    objective: Objective,
+    rollout: Rollout,
+    *,
+    aggregation: str,
+    epochs: int = 1,
+    minibatches: int = 1,
+    generator: torch.Generator,
+) -> UpdateStats:
+    """mu epochs x minibatches optimizer steps of ``objective`` on one rollout, for all seeds.
+
+    Each sample is a one-token sequence: the objective is called on ``[S * n, 1]`` tensors
+    (``n = N / minibatches``), each seed's loss is aggregated with its own count ``n`` and the
+    seeds' losses are summed, so the gradient on seed ``s``'s logits depends only on seed ``s``'s
+    logits and samples. Minibatches (when more than one) use a fresh permutation of the N samples
+    per epoch, shared by all seeds.
+
+    Args:
+        logits: ``[S, P, K]`` leaf tensor with ``requires_grad``; ``optimizer`` updates it.
+        optimizer: a torch optimizer over ``[logits]`` (elementwise: SGD, Adam).
+        objective: from :func:`sandbox.objectives.get_objective`.
+        rollout: the batch, sampled from the policy at the start of the step.
+        aggregation: a mode of :func:`sandbox.aggregate.aggregate`.
+        epochs: mu.
+        minibatches: optimizer steps per epoch (must divide N).
+        generator: for shuffles and the objective's own randomness.
+    """
+    S, P, K = logits.shape
+    N = rollout.size
+    if N % minibatches:
+        raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
+    n = N // minibatches
+    per_seed = objective.name in BATCH_STATISTIC_OBJECTIVES
+    mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
+    metric_sum: Tensor | None = None
+    names: tuple[str, ...] = ()
+    grad_norm = torch.zeros(S, dtype=logits.dtype, device=logits.device)
+    for _epoch in range(epochs):
+        perm = None
+        if minibatches > 1:
+            perm = torch.randperm(N, generator=generator, device=logits.device)
+        for mb in range(minibatches):
+            index, logp_old, adv = rollout.index, rollout.logp_old, rollout.adv
+            if perm is not None:
+                rows = perm[mb * n : (mb + 1) * n]
+                index, logp_old, adv = index[:, rows], logp_old[:, rows], adv[:, rows]
+            logp = torch.log_softmax(logits, -1).view(S, P * K).gather(1, index)
+            loss, metrics, seeded = _objective_loss(
+                objective, logp, (logp_old, adv), mask, aggregation, per_seed, generator
+            )
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            grad_norm += logits.grad.detach().view(S, -1).norm(dim=1)
+            optimizer.step()
+
+            if metric_sum is None:
+                names = tuple(metrics)
+            values = torch.stack([metrics[k].detach() for k in names])
+            values = values if seeded else values[:, None]
+            metric_sum = values if metric_sum is None else metric_sum + values
+    updates = epochs * minibatches
+    return UpdateStats(names, metric_sum / updates, grad_norm / updates)
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BanditStep:
+    """What the ``callback`` of :func:`train_bandit` receives after each step (tensors, no sync)."""
+
+    step: int
+    logits: Tensor  # [S, K] or [S, P, K] after the update (detached)
+    rollout: Rollout
+    update: UpdateStats
+
+
+@dataclass
+class BanditRun:
+    """Result of :func:`run_bandit`: per-step, per-seed histories as arrays ``[steps, S]``."""
+
+    config: BanditTrainConfig
+    objective: str  # registry name of the objective actually run
+    aggregation: str
+    logits: Tensor  # final logits, [S, K] or [S, P, K]
+    history: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per ``(step, seed)``; columns as in the module docstring's table.
+
+        ``df.attrs`` holds the config (as a dict), the objective's registry name and the
+        aggregation mode.
+        """
+        steps, S = next(iter(self.history.values())).shape
+        data: dict[str, np.ndarray] = {
+            "step": np.repeat(np.arange(steps), S),
+            "seed": np.tile(np.arange(S), steps),
+        }
+        data.update({k: v.reshape(-1) for k, v in self.history.items()})
+        df = pd.DataFrame(data, copy=False)
+        df.attrs.update(
+            config=asdict(self.config), objective=self.objective, aggregation=self.aggregation
+        )
+        return df
+
+
+def run_bandit(
+    model: BanditModel | ContextualBanditModel | Any,
+    config: BanditTrainConfig,
+    *,
+    progress: bool = False,
+    callback: Callable[[BanditStep], None] | None = None,
+) -> BanditRun:
+    """Train S seeds and return the histories as arrays (see :func:`train_bandit`)."""
+    config.validate()
+    device, dtype = torch.device(config.device), DTYPES[config.dtype]
+    task = BanditTask.from_model(model, device, dtype)
+    objective = config.build_objective()
+    aggregation = config.aggregation or objective.aggregation
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    S, P, K = config.seeds, task.num_prompts, task.num_arms
+
+    logits = task.initial_logits.expand(S, P, K).clone().requires_grad_(True)
+    optimizer = make_optimizer(config.optimizer, [logits], config.lr)
+    seed_hist = torch.empty(config.steps, len(SEED_COLUMNS), S, dtype=dtype, device=device)
+    metric_hist: Tensor | None = None
+    metric_names: tuple[str, ...] = ()
+
+    bar = tqdm(range(config.steps), disable=not progress, desc=f"bandit {config.objective}")
+    for step in bar:
+        # 1. snapshot the sampling policy and its exact statistics
+        with torch.no_grad():
+            log_pi = torch.log_softmax(logits.detach(), -1)  # [S, P, K]
+            pi = log_pi.exp()
+            expected_reward = (pi * task.mean_rewards).sum(-1) @ task.prompt_probs  # [S]
+            entropy = -(pi * log_pi).sum(-1) @ task.prompt_probs  # [S]
+
+            # 2. rollout and advantages
+            rollout = sample_rollout(
+                log_pi,
+                task,
+                prompts_per_batch=config.prompts_per_batch,
+                group_size=config.group_size,
+                advantage=config.advantage,
+                generator=generator,
+            )
+
+        # 3. mu epochs x minibatches of objective -> aggregate -> optimizer step
+        stats = bandit_update(
+            logits,
+            optimizer,
+            objective,
+            rollout,
+            aggregation=aggregation,
+            epochs=config.epochs,
+            minibatches=config.minibatches,
+            generator=generator,
+        )
+
+        # 4. log on device (no host sync inside the loop)
+        with torch.no_grad():
+            groups = rollout.rewards.view(S, -1, config.group_size)
+            zero_var = (groups == groups[..., :1]).all(-1).to(dtype).mean(-1)
+            seed_hist[step] = torch.stack(
+                [rollout.rewards.mean(-1), expected_reward, entropy, stats.grad_norm, zero_var]
+            )
+            if metric_hist is None:
+                metric_names = stats.metric_names
+                shape = (config.steps, len(metric_names), stats.metrics.shape[1])
+                metric_hist = torch.empty(shape, dtype=stats.metrics.dtype, device=device)
+            metric_hist[step] = stats.metrics
+        if progress and (step % max(1, config.steps // 20) == 0 or step == config.steps - 1):
+            bar.set_postfix(expected_reward=f"{expected_reward.mean().item():.3f}")
+        if callback is not None:
+            final = logits.detach() if task.contextual else logits.detach()[:, 0]
+            callback(BanditStep(step, final, rollout, stats))
+
+    history = {name: seed_hist[:, j].cpu().numpy() for j, name in enumerate(SEED_COLUMNS)}
+    assert metric_hist is not None
+    metrics_np = metric_hist.cpu().numpy()
+    for j, name in enumerate(metric_names):
+        history[name] = np.broadcast_to(metrics_np[:, j], (config.steps, S))
+    final_logits = logits.detach() if task.contextual else logits.detach()[:, 0]
+    return BanditRun(config, objective.name, aggregation, final_logits.clone(), history)
+
+
+def train_bandit(
+    model: BanditModel | ContextualBanditModel | Any,
+    config: BanditTrainConfig,
+    *,
+    progress: bool = False,
+    callback: Callable[[BanditStep], None] | None = None,
+) -> pd.DataFrame:
+    """Train a tabular softmax policy on ``model`` for ``config.seeds`` seeds at once.
+
+    Args:
+        model: an :class:`envs.BanditModel` or :class:`envs.ContextualBanditModel` (or an env
+            whose ``.unwrapped`` is one, e.g. ``make_bandit_suite()["easy"].make()``). Rewards are
+            drawn from its exact arrays with torch, not with its numpy sampler.
+        config: the run's settings.
+        progress: show a tqdm bar (with the seed-mean expected reward, read every steps/20).
+        callback: called after every step with a :class:`BanditStep` (tensors on device).
+
+    Returns:
+        A DataFrame with one row per ``(step, seed)``: ``step, seed, reward, expected_reward,
+        entropy, grad_norm, zero_var_frac`` and the objective's metrics (module docstring).
+        ``df.attrs`` holds the config, objective name and aggregation.
+    """
+    return run_bandit(model, config, progress=progress, callback=callback).to_frame()
