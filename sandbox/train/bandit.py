@@ -118,7 +118,11 @@ BATCH_STATISTIC_OBJECTIVES: frozenset[str] = frozenset({"clip_cov", "kl_cov"})
 #: Advantage methods that normalise over the whole batch rather than within a group.
 _BATCH_ADVANTAGE_METHODS: frozenset[str] = frozenset({"batch_std"})
 
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")
+#: Optimizers acting elementwise on the logits (so seeds stay independent), by config name.
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+}
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
 #: Per-seed columns the trainer computes itself (the objective's metrics follow them).
@@ -427,11 +431,9 @@ class UpdateStats:
 
 def make_optimizer(name: str, params: list[Tensor], lr: float) -> torch.optim.Optimizer:
     """Plain SGD or Adam (elementwise, so each seed's logits are optimised independently)."""
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {name!r}")
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {name!r}")
+    return OPTIMIZERS[name](params, lr=lr)
 
 
 def _objective_loss(
@@ -442,6 +444,7 @@ def _objective_loss(
     aggregation: str,
     per_seed: bool,
     generator: torch.Generator,
+    validate: bool,
 ) -> tuple[Tensor, dict[str, Tensor], bool]:
     """Sum over seeds of each seed's aggregated loss, and the metrics ([S] if per seed)."""
     logp_old, adv = rollout_mb
@@ -450,16 +453,26 @@ def _objective_loss(
         # One call on all seeds' samples; passing the per-seed count n as the global count makes
         # the aggregate the sum over seeds of each seed's own aggregate (all modes, T = 1).
         out = objective(
-            logp.reshape(S * n, 1), logp_old.reshape(S * n, 1), adv.reshape(S * n, 1),
-            mask, generator=generator,
-        )  # fmt: skip
+            logp.reshape(S * n, 1),
+            logp_old.reshape(S * n, 1),
+            adv.reshape(S * n, 1),
+            mask,
+            generator=generator,
+            validate=validate,
+        )
         loss = aggregate(out.loss, mask, aggregation, num_tokens=n, num_seqs=n)
         return loss, out.metrics, False
     # Batch-statistic objectives (clip_cov, kl_cov): one call per seed on that seed's batch only.
     losses, metrics = [], []
     for s in range(S):
-        out = objective(logp[s, :, None], logp_old[s, :, None], adv[s, :, None], mask[:n],
-                        generator=generator)  # fmt: skip
+        out = objective(
+            logp[s, :, None],
+            logp_old[s, :, None],
+            adv[s, :, None],
+            mask[:n],
+            generator=generator,
+            validate=validate,
+        )
         losses.append(aggregate(out.loss, mask[:n], aggregation, num_tokens=n, num_seqs=n))
         metrics.append(out.metrics)
     stacked = {k: torch.stack([m[k] for m in metrics]) for k in metrics[0]}
@@ -476,6 +489,7 @@ def bandit_update(
     epochs: int = 1,
     minibatches: int = 1,
     generator: torch.Generator,
+    validate: bool = True,
 ) -> UpdateStats:
     """mu epochs x minibatches optimizer steps of ``objective`` on one rollout, for all seeds.
 
@@ -494,6 +508,8 @@ def bandit_update(
         epochs: mu.
         minibatches: optimizer steps per epoch (must divide N).
         generator: for shuffles and the objective's own randomness.
+        validate: let the objective check its inputs (finite values; one device->host read per
+            call). :func:`run_bandit` validates the first step only.
     """
     S, P, K = logits.shape
     N = rollout.size
@@ -516,7 +532,7 @@ def bandit_update(
                 index, logp_old, adv = index[:, rows], logp_old[:, rows], adv[:, rows]
             logp = torch.log_softmax(logits, -1).view(S, P * K).gather(1, index)
             loss, metrics, seeded = _objective_loss(
-                objective, logp, (logp_old, adv), mask, aggregation, per_seed, generator
+                objective, logp, (logp_old, adv), mask, aggregation, per_seed, generator, validate
             )
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
@@ -627,6 +643,7 @@ def run_bandit(
             epochs=config.epochs,
             minibatches=config.minibatches,
             generator=generator,
+            validate=step == 0,
         )
 
         # 4. log on device (no host sync inside the loop)
