@@ -120,7 +120,11 @@ def _check_advantage(advantage: str, group_size: int | None, eps: float) -> None
     if advantage not in ADVANTAGE_OPTIONS:
         raise ValueError(f"advantage must be one of {list(ADVANTAGE_OPTIONS)}, got {advantage!r}")
     if advantage in GROUP_ADVANTAGES:
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        if (
+            isinstance(group_size, bool)
+            or not isinstance(group_size, int | np.integer)
+            or group_size < 2
+        ):
             raise ValueError(
                 f"group_size must be an integer >= 2 for advantage={advantage!r}, got {group_size!r}"
             )
@@ -339,6 +343,7 @@ def _ratio(obj: Objective, logp: Tensor, logp_old: Tensor) -> tuple[Tensor, Tens
     """The ratio the objective acts on and where its ±20 log-ratio clamp passes the gradient
     (as in ``RatioObjective.compute``: token-level objectives whose loss goes through r)."""
     lr, passes = log_ratio(logp, logp_old)
+    passes = passes.to(lr.dtype)
     if getattr(obj, "level", "token") != "token" or not getattr(obj, "through_ratio", True):
         passes = torch.ones_like(passes)
     return lr.exp(), passes
