@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/clip-sandbox demo
+	$(VENV)/bin/clip-sandbox compare
 
 test: install
 	$(PY) -m ruff check .

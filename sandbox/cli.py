@@ -45,7 +45,21 @@ def _weights(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _compare(args: argparse.Namespace) -> int:
+    from sandbox.experiments.compare import CompareConfig, main
+
+    overrides = {
+        name: getattr(args, name)
+        for name in CompareConfig.help()
+        if getattr(args, name, None) is not None
+    }
+    config = CompareConfig(**overrides)
+    out = Path(args.out) / args.name
+    main(config, out, workers=args.workers, force=args.force, progress=not args.no_progress)
+    return 0
+
+
+def _tour(args: argparse.Namespace) -> int:
     import torch
 
     from sandbox.objectives import available_objectives, available_presets
@@ -78,6 +92,27 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags generated from :class:`CompareConfig`'s fields (defaults stay in the dataclass)."""
+    from dataclasses import MISSING, fields
+
+    from sandbox.experiments.compare import CompareConfig
+
+    p.add_argument("--name", default="default", help="run name: results go to OUT/NAME")
+    p.add_argument("--out", default="runs", help="output root folder")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: min(cpus, 4))")
+    p.add_argument("--force", action="store_true", help="recompute finished runs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for f in fields(CompareConfig):
+        default = f.default_factory() if f.default is MISSING else f.default
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata.get('help', '')} (default: {default})"
+        if isinstance(default, list):
+            p.add_argument(flag, dest=f.name, nargs="+", default=None, help=help_text)
+        else:
+            p.add_argument(flag, dest=f.name, type=type(default), default=None, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clip-sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,9 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.2, 1.5, 3.0])
     p.add_argument("--objectives", nargs="+", default=None, help="names or presets")
     p.set_defaults(func=_weights)
-    p = sub.add_parser("demo", help="the objectives tour (tables, autograd check, figure)")
-    p.add_argument("--out", default="runs/demo", help="output folder")
-    p.set_defaults(func=_demo)
+    p = sub.add_parser("compare", help="compare objectives on the bandit suite (make demo)")
+    _add_compare_arguments(p)
+    p.set_defaults(func=_compare)
+    p = sub.add_parser("tour", help="the objectives tour (tables, autograd check, figure)")
+    p.add_argument("--out", default="runs/tour", help="output folder")
+    p.set_defaults(func=_tour)
     return parser
 
 

@@ -11,8 +11,8 @@ def test_objectives_command_lists_everything(capsys):
         assert name in out
 
 
-def test_demo_writes_tables_and_figure(tmp_path, capsys):
-    assert main(["demo", "--out", str(tmp_path)]) == 0
+def test_tour_writes_tables_and_figure(tmp_path, capsys):
+    assert main(["tour", "--out", str(tmp_path)]) == 0
     weights = pd.read_csv(tmp_path / "gradient_weights.csv")
     check = pd.read_csv(tmp_path / "autograd_check.csv")
     assert (tmp_path / "gradient_weights.png").stat().st_size > 10_000

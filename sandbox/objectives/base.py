@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -29,10 +28,10 @@ from torch import Tensor
 
 LOG_RATIO_CLAMP = 20.0
 Zone = tuple[Tensor, Tensor]  # (Z_lo, Z_hi) boolean masks
+CoefFn = Callable[[], Tensor]  # the realised coef, computed on demand
 """Bound on |logp - logp_old| (spec §0). exp(20) ~ 4.9e8 stays finite in float32 and bf16."""
 
 
-@dataclass
 class ObjectiveOutput:
     """What every objective returns.
 
@@ -40,13 +39,28 @@ class ObjectiveOutput:
         loss: ``[B, T]`` per-token loss, 0 where ``mask == 0``. Aggregate it with
             :func:`sandbox.aggregate.aggregate`.
         coef: ``[B, T]`` detached gradient coefficient, ``-dloss/dlogp`` as realised in this call
-            (including this call's random draws).
+            (including this call's random draws). Computed on first access, from detached
+            tensors kept by the call, so a training loop that never reads it pays nothing.
         metrics: 0-d tensors (no host sync): clip fractions, ratio statistics, k3, ...
     """
 
-    loss: Tensor
-    coef: Tensor
-    metrics: dict[str, Tensor] = field(default_factory=dict)
+    __slots__ = ("_coef", "loss", "metrics")
+
+    def __init__(
+        self, loss: Tensor, coef: Tensor | Callable[[], Tensor], metrics: dict[str, Tensor]
+    ) -> None:
+        self.loss = loss
+        self._coef = coef
+        self.metrics = metrics
+
+    @property
+    def coef(self) -> Tensor:
+        if callable(self._coef):
+            self._coef = self._coef().detach()
+        return self._coef
+
+    def __repr__(self) -> str:
+        return f"ObjectiveOutput(loss={tuple(self.loss.shape)}, metrics={sorted(self.metrics)})"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,29 +293,31 @@ def dead_zone(ratio: Tensor, adv: Tensor, low: float, high: float) -> tuple[Tens
     return (adv < 0) & (ratio < low), (adv > 0) & (ratio > high)
 
 
-def ratio_metrics(lr: Tensor, b: Batch, token_lr: Tensor | None = None) -> dict[str, Tensor]:
-    """Statistics of the ratio the rule acts on (``lr``: token or sequence log-ratio) over valid
-    tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio ``token_lr`` (default: ``lr``;
-    0 on padding), which estimates KL(pi_old || pi)."""
+def ratio_metrics(
+    lr: Tensor, r: Tensor, b: Batch, token_lr: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Statistics of the ratio the rule acts on (``lr`` and ``r = exp(lr)``: token or sequence
+    level) over valid tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio (``token_lr``,
+    default ``lr``; 0 on padding), which estimates KL(pi_old || pi)."""
     with torch.no_grad():
-        lr = lr.detach()
+        lr, r = lr.detach(), r.detach()
         n = b.n_valid.clamp(min=1)
-        # One pass for both extremes: padding takes the value of a valid token (first one).
+        n_pad = b.mask.numel() - b.n_valid
+        # One pass for both extremes: padding takes the value of a valid token (the first one).
         first_valid = b.mask.flatten().to(torch.uint8).argmax()
         lo, hi = torch.aminmax(torch.where(b.mask, lr, lr.flatten()[first_valid]))
-        ratio_sum = (lr.exp() * b.maskf).sum()
-        if token_lr is None:
-            token_lr, token_ratio_sum = lr, ratio_sum
+        if token_lr is None:  # token level: lr = 0 and r = 1 on padding, plain sums suffice
+            token_lr = lr
+            ratio_sum = token_ratio_sum = r.sum() - n_pad
         else:
             token_lr = token_lr.detach()
-            token_ratio_sum = token_lr.exp().sum() - (
-                b.mask.numel() - b.n_valid
-            )  # r = 1 on padding
+            ratio_sum = (r * b.maskf).sum()
+            token_ratio_sum = token_lr.exp().sum() - n_pad
         return {
             "ratio_mean": ratio_sum / n,
             "ratio_max": hi.exp(),
             "ratio_min": lo.exp(),
-            "kl_k3": (token_ratio_sum - token_lr.sum()) / n - 1,  # token_lr is 0 on padding
+            "kl_k3": (token_ratio_sum - token_lr.sum()) / n - 1,
         }
 
 
@@ -379,11 +395,12 @@ class Objective:
         b = prepare_batch(logp, logp_old, adv, mask, validate=validate)
         # Every rule gives loss = coef = 0 on padding (adv and raw_lr are 0 there; tested).
         loss, coef, metrics = self.compute(b, generator)
-        return ObjectiveOutput(loss=loss, coef=coef.detach(), metrics=metrics)
+        return ObjectiveOutput(loss, coef, metrics)
 
     def compute(
         self, b: Batch, generator: torch.Generator | None
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:  # pragma: no cover - abstract
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:  # pragma: no cover - abstract
+        """``(loss, coef, metrics)``; ``coef`` is a tensor or a zero-argument function giving it."""
         raise NotImplementedError
 
     def expected_coef(self, ratio: Tensor, adv: Tensor) -> Tensor:
@@ -458,9 +475,10 @@ class RatioObjective(Objective):
 
     def realise(
         self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, generator: torch.Generator | None
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """``(loss, coef, extra metrics)`` for this call; ``coef`` before the clamp's cut-off."""
-        return self.surrogate(r, rd, b, z), b.adv * self.weight(rd, b.adv, z), {}
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        """``(loss, coef, extra metrics)`` for this call; ``coef`` (before the clamp's cut-off) is
+        a function of detached tensors, evaluated only if ``out.coef`` is read."""
+        return self.surrogate(r, rd, b, z), lambda: b.adv * self.weight(rd, b.adv, z), {}
 
     def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         ratio, adv = as_tensor_pair(ratio, adv)
@@ -468,23 +486,22 @@ class RatioObjective(Objective):
 
     def compute(
         self, b: Batch, generator: torch.Generator | None
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         token_lr = b.raw_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        passes = None  # where the clamp lets the gradient through (only if the rule uses it)
-        if self.level == "sequence":
-            lr = sequence_log_ratio(b)  # the sequence clamp is on a detached value
-        else:
-            lr = token_lr
-            if self.through_ratio:
-                passes = token_lr.detach() == b.raw_lr.detach()
+        sequence = self.level == "sequence"
+        lr = sequence_log_ratio(b) if sequence else token_lr  # the sequence clamp is detached
         r = lr.exp()
         rd = r.detach()
         bounds = self.bounds()
         z = dead_zone(rd, b.adv, *bounds) if bounds is not None else None
         loss, coef, extra = self.realise(r, rd, b, z, generator)
-        if passes is not None:
-            coef = torch.where(passes, coef, 0.0)
-        metrics = ratio_metrics(lr, b, token_lr if self.level == "sequence" else None)
+        if self.through_ratio and not sequence:
+            realised, raw = coef, b.raw_lr.detach()
+
+            def coef() -> Tensor:  # the clamp passes gradient only where it did not bind
+                return torch.where(token_lr.detach() == raw, realised(), 0.0)
+
+        metrics = ratio_metrics(lr, rd, b, token_lr if sequence else None)
         if z is not None:
             metrics.update(clip_metrics(*z, b))
         metrics.update(extra)

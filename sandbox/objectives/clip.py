@@ -114,8 +114,7 @@ class PPOClip(RatioObjective):
             frozen = torch.where(dual, self.clip_c, frozen)
             extra["dual_clip_frac"] = valid_share(dual, b)
         loss = b.neg_adv * torch.where(dead, frozen, r)
-        coef = torch.where(dead, 0.0, b.adv * rd)
-        return loss, coef, extra
+        return loss, lambda: torch.where(dead, 0.0, b.adv * rd), extra
 
 
 @register_objective("gspo")
@@ -201,5 +200,5 @@ class ATR(PPOClip):
     def realise(self, r, rd, b, z, generator):
         if self.two_sided:
             loss = b.neg_adv * r.clamp(*self.bounds())
-            return loss, b.adv * self.weight(rd, b.adv), {}
+            return loss, lambda: b.adv * self.weight(rd, b.adv), {}
         return super().realise(r, rd, b, z, generator)

@@ -105,7 +105,7 @@ class ClipCov(PPOClip):
         keys = torch.rand(rd.shape, generator=gen, device=rd.device, dtype=rd.dtype)
         picked = pick_top(keys, eligible, self.clip_cov_ratio, b.n_valid)
         extra["clip_cov_frac"] = valid_share(picked, b)
-        return torch.where(picked, 0.0, loss), torch.where(picked, 0.0, coef), extra
+        return torch.where(picked, 0.0, loss), lambda: torch.where(picked, 0.0, coef()), extra
 
 
 @register_objective("kl_cov")
@@ -141,5 +141,9 @@ class KLCov(RatioObjective):
         picked = pick_top(token_covariance(b), b.mask, self.kl_cov_ratio, b.n_valid)
         lr = torch.log(r)
         loss = b.neg_adv * r + torch.where(picked, self.ppo_kl_coef * lr.abs(), 0.0)
-        coef = b.adv * rd - torch.where(picked, self.ppo_kl_coef * torch.sign(lr.detach()), 0.0)
-        return loss, coef, {"kl_cov_frac": valid_share(picked, b)}
+        penalty = self.ppo_kl_coef * torch.sign(lr.detach())
+        return (
+            loss,
+            lambda: b.adv * rd - torch.where(picked, penalty, 0.0),
+            {"kl_cov_frac": valid_share(picked, b)},
+        )

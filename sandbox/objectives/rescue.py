@@ -133,7 +133,7 @@ class NSR(_NSRBase):
         res_lo, res_hi = z_lo & rescued_lo, z_hi & rescued_hi
         keep = ~(z_lo | z_hi) | res_lo | res_hi
         loss = b.neg_adv * torch.where(keep, r, rd.clamp(low, high))
-        coef = torch.where(keep, b.adv * rd, 0.0)
+        coef = lambda: torch.where(keep, b.adv * rd, 0.0)  # noqa: E731
         # padding has adv = 0, so it is never in Z: plain counts are counts over valid tokens
         n_lo, n_hi = z_lo.sum(), z_hi.sum()
         k_lo, k_hi = res_lo.sum(), res_hi.sum()

@@ -153,7 +153,7 @@ class CISPO(RatioObjective):
 
     def realise(self, r, rd, b, z, generator):
         coef = b.adv * self.weight(rd, b.adv)
-        return -coef * b.logp, coef, {}
+        return -coef * b.logp, lambda: coef, {}
 
 
 @register_objective("sapo")
@@ -190,7 +190,7 @@ class SAPO(RatioObjective):
         gate = torch.sigmoid(tau * (r - 1.0))
         loss = (4.0 / tau) * gate * b.neg_adv
         s = gate.detach()
-        return loss, (4.0 * rd) * s * (1.0 - s) * b.adv, {}
+        return loss, lambda: (4.0 * rd) * s * (1.0 - s) * b.adv, {}
 
 
 @register_objective("dgpo")
