@@ -48,7 +48,7 @@ each row has its own mu, sigma and p_bar); everything is computed in float64 on 
 
 Deviations: the ratio is the objectives' own ``exp(clamp(log pi - log pi_old, ±20))``
 (:func:`sandbox.objectives.log_ratio`) and, exactly as :class:`~sandbox.objectives.RatioObjective`
-does for token-level objectives whose loss goes through the ratio, arms with ``|log r| > 20`` get
+does for token-level objectives whose loss goes through the ratio (``obj.clamp_passes``), arms with ``|log r| > 20`` get
 coefficient 0 (``expected_coef`` itself does not apply that cut).
 """
 
@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from sandbox.objectives import Objective, log_ratio
-from sandbox.objectives.base import dead_zone
+from sandbox.objectives.base import LOG_RATIO_CLAMP, dead_zone
 
 from .softmax import log_softmax
 
@@ -342,11 +342,10 @@ def _expected_coef(obj: Objective, ratio: Tensor, adv: Tensor) -> Tensor:
 def _ratio(obj: Objective, logp: Tensor, logp_old: Tensor) -> tuple[Tensor, Tensor]:
     """The ratio the objective acts on and where its ±20 log-ratio clamp passes the gradient
     (as in ``RatioObjective.compute``: token-level objectives whose loss goes through r)."""
-    lr, passes = log_ratio(logp, logp_old)
-    passes = passes.to(lr.dtype)
-    if getattr(obj, "level", "token") != "token" or not getattr(obj, "through_ratio", True):
-        passes = torch.ones_like(passes)
-    return lr.exp(), passes
+    raw = logp - logp_old
+    lr = log_ratio(logp, logp_old)
+    passes = obj.clamp_passes(raw) if hasattr(obj, "clamp_passes") else raw.abs() <= LOG_RATIO_CLAMP
+    return lr.exp(), passes.to(lr.dtype)
 
 
 def _expected_terms(

@@ -251,14 +251,9 @@ def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor)
 # --------------------------------------------------------------------------------------------------
 
 
-def log_ratio(logp: Tensor, logp_old: Tensor) -> tuple[Tensor, Tensor]:
-    """``clamp(logp - logp_old, ±20)`` and a detached bool tensor: where the clamp passes gradient."""
-    return clamp_log_ratio(logp - logp_old)
-
-
-def clamp_log_ratio(raw: Tensor) -> tuple[Tensor, Tensor]:
-    lr = raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return lr, lr.detach() == raw.detach()
+def log_ratio(logp: Tensor, logp_old: Tensor) -> Tensor:
+    """``clamp(logp - logp_old, ±20)``: the one log-ratio every objective uses (spec §0)."""
+    return (logp - logp_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
@@ -470,6 +465,14 @@ class RatioObjective(Objective):
         ``z`` is the precomputed dead zone of ``(ratio, adv)``, if at hand."""
         raise NotImplementedError
 
+    def clamp_passes(self, raw_log_ratio: Tensor) -> Tensor:
+        """Bool: where the ±20 log-ratio clamp lets this rule's gradient through. Everywhere for
+        sequence-level rules (their clamp is on a detached value) and for rules whose loss does
+        not go through the ratio (CISPO); ``|log r| <= 20`` otherwise."""
+        if self.level == "token" and self.through_ratio:
+            return raw_log_ratio.abs() <= LOG_RATIO_CLAMP
+        return torch.ones_like(raw_log_ratio, dtype=torch.bool)
+
     def zone(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Zone:
         return z if z is not None else dead_zone(ratio, adv, *self.bounds())
 
@@ -487,7 +490,7 @@ class RatioObjective(Objective):
     def compute(
         self, b: Batch, generator: torch.Generator | None
     ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
-        token_lr = b.raw_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        token_lr = b.raw_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # = log_ratio(logp, logp_old)
         sequence = self.level == "sequence"
         lr = sequence_log_ratio(b) if sequence else token_lr  # the sequence clamp is detached
         r = lr.exp()
@@ -499,7 +502,7 @@ class RatioObjective(Objective):
             realised, raw = coef, b.raw_lr.detach()
 
             def coef() -> Tensor:  # the clamp passes gradient only where it did not bind
-                return torch.where(token_lr.detach() == raw, realised(), 0.0)
+                return torch.where(self.clamp_passes(raw), realised(), 0.0)
 
         metrics = ratio_metrics(lr, rd, b, token_lr if sequence else None)
         if z is not None:
