@@ -55,12 +55,15 @@ def aggregate(
         raise ValueError(
             f"mask must have the shape of loss {tuple(loss.shape)}, got {tuple(mask.shape)}"
         )
-    maskf = mask.to(loss.dtype)
-    masked = loss * maskf
+    mask = mask if mask.dtype == torch.bool else mask != 0
+    masked = torch.where(mask, loss, 0.0)  # also keeps NaN/inf on padding out of the gradient
     if mode == "token-mean":
-        n = maskf.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=loss.dtype)
+        if num_tokens is None:
+            n = torch.count_nonzero(mask).to(loss.dtype)
+        else:
+            n = torch.as_tensor(num_tokens, dtype=loss.dtype, device=loss.device)
         return masked.sum() / n.clamp(min=1)
-    lengths = maskf.sum(-1)
+    lengths = torch.count_nonzero(mask, dim=-1).to(loss.dtype)
     per_seq = masked.sum(-1)
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
@@ -72,5 +75,5 @@ def aggregate(
     if num_seqs is None:
         n = (lengths > 0).to(loss.dtype).sum()
     else:
-        n = torch.as_tensor(num_seqs, dtype=loss.dtype)
+        n = torch.as_tensor(num_seqs, dtype=loss.dtype, device=loss.device)
     return per_seq.sum() / n.clamp(min=1)

@@ -165,8 +165,12 @@ class Batch:
         self.raw_lr = raw_lr  # [B, T], 0 where masked, carries the graph
         self.adv = adv  # [B, T], detached, 0 where masked
         self.mask = mask  # [B, T] bool
-        self.maskf = mask.to(raw_lr.dtype)
-        self.n_valid = self.maskf.sum()  # 0-d
+        self.n_valid = torch.count_nonzero(mask).to(raw_lr.dtype)  # 0-d, no int64 copy
+
+    @cached_property
+    def maskf(self) -> Tensor:
+        """``[B, T]`` the mask in the compute dtype."""
+        return self.mask.to(self.raw_lr.dtype)
 
     @cached_property
     def logp(self) -> Tensor:
@@ -180,6 +184,16 @@ class Batch:
     @cached_property
     def neg_adv(self) -> Tensor:
         return -self.adv
+
+    @cached_property
+    def adv_pos(self) -> Tensor:
+        """``A > 0`` (False on padding)."""
+        return self.adv > 0
+
+    @cached_property
+    def adv_neg(self) -> Tensor:
+        """``A < 0`` (False on padding)."""
+        return self.adv < 0
 
 
 def _check_tensor(name: str, x: Any) -> Tensor:
@@ -263,7 +277,7 @@ def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
 
 def valid_share(flags: Tensor, b: Batch) -> Tensor:
     """Share of valid tokens where ``flags`` (bool, False on padding) holds."""
-    return flags.sum().to(b.maskf.dtype) / b.n_valid.clamp(min=1)
+    return torch.count_nonzero(flags).to(b.n_valid.dtype) / b.n_valid.clamp(min=1)
 
 
 def sequence_log_ratio(b: Batch) -> Tensor:
@@ -274,7 +288,7 @@ def sequence_log_ratio(b: Batch) -> Tensor:
     gradient when aggregated with ``seq-mean-token-mean``.
     """
     with torch.no_grad():
-        lengths = b.maskf.sum(-1, keepdim=True).clamp(min=1)
+        lengths = torch.count_nonzero(b.mask, dim=-1)[:, None].to(b.raw_lr.dtype).clamp(min=1)
         seq_lr = b.raw_lr.sum(-1, keepdim=True) / lengths
         seq_lr = seq_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return seq_lr + (b.logp - b.logp.detach())
@@ -298,16 +312,17 @@ def ratio_metrics(
         lr, r = lr.detach(), r.detach()
         n = b.n_valid.clamp(min=1)
         n_pad = b.mask.numel() - b.n_valid
-        # One pass for both extremes: padding takes the value of a valid token (the first one).
-        first_valid = b.mask.flatten().to(torch.uint8).argmax()
-        lo, hi = torch.aminmax(torch.where(b.mask, lr, lr.flatten()[first_valid]))
         if token_lr is None:  # token level: lr = 0 and r = 1 on padding, plain sums suffice
             token_lr = lr
             ratio_sum = token_ratio_sum = r.sum() - n_pad
+            lr_mean = lr.sum() / n
         else:
             token_lr = token_lr.detach()
             ratio_sum = (r * b.maskf).sum()
             token_ratio_sum = token_lr.exp().sum() - n_pad
+            lr_mean = (lr * b.maskf).sum() / n
+        # One pass for both extremes: padding takes the valid mean, which lies between them.
+        lo, hi = torch.aminmax(torch.where(b.mask, lr, lr_mean))
         return {
             "ratio_mean": ratio_sum / n,
             "ratio_max": hi.exp(),
@@ -496,7 +511,9 @@ class RatioObjective(Objective):
         r = lr.exp()
         rd = r.detach()
         bounds = self.bounds()
-        z = dead_zone(rd, b.adv, *bounds) if bounds is not None else None
+        z = None
+        if bounds is not None:  # dead_zone(rd, b.adv, *bounds), with the batch's sign masks
+            z = (b.adv_neg & (rd < bounds[0]), b.adv_pos & (rd > bounds[1]))
         loss, coef, extra = self.realise(r, rd, b, z, generator)
         if self.through_ratio and not sequence:
             realised, raw = coef, b.raw_lr.detach()

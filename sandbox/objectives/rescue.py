@@ -135,8 +135,8 @@ class NSR(_NSRBase):
         loss = b.neg_adv * torch.where(keep, r, rd.clamp(low, high))
         coef = lambda: torch.where(keep, b.adv * rd, 0.0)  # noqa: E731
         # padding has adv = 0, so it is never in Z: plain counts are counts over valid tokens
-        n_lo, n_hi = z_lo.sum(), z_hi.sum()
-        k_lo, k_hi = res_lo.sum(), res_hi.sum()
+        n_lo, n_hi = torch.count_nonzero(z_lo), torch.count_nonzero(z_hi)
+        k_lo, k_hi = torch.count_nonzero(res_lo), torch.count_nonzero(res_hi)
         metrics = {
             "rescue_frac": (k_lo + k_hi) / (n_lo + n_hi).clamp(min=1),
             "rescue_low_frac": k_lo / n_lo.clamp(min=1),

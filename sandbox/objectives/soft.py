@@ -186,9 +186,11 @@ class SAPO(RatioObjective):
         return 4.0 * ratio * s * (1.0 - s)
 
     def realise(self, r, rd, b, z, generator):
-        tau = self._tau(b.adv)
+        pos = b.adv_pos
+        tau = torch.where(pos, b.adv.new_tensor(self.tau_pos), b.adv.new_tensor(self.tau_neg))
         gate = torch.sigmoid(tau * (r - 1.0))
-        loss = (4.0 / tau) * gate * b.neg_adv
+        scale = torch.where(pos, -4.0 / self.tau_pos * b.adv, -4.0 / self.tau_neg * b.adv)
+        loss = gate * scale  # -(4 / tau) sigmoid(tau (r - 1)) A
         s = gate.detach()
         return loss, lambda: (4.0 * rd) * s * (1.0 - s) * b.adv, {}
 
