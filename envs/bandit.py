@@ -449,16 +449,9 @@ class SoftmaxBanditVectorEnv(BanditModel, VectorEnv):
     def __init__(
         self, num_envs: int = 1, render_mode: str | None = None, **model_kwargs: Any
     ) -> None:
-        _check_render_mode(render_mode)
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
-            raise ValueError(f"num_envs must be an integer >= 1; got {num_envs!r}")
+        _check_vector_args(num_envs, render_mode)
         super().__init__(**model_kwargs)
-        self.num_envs = int(num_envs)
-        self.render_mode = render_mode
-        self.single_action_space = spaces.Discrete(self.num_arms)
-        self.single_observation_space = spaces.Discrete(1)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        _set_vector_spaces(self, int(num_envs), render_mode, num_states=1)
         self._has_reset = False
 
     def reset(
@@ -482,6 +475,22 @@ class SoftmaxBanditVectorEnv(BanditModel, VectorEnv):
         obs = np.zeros(self.num_envs, dtype=np.int64)
         info = _same_step_info(obs, {"expected_reward": self.mean_rewards[actions]})
         return obs, rewards, *_done_flags(self.num_envs), info
+
+
+def _check_vector_args(num_envs: Any, render_mode: str | None) -> None:
+    _check_render_mode(render_mode)
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
+        raise ValueError(f"num_envs must be an integer >= 1; got {num_envs!r}")
+
+
+def _set_vector_spaces(env: Any, num_envs: int, render_mode: str | None, num_states: int) -> None:
+    """Spaces of a batched one-step bandit: an arm per env, a state index per env."""
+    env.num_envs = num_envs
+    env.render_mode = render_mode
+    env.single_action_space = spaces.Discrete(env.num_arms)
+    env.single_observation_space = spaces.Discrete(num_states)
+    env.action_space = batch_space(env.single_action_space, num_envs)
+    env.observation_space = batch_space(env.single_observation_space, num_envs)
 
 
 def _vector_actions(actions: Any, num_envs: int) -> np.ndarray:
@@ -792,16 +801,9 @@ class ContextualBanditVectorEnv(ContextualBanditModel, VectorEnv):
     def __init__(
         self, num_envs: int = 1, render_mode: str | None = None, **model_kwargs: Any
     ) -> None:
-        _check_render_mode(render_mode)
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
-            raise ValueError(f"num_envs must be an integer >= 1; got {num_envs!r}")
+        _check_vector_args(num_envs, render_mode)
         super().__init__(**model_kwargs)
-        self.num_envs = int(num_envs)
-        self.render_mode = render_mode
-        self.single_action_space = spaces.Discrete(self.num_arms)
-        self.single_observation_space = spaces.Discrete(self.num_prompts)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        _set_vector_spaces(self, int(num_envs), render_mode, num_states=self.num_prompts)
         self._prompts: IntArray | None = None
 
     def reset(
