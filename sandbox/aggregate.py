@@ -36,6 +36,7 @@ def aggregate(
     num_tokens: Tensor | float | None = None,
     num_seqs: Tensor | float | None = None,
     max_len: float | None = None,
+    groups: int | None = None,
 ) -> Tensor:
     """Aggregate a per-token loss.
 
@@ -46,6 +47,10 @@ def aggregate(
         num_tokens: global number of valid tokens (token-mean), for micro-batching.
         num_seqs: global number of non-empty sequences (seq-mean-*), for micro-batching.
         max_len: the constant L of ``seq-mean-token-sum-norm`` (default: T, as verl).
+        groups: split the rows into this many equal consecutive blocks (e.g. independent seeds
+            trained in one batch), aggregate each block with its own counts and return the sum,
+            so each block's gradient is that of its own aggregate. ``num_tokens`` / ``num_seqs``
+            then count per block (a number, or a ``[groups]`` tensor).
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"mode must be one of {list(AGGREGATION_MODES)}, got {mode!r}")
@@ -55,15 +60,22 @@ def aggregate(
         raise ValueError(
             f"mask must have the shape of loss {tuple(loss.shape)}, got {tuple(mask.shape)}"
         )
+    G = 1 if groups is None else groups
+    if isinstance(G, bool) or not isinstance(G, int) or G < 1 or loss.shape[0] % G:
+        raise ValueError(f"groups must be a positive divisor of B={loss.shape[0]}, got {groups!r}")
     mask = mask if mask.dtype == torch.bool else mask != 0
     masked = torch.where(mask, loss, 0.0)  # also keeps NaN/inf on padding out of the gradient
+    masked, mask = masked.view(G, -1, loss.shape[1]), mask.view(G, -1, loss.shape[1])
+
+    def count(given: Tensor | float | None, default: Tensor) -> Tensor:
+        if given is None:
+            return default.to(loss.dtype)
+        return torch.as_tensor(given, dtype=loss.dtype, device=loss.device).expand(G)
+
     if mode == "token-mean":
-        if num_tokens is None:
-            n = torch.count_nonzero(mask).to(loss.dtype)
-        else:
-            n = torch.as_tensor(num_tokens, dtype=loss.dtype, device=loss.device)
-        return masked.sum() / n.clamp(min=1)
-    lengths = torch.count_nonzero(mask, dim=-1).to(loss.dtype)
+        n = count(num_tokens, torch.count_nonzero(mask, dim=(1, 2)))
+        return (masked.sum((1, 2)) / n.clamp(min=1)).sum()
+    lengths = torch.count_nonzero(mask, dim=-1).to(loss.dtype)  # [G, B / G]
     per_seq = masked.sum(-1)
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
@@ -72,8 +84,5 @@ def aggregate(
         if length <= 0:
             raise ValueError(f"max_len must be positive, got {length}")
         per_seq = per_seq / length
-    if num_seqs is None:
-        n = (lengths > 0).to(loss.dtype).sum()
-    else:
-        n = torch.as_tensor(num_seqs, dtype=loss.dtype, device=loss.device)
-    return per_seq.sum() / n.clamp(min=1)
+    n = count(num_seqs, torch.count_nonzero(lengths, dim=-1))
+    return (per_seq.sum(-1) / n.clamp(min=1)).sum()

@@ -112,3 +112,15 @@ def test_k3_is_unbiased_for_kl():
     ref = torch.tensor([0.2, 0.2, 0.6], dtype=F64)
     k3 = kl_divergence(pi.log(), ref.log(), "k3")
     assert (pi * k3).sum().item() == pytest.approx((pi * (pi / ref).log()).sum().item(), abs=1e-12)
+
+
+@pytest.mark.parametrize("mode", AGGREGATION_MODES)
+def test_groups_sum_each_blocks_own_aggregate(mode):
+    g = torch.Generator().manual_seed(1)
+    loss = torch.randn(6, 4, generator=g, dtype=F64)
+    mask = torch.rand(6, 4, generator=g) > 0.3
+    mask[:, 0] = True
+    blocks = sum(aggregate(loss[i : i + 2], mask[i : i + 2], mode) for i in (0, 2, 4))
+    assert aggregate(loss, mask, mode, groups=3).item() == pytest.approx(blocks.item(), abs=1e-12)
+    with pytest.raises(ValueError, match="groups must be a positive divisor"):
+        aggregate(loss, mask, mode, groups=4)
