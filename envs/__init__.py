@@ -29,7 +29,9 @@ from envs.bandit import (
 )
 
 __all__ = [
+    "BANDIT_ENV_IDS",
     "ENV_IDS",
+    "REASONING_ENV_IDS",
     "BanditModel",
     "BanditSetting",
     "ContextualBandit",
@@ -50,10 +52,42 @@ _REGISTRATIONS: dict[str, tuple[str, str]] = {
         "envs.bandit:ContextualBandit",
         "envs.bandit:ContextualBanditVectorEnv",
     ),
+    # token-level reasoning tasks (envs.reasoning); knobs pass through gym.make(id, **knobs)
+    "sandbox/Reasoning-ModArith-v0": (
+        "envs.reasoning.token_env:ModArithTokenEnv",
+        "envs.reasoning.token_env:ModArithTokenVectorEnv",
+    ),
+    "sandbox/Reasoning-Addition-v0": (
+        "envs.reasoning.token_env:AdditionTokenEnv",
+        "envs.reasoning.token_env:AdditionTokenVectorEnv",
+    ),
+    "sandbox/Reasoning-Parity-v0": (
+        "envs.reasoning.token_env:ParityTokenEnv",
+        "envs.reasoning.token_env:ParityTokenVectorEnv",
+    ),
+    "sandbox/Reasoning-Sequence-v0": (
+        "envs.reasoning.token_env:SequenceTokenEnv",
+        "envs.reasoning.token_env:SequenceTokenVectorEnv",
+    ),
+    "sandbox/Reasoning-Countdown-v0": (
+        "envs.reasoning.token_env:CountdownTokenEnv",
+        "envs.reasoning.token_env:CountdownTokenVectorEnv",
+    ),
+    "sandbox/Reasoning-Boolean-v0": (
+        "envs.reasoning.token_env:BooleanTokenEnv",
+        "envs.reasoning.token_env:BooleanTokenVectorEnv",
+    ),
+    "sandbox/Reasoning-Bits-v0": (
+        "envs.reasoning.token_env:BitsTokenEnv",
+        "envs.reasoning.token_env:BitsTokenVectorEnv",
+    ),
 }
 
 #: Every id this package registers; tests parametrise over it.
 ENV_IDS: tuple[str, ...] = tuple(_REGISTRATIONS)
+#: The token-level reasoning ids (multi-step episodes) and the one-step bandit ids.
+REASONING_ENV_IDS: tuple[str, ...] = tuple(i for i in ENV_IDS if i.startswith("sandbox/Reasoning-"))
+BANDIT_ENV_IDS: tuple[str, ...] = tuple(i for i in ENV_IDS if i not in REASONING_ENV_IDS)
 
 
 def _register_all() -> None:

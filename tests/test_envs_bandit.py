@@ -53,7 +53,7 @@ def test_registration_is_idempotent_and_complete():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # re-registering would warn "Overriding environment"
         importlib.reload(envs)
-    assert envs.ENV_IDS == ("sandbox/SoftmaxBandit-v0", "sandbox/ContextualBandit-v0")
+    assert envs.BANDIT_ENV_IDS == ("sandbox/SoftmaxBandit-v0", "sandbox/ContextualBandit-v0")
     for env_id in envs.ENV_IDS:
         spec = gym.spec(env_id)
         assert spec.namespace == "sandbox"
@@ -68,7 +68,7 @@ def test_check_env_passes_without_warnings(env_id):
         check_env(env.unwrapped)
 
 
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+@pytest.mark.parametrize("env_id", envs.BANDIT_ENV_IDS)
 def test_one_step_episodes_return_python_bools(env_id):
     env = gym.make(env_id)
     env.reset(seed=0)
@@ -78,7 +78,7 @@ def test_one_step_episodes_return_python_bools(env_id):
     assert isinstance(info["expected_reward"], float)
 
 
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+@pytest.mark.parametrize("env_id", envs.BANDIT_ENV_IDS)
 def test_same_seed_same_trajectory_and_different_seeds_differ(env_id):
     env = gym.make(env_id)
     obs_a, rewards_a = _rollout(env, seed=7, num_steps=200)
@@ -88,7 +88,7 @@ def test_same_seed_same_trajectory_and_different_seeds_differ(env_id):
     assert rewards_a != rewards_c
 
 
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+@pytest.mark.parametrize("env_id", envs.BANDIT_ENV_IDS)
 def test_vector_env_shapes_spaces_and_autoreset(env_id):
     num_envs = 64
     single = gym.make(env_id)
@@ -114,7 +114,7 @@ def test_vector_env_shapes_spaces_and_autoreset(env_id):
     np.testing.assert_array_equal(info["final_info"]["expected_reward"], expected)
 
 
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+@pytest.mark.parametrize("env_id", envs.BANDIT_ENV_IDS)
 def test_vector_env_is_seeded_deterministic(env_id):
     def run(seed: int) -> tuple[np.ndarray, np.ndarray]:
         vec = _make_vec(env_id, 256)
@@ -134,7 +134,7 @@ def test_vector_env_is_seeded_deterministic(env_id):
     assert not np.array_equal(rewards_a, rewards_c)
 
 
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+@pytest.mark.parametrize("env_id", envs.BANDIT_ENV_IDS)
 def test_vector_env_matches_record_episode_statistics(env_id):
     vec = gym.wrappers.vector.RecordEpisodeStatistics(_make_vec(env_id, 8))
     vec.reset(seed=0)
@@ -178,7 +178,7 @@ def test_vector_env_rewards_match_exact_model(name):
     _assert_monte_carlo_matches(rewards, groups, mean, variance)
 
 
-@pytest.mark.parametrize("env_id", envs.ENV_IDS)
+@pytest.mark.parametrize("env_id", envs.BANDIT_ENV_IDS)
 def test_single_env_rewards_match_exact_model(env_id):
     env = gym.make(env_id)
     model = env.unwrapped
