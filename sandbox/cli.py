@@ -54,7 +54,8 @@ def _compare(args: argparse.Namespace) -> int:
         if getattr(args, name, None) is not None
     }
     config = CompareConfig(**overrides)
-    out = Path(args.out) / args.name
+    name = args.name or ("default" if config.suite == "bandit" else config.suite)
+    out = Path(args.out) / name
     main(config, out, workers=args.workers, force=args.force, progress=not args.no_progress)
     return 0
 
@@ -98,19 +99,29 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
 
     from sandbox.experiments.compare import CompareConfig
 
-    p.add_argument("--name", default="default", help="run name: results go to OUT/NAME")
+    p.add_argument(
+        "--name", default=None, help="run name: results go to OUT/NAME (default: the suite's)"
+    )
     p.add_argument("--out", default="runs", help="output root folder")
     p.add_argument("--workers", type=int, default=None, help="processes (default: min(cpus, 4))")
     p.add_argument("--force", action="store_true", help="recompute finished runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from sandbox.experiments.compare import SUITE_DEFAULTS
+
     for f in fields(CompareConfig):
         default = f.default_factory() if f.default is MISSING else f.default
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata.get('help', '')} (default: {default})"
-        if isinstance(default, list):
+        if default is None:  # per-suite default
+            per_suite = {s: d.get(f.name) for s, d in SUITE_DEFAULTS.items()}
+            shown = "; ".join(f"{s}: {'all' if v is None else v}" for s, v in per_suite.items())
+            sample = next((v for v in per_suite.values() if v is not None), "")
+        else:
+            shown, sample = default, default
+        help_text = f"{f.metadata.get('help', '')} (default: {shown})"
+        if isinstance(sample, list) or f.name == "objectives":
             p.add_argument(flag, dest=f.name, nargs="+", default=None, help=help_text)
         else:
-            p.add_argument(flag, dest=f.name, type=type(default), default=None, help=help_text)
+            p.add_argument(flag, dest=f.name, type=type(sample), default=None, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:

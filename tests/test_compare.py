@@ -66,3 +66,15 @@ def test_mean_ci_matches_student_t():
     # values 1, 2, 3: mean 2, sd 1, t_{0.975, 2} = 4.302653 -> half-width 4.302653 / sqrt(3)
     mean, half = mean_ci([1.0, 2.0, 3.0])
     assert mean == pytest.approx(2.0) and half == pytest.approx(4.302653 / 3**0.5, rel=1e-6)
+
+
+def test_reasoning_suite_runs_end_to_end(tmp_path):
+    config = CompareConfig(suite="reasoning", objectives=["dapo", "gspo"],
+                           settings=["bits-parity-2"], seeds=2, steps=2)  # fmt: skip
+    assert config.lr == 1e-3 and config.optimizer == "adam"  # the suite's defaults
+    results, scores = run_compare(config, tmp_path / "r", workers=1, progress=False)
+    assert set(results["kind"]) == {"sampled"} and set(results["suite"]) == {"reasoning"}
+    assert len(results) == 2 * 2 * 2 and set(scores["objective"]) == {"dapo", "gspo"}
+    assert (tmp_path / "r" / "final_scores.png").exists()
+    with pytest.raises(ValueError, match="unknown setting 'easy'"):
+        CompareConfig(suite="reasoning", settings=["easy"])

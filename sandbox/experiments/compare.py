@@ -13,6 +13,7 @@ interrupted comparison resumes where it stopped; then ``results.parquet`` (tidy:
 setting, objective, kind, seed, step), ``summary.csv`` and the figures are written.
 
     clip-sandbox compare                       # the default (make demo), ~1-2 min on 2 cores
+    clip-sandbox compare --suite reasoning     # tiny transformers on reasoning tasks, a few min
     clip-sandbox compare --objectives grpo dapo nsr_dapo --settings needle --seeds 64
 """
 
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 from envs import make_bandit_suite
 from sandbox.exact import exact_flow
 from sandbox.objectives import available_objectives, available_presets, get_objective
-from sandbox.train import BanditTrainConfig, run_bandit
+from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, train_sequence
 
 from .plots import final_scores, format_scores, render_all
 from .results import part_name, read_parts, write_parquet_atomic
@@ -50,44 +51,91 @@ def default_objectives() -> list[str]:
     return available_presets() + available_objectives()
 
 
+#: The reasoning suite: setting name -> (task, knobs). Tiny vocabularies, so that a model trained
+#: from scratch finds the answer format quickly and the rules differ in what they do next.
+REASONING_SUITE: dict[str, tuple[str, dict[str, Any]]] = {
+    "bits-reverse-3": ("bits", {"op": "reverse", "length": 3}),
+    "bits-parity-2": ("bits", {"op": "parity", "length": 2}),
+}
+
+#: Rules compared by default on the reasoning suite (the token/sequence-level contrasts first).
+REASONING_OBJECTIVES = (
+    "grpo", "dapo", "gspo", "nsr_dapo", "nsr_gspo", "nsr_decay_dapo", "dgpo", "gppo",
+    "cispo_trl", "sapo", "clip_cov", "kl_cov",
+)  # fmt: skip
+
+#: Per-suite defaults of the fields left as None.
+SUITE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bandit": {
+        "objectives": None, "settings": ["easy", "needle", "mixed"], "seeds": 32, "steps": 100,
+        "prompts_per_batch": 4, "epochs": 2, "minibatches": 4, "optimizer": "sgd", "lr": 1.0,
+    },
+    "reasoning": {
+        "objectives": list(REASONING_OBJECTIVES), "settings": list(REASONING_SUITE), "seeds": 8,
+        "steps": 80, "prompts_per_batch": 8, "epochs": 2, "minibatches": 2, "optimizer": "adam",
+        "lr": 1e-3,
+    },
+}  # fmt: skip
+
+
 @dataclass
 class CompareConfig:
-    """Settings of a comparison. Every field is a CLI flag of ``clip-sandbox compare``."""
+    """Settings of a comparison. Every field is a CLI flag of ``clip-sandbox compare``; fields
+    left as None take the suite's default (:data:`SUITE_DEFAULTS`)."""
 
-    objectives: list[str] = field(
-        default_factory=default_objectives,
-        metadata={"help": "objectives and presets to compare (default: all of them)"},
+    suite: str = field(default="bandit", metadata={"help": "bandit or reasoning"})
+    objectives: list[str] | None = field(
+        default=None, metadata={"help": "objectives and presets (bandit default: all of them)"}
     )
-    settings: list[str] = field(
-        default_factory=lambda: ["easy", "needle", "mixed"],
-        metadata={"help": "bandit settings from envs.make_bandit_suite()"},
+    settings: list[str] | None = field(
+        default=None,
+        metadata={"help": "bandit settings (envs.make_bandit_suite) or reasoning settings"},
     )
-    seeds: int = field(default=32, metadata={"help": "seeds per sampled run (vectorised)"})
-    steps: int = field(default=100, metadata={"help": "training steps"})
+    seeds: int | None = field(default=None, metadata={"help": "seeds per run (vectorised)"})
+    steps: int | None = field(default=None, metadata={"help": "training steps"})
     group_size: int = field(default=8, metadata={"help": "G, samples per prompt"})
-    prompts_per_batch: int = field(default=4, metadata={"help": "groups per step"})
-    epochs: int = field(default=2, metadata={"help": "mu, passes over each batch"})
-    minibatches: int = field(default=4, metadata={"help": "optimizer steps per epoch"})
-    optimizer: str = field(default="sgd", metadata={"help": "sgd or adam"})
-    lr: float = field(default=1.0, metadata={"help": "learning rate on the logits"})
+    prompts_per_batch: int | None = field(default=None, metadata={"help": "groups per step"})
+    epochs: int | None = field(default=None, metadata={"help": "mu, passes over each batch"})
+    minibatches: int | None = field(default=None, metadata={"help": "optimizer steps per epoch"})
+    optimizer: str | None = field(default=None, metadata={"help": "sgd or adam (bandit)"})
+    lr: float | None = field(default=None, metadata={"help": "learning rate"})
     seed: int = field(default=0, metadata={"help": "base seed"})
 
     def __post_init__(self) -> None:
-        suite = make_bandit_suite()
+        if self.suite not in SUITE_DEFAULTS:
+            raise ValueError(f"suite must be one of {sorted(SUITE_DEFAULTS)}, got {self.suite!r}")
+        for key, value in SUITE_DEFAULTS[self.suite].items():
+            if getattr(self, key) is None:
+                setattr(self, key, list(value) if isinstance(value, list) else value)
+        if self.objectives is None:
+            self.objectives = default_objectives()
+        valid = sorted(make_bandit_suite() if self.suite == "bandit" else REASONING_SUITE)
         for name in self.settings:
-            if name not in suite:
-                raise ValueError(f"settings: unknown setting {name!r}; valid: {sorted(suite)}")
+            if name not in valid:
+                raise ValueError(f"settings: unknown setting {name!r}; valid: {valid}")
         if not self.objectives:
             raise ValueError("objectives must not be empty")
         for name in self.objectives:
             get_objective(name)  # ValueError naming the valid names
-        self.train_config("grpo")  # validates the shared training fields
+        if self.suite == "bandit":
+            self.train_config("grpo")  # validates the shared training fields
+        else:
+            self.sequence_config(self.settings[0], "grpo")
 
     def train_config(self, objective: str) -> BanditTrainConfig:
         return BanditTrainConfig(
             objective=objective, seeds=self.seeds, steps=self.steps, group_size=self.group_size,
             prompts_per_batch=self.prompts_per_batch, epochs=self.epochs,
             minibatches=self.minibatches, optimizer=self.optimizer, lr=self.lr, seed=self.seed,
+        )  # fmt: skip
+
+    def sequence_config(self, setting: str, objective: str) -> SequenceTrainConfig:
+        task, knobs = REASONING_SUITE[setting]
+        return SequenceTrainConfig(
+            task=task, task_knobs=dict(knobs), objective=objective, seeds=self.seeds,
+            steps=self.steps, prompts_per_batch=self.prompts_per_batch,
+            group_size=self.group_size, epochs=self.epochs, minibatches=self.minibatches,
+            lr=self.lr, seed=self.seed,
         )  # fmt: skip
 
     @classmethod
@@ -111,6 +159,14 @@ def has_closed_form(objective: str) -> bool:
 
 def run_pair(config: CompareConfig, setting: str, objective: str) -> pd.DataFrame:
     """Sampled runs and (where defined) the exact flow of one objective on one setting."""
+    if config.suite == "reasoning":
+        frame = train_sequence(config.sequence_config(setting, objective))
+        frame.insert(0, "kind", "sampled")
+        frame.insert(0, "suite", "reasoning")
+        frame.insert(1, "setting", setting)
+        frame.insert(2, "objective", objective)
+        frame["optimum"] = 1.0
+        return frame
     model = make_bandit_suite()[setting].make().unwrapped
     sampled = run_bandit(model, config.train_config(objective)).to_frame()
     sampled.insert(0, "kind", "sampled")

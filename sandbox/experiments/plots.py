@@ -200,12 +200,13 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
         block = scores[scores["setting"] == setting].sort_values("final_reward")
         y = np.arange(len(block))
         ax.errorbar(block["final_reward"], y, xerr=block["final_reward_ci"], fmt="o", capsize=3)
-        if "exact_final_reward" in block:
+        if "exact_final_reward" in block and block["exact_final_reward"].notna().any():
             ax.scatter(block["exact_final_reward"], y, marker="x", color="k", label="exact flow")
         ax.set_yticks(y, block["objective"])
         ax.set_title(setting)
         ax.set_xlabel("final expected reward")
-    axes[0][0].legend(loc="lower right")
+    if "exact_final_reward" in scores and scores["exact_final_reward"].notna().any():
+        axes[0][0].legend(loc="lower right")
     fig.suptitle("Final score (mean over seeds, 95% CI; x = exact flow)")
     fig.tight_layout()
     out = _save(fig, Path(path))

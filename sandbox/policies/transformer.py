@@ -178,19 +178,32 @@ class TinyTransformer(nn.Module):
         return self._linear(x, self.head), new_cache
 
     # -- scoring and sampling ---------------------------------------------------------------------
+    @staticmethod
+    def _restrict(logits: Tensor, allowed: Tensor | None) -> Tensor:
+        """The policy is the softmax over the ``allowed`` tokens only (e.g. a task's answer
+        characters and EOS); the others get probability 0."""
+        return logits if allowed is None else logits.masked_fill(~allowed, -math.inf)
+
     def completion_logp(
-        self, prompt: Tensor, prompt_mask: Tensor, completion: Tensor, completion_mask: Tensor
+        self,
+        prompt: Tensor,
+        prompt_mask: Tensor,
+        completion: Tensor,
+        completion_mask: Tensor,
+        allowed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Log-probs ``[S, B, Tc]`` of the completion tokens (0 where ``completion_mask`` is 0) and
-        the entropies ``[S, B, Tc]`` of the next-token distributions, in one full pass."""
+        the entropies ``[S, B, Tc]`` of the next-token distributions, in one full pass.
+        ``allowed`` (bool ``[V]``) restricts the policy to those tokens."""
         ids = torch.cat([prompt, completion], dim=-1)
         mask = torch.cat([prompt_mask, completion_mask], dim=-1)
         logits, _ = self(ids, mask)
         Tp = prompt.shape[-1]
         logits = logits[:, :, Tp - 1 : -1].float()  # the position before each completion token
-        logp_all = torch.log_softmax(logits, -1)
+        logp_all = torch.log_softmax(self._restrict(logits, allowed), -1)
         logp = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        p_all = logp_all.exp()
+        entropy = -(p_all * torch.where(p_all > 0, logp_all, 0.0)).sum(-1)
         zero = logp.new_zeros(())
         return torch.where(completion_mask, logp, zero), torch.where(completion_mask, entropy, zero)
 
@@ -205,12 +218,15 @@ class TinyTransformer(nn.Module):
         pad_id: int,
         generator: torch.Generator,
         temperature: float = 1.0,
+        allowed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Sample completions with a KV cache.
 
         Returns ``(completion [S, B, Tc], completion_mask [S, B, Tc])``: the mask is 1 up to and
         including the first EOS; after it the ids are ``pad_id``. ``Tc <= max_new_tokens`` (the
         loop stops once every sequence has ended; it checks every 8 tokens to limit host syncs).
+        ``allowed`` (bool ``[V]``) restricts sampling to those tokens, as in
+        :meth:`completion_logp`.
         """
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -228,7 +244,8 @@ class TinyTransformer(nn.Module):
         tokens, masks = [], []
         next_logits = logits[:, :, -1]
         for t in range(max_new_tokens):
-            probs = torch.softmax(next_logits.float() / temperature, -1).view(S * B, -1)
+            scaled = self._restrict(next_logits.float() / temperature, allowed)
+            probs = torch.softmax(scaled, -1).view(S * B, -1)
             tok = torch.multinomial(probs, 1, generator=generator).view(S, B)
             alive = ~done
             tok = torch.where(alive, tok, pad_id)

@@ -26,6 +26,7 @@ from .bandit import (
     sample_rollout,
     train_bandit,
 )
+from .sequence import SequenceBatch, SequenceTrainConfig, SequenceTrainer, train_sequence
 
 __all__ = [
     "BATCH_STATISTIC_OBJECTIVES",
@@ -34,10 +35,14 @@ __all__ = [
     "BanditTask",
     "BanditTrainConfig",
     "Rollout",
+    "SequenceBatch",
+    "SequenceTrainConfig",
+    "SequenceTrainer",
     "UpdateStats",
     "bandit_update",
     "make_optimizer",
     "run_bandit",
     "sample_rollout",
     "train_bandit",
+    "train_sequence",
 ]

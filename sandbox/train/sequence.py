@@ -1,0 +1,356 @@
+"""GRPO-style training of a tiny transformer on a synthetic reasoning task, S seeds at once.
+
+The middle rung between the bandit and the LLM: token- and sequence-level rules (PPO clip vs
+GSPO, NSR at token vs sequence level) differ here. One step, for every seed::
+
+    prompts   P' problems from the task (``envs.reasoning``), each repeated G times
+    rollout   G completions per prompt from pi_old, KV-cached sampling restricted to the task's
+              answer tokens and EOS (``task.completion_token_ids``)
+    reward    the task's verifier on the decoded completion (1 or 0)
+    advantage sandbox.advantages per group
+    update    mu epochs x minibatches: logp = policy(completion | prompt)
+              out = objective(logp, logp_old, A, mask)         (sandbox.objectives)
+              loss = aggregate(out.loss, mask, mode, groups=S) (+ kl_coef * k3 to the initial
+              model, - entropy_coef * entropy) -> backward -> per-seed grad clip -> Adam step
+    log       pass rate, entropy, completion length, gradient norm, the objective's metrics
+
+The S seeds are S independent models (:class:`~sandbox.policies.TinyTransformer`'s ensemble
+dimension), trained in one batched pass: each seed's loss is aggregated over its own rows
+(``groups=S``), gradients are clipped per seed and Adam acts elementwise, so a seed's update depends
+on its own model and data only. Objectives that rank tokens over the batch (clip_cov, kl_cov) are
+called once per seed. This module defines no loss.
+
+How to run (CPU)::
+
+    from sandbox.train import SequenceTrainConfig, train_sequence
+    df = train_sequence(SequenceTrainConfig(task="bits", task_knobs={"op": "parity"},
+                                            objective="dapo", seeds=4, steps=100), progress=True)
+
+Logged columns (one row per step and seed): ``step, seed, reward`` (= ``pass_rate``, the share of
+the step's G x P' completions the verifier accepts, sampled from the pre-update policy),
+``expected_reward`` (the same value, under the name the bandit figures use), ``entropy`` (mean
+next-token entropy over the sampled completion tokens), ``completion_len``, ``grad_norm`` (per
+seed, before clipping, mean over the step's updates), ``zero_var_frac`` and the objective's metrics
+(pooled over seeds, mean over updates).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from envs.reasoning import available_tasks, make_task
+from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages
+from sandbox.aggregate import AGGREGATION_MODES, aggregate
+from sandbox.kl import k3
+from sandbox.objectives import Objective, get_objective
+from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
+
+from .bandit import BATCH_STATISTIC_OBJECTIVES
+
+SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_frac")
+
+
+@dataclass
+class SequenceTrainConfig:
+    """Settings of one reasoning-task training run (S seeds). Validated on construction."""
+
+    task: str = field(default="bits", metadata={"help": "task name from envs.reasoning"})
+    task_knobs: dict[str, Any] = field(
+        default_factory=lambda: {"op": "parity", "length": 3},
+        metadata={"help": "difficulty knobs of the task"},
+    )
+    objective: str = field(default="dapo", metadata={"help": "objective name or preset"})
+    objective_params: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "overrides of the objective's hyperparameters"}
+    )
+    seeds: int = field(default=4, metadata={"help": "independent models trained in one batch"})
+    steps: int = field(default=100, metadata={"help": "sampling + update steps"})
+    prompts_per_batch: int = field(default=8, metadata={"help": "P': prompts per step and seed"})
+    group_size: int = field(default=8, metadata={"help": "G: completions per prompt"})
+    epochs: int = field(default=2, metadata={"help": "mu: passes over each batch"})
+    minibatches: int = field(default=2, metadata={"help": "optimizer steps per epoch"})
+    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "per-seed gradient clipping"})
+    advantage: str = field(default="grpo", metadata={"help": "sandbox.advantages method"})
+    aggregation: str | None = field(
+        default=None, metadata={"help": "aggregation mode; None uses the objective's own"}
+    )
+    kl_coef: float = field(default=0.0, metadata={"help": "k3 KL to the initial model (0: off)"})
+    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus (0: off)"})
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "completion budget (None: the task's answer length + 1)"}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    d_model: int = field(default=32, metadata={"help": "transformer width"})
+    n_layers: int = field(default=2, metadata={"help": "transformer layers"})
+    n_heads: int = field(default=4, metadata={"help": "attention heads"})
+    seed: int = field(default=0, metadata={"help": "base seed (weights, prompts, sampling)"})
+    device: str = field(default="cpu", metadata={"help": "torch device"})
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field."""
+        if self.task not in available_tasks():
+            raise ValueError(f"task must be one of {available_tasks()}, got {self.task!r}")
+        make_task(self.task, **self.task_knobs)
+        for name in ("seeds", "steps", "prompts_per_batch", "epochs", "minibatches"):
+            _positive_int(name, getattr(self, name))
+        _positive_int("group_size", self.group_size)
+        if self.advantage not in ADVANTAGE_METHODS:
+            raise ValueError(
+                f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
+            )
+        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for {self.advantage}, got {self.group_size}")
+        batch = self.prompts_per_batch * self.group_size
+        if batch % self.minibatches:
+            raise ValueError(
+                f"minibatches must divide prompts_per_batch * group_size = {batch}, "
+                f"got {self.minibatches}"
+            )
+        for name in ("lr", "max_grad_norm", "temperature"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.aggregation is not None and self.aggregation not in AGGREGATION_MODES:
+            raise ValueError(
+                f"aggregation must be None or one of {list(AGGREGATION_MODES)}, "
+                f"got {self.aggregation!r}"
+            )
+        if self.max_new_tokens is not None:
+            _positive_int("max_new_tokens", self.max_new_tokens)
+        self.model_config()
+        self.build_objective()
+
+    def build_objective(self) -> Objective:
+        try:
+            return get_objective(self.objective, **self.objective_params)
+        except ValueError as exc:
+            raise ValueError(f"objective={self.objective!r}: {exc}") from exc
+
+    def completion_budget(self) -> int:
+        task = make_task(self.task, **self.task_knobs)
+        return self.max_new_tokens or task.max_answer_len + 1
+
+    def model_config(self) -> TransformerConfig:
+        task = make_task(self.task, **self.task_knobs)
+        return TransformerConfig(
+            vocab_size=task.tokenizer.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
+            n_heads=self.n_heads, max_len=task.max_prompt_tokens + self.completion_budget(),
+        )  # fmt: skip
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass
+class SequenceBatch:
+    """One step's rollout for all seeds: ``[S, N, ...]`` with N = P' * G rows per seed."""
+
+    prompt: Tensor  # [S, N, Tp] left-padded ids
+    prompt_mask: Tensor  # [S, N, Tp]
+    completion: Tensor  # [S, N, Tc]
+    completion_mask: Tensor  # [S, N, Tc]
+    rewards: Tensor  # [S, N]
+    adv: Tensor  # [S, N]
+    logp_old: Tensor  # [S, N, Tc]
+    logp_ref: Tensor | None  # [S, N, Tc]
+    entropy: Tensor  # [S, N, Tc]
+
+
+class SequenceTrainer:
+    """The state of a run: the models, the optimizer, the generators; :meth:`step` is one step."""
+
+    def __init__(self, config: SequenceTrainConfig) -> None:
+        config.validate()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.task = make_task(config.task, **config.task_knobs)
+        self.objective = config.build_objective()
+        self.aggregation = config.aggregation or self.objective.aggregation
+        S = config.seeds
+        self.model = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
+        self.model.to(self.device)
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
+            self.reference.load_state_dict(self.model.state_dict())
+            self.reference.to(self.device).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.rng = np.random.default_rng(config.seed)
+        tok = self.task.tokenizer
+        allowed = torch.zeros(tok.vocab_size, dtype=torch.bool)
+        allowed[list(self.task.completion_token_ids)] = True
+        self.allowed = allowed.to(self.device)
+        self.max_new_tokens = config.completion_budget()
+        self.steps_done = 0
+
+    # -- rollout ----------------------------------------------------------------------------------
+    def _prompts(self) -> tuple[Tensor, Tensor, list[str]]:
+        cfg, tok = self.config, self.task.tokenizer
+        S, P = cfg.seeds, cfg.prompts_per_batch
+        prompts, answers = self.task.sample_batch(self.rng, S * P)
+        encoded = [self.task.encode_prompt(p) for p in prompts]
+        Tp = max(len(e) for e in encoded)
+        ids = np.full((S * P, Tp), tok.pad_id, dtype=np.int64)
+        mask = np.zeros((S * P, Tp), dtype=bool)
+        for i, e in enumerate(encoded):  # left padding
+            ids[i, Tp - len(e) :] = e
+            mask[i, Tp - len(e) :] = True
+        G = cfg.group_size
+        ids_t = torch.from_numpy(ids).view(S, P, 1, Tp).expand(S, P, G, Tp).reshape(S, P * G, Tp)
+        mask_t = torch.from_numpy(mask).view(S, P, 1, Tp).expand(S, P, G, Tp).reshape(S, -1, Tp)
+        return ids_t.to(self.device), mask_t.to(self.device), [a for a in answers for _ in range(G)]
+
+    def _rewards(self, completion: Tensor, completion_mask: Tensor, answers: list[str]) -> Tensor:
+        S, N, _ = completion.shape
+        ids = torch.where(completion_mask, completion, self.task.tokenizer.pad_id).cpu().numpy()
+        flat = ids.reshape(S * N, -1)
+        rewards = [
+            self.task.verify(answer, self.task.decode_completion(row))
+            for answer, row in zip(answers, flat, strict=True)
+        ]
+        return torch.tensor(rewards, dtype=torch.float32, device=self.device).view(S, N)
+
+    @torch.no_grad()
+    def rollout(self) -> SequenceBatch:
+        """Sample prompts and completions for every seed, score and advantage them."""
+        cfg = self.config
+        S, G = cfg.seeds, cfg.group_size
+        prompt, prompt_mask, answers = self._prompts()  # answers: one per row, [S * N]
+        completion, completion_mask = self.model.generate(
+            prompt, prompt_mask, max_new_tokens=self.max_new_tokens,
+            eos_id=self.task.tokenizer.eos_id, pad_id=self.task.tokenizer.pad_id,
+            generator=self.generator, temperature=cfg.temperature, allowed=self.allowed,
+        )  # fmt: skip
+        rewards = self._rewards(completion, completion_mask, answers)
+        adv = compute_advantages(rewards.reshape(-1, G), method=cfg.advantage).view(S, -1)
+        logp_old, entropy = self.model.completion_logp(
+            prompt, prompt_mask, completion, completion_mask, self.allowed
+        )
+        logp_ref = None
+        if self.reference is not None:
+            logp_ref, _ = self.reference.completion_logp(
+                prompt, prompt_mask, completion, completion_mask, self.allowed
+            )
+        return SequenceBatch(prompt, prompt_mask, completion, completion_mask, rewards, adv,
+                             logp_old, logp_ref, entropy)  # fmt: skip
+
+    # -- update -----------------------------------------------------------------------------------
+    def _loss(self, batch: SequenceBatch, rows: Tensor, validate: bool):
+        cfg = self.config
+        S, n = cfg.seeds, rows.numel()
+        prompt, pmask = batch.prompt[:, rows], batch.prompt_mask[:, rows]
+        comp, cmask = batch.completion[:, rows], batch.completion_mask[:, rows]
+        logp, entropy = self.model.completion_logp(prompt, pmask, comp, cmask, self.allowed)
+        Tc = comp.shape[-1]
+        flat = (logp.reshape(S * n, Tc), batch.logp_old[:, rows].reshape(S * n, Tc),
+                batch.adv[:, rows].reshape(S * n, 1), cmask.reshape(S * n, Tc))  # fmt: skip
+        if self.objective.name in BATCH_STATISTIC_OBJECTIVES:
+            losses, metrics = [], []
+            for s in range(S):  # batch statistics must come from this seed's rows only
+                sl = slice(s * n, (s + 1) * n)
+                out = self.objective(*(x[sl] for x in flat), generator=self.generator,
+                                     validate=validate)  # fmt: skip
+                losses.append(aggregate(out.loss, flat[3][sl], self.aggregation))
+                metrics.append(out.metrics)
+            loss = torch.stack(losses).sum()
+            metrics = {k: torch.stack([m[k] for m in metrics]).mean() for k in metrics[0]}
+        else:
+            out = self.objective(*flat, generator=self.generator, validate=validate)
+            loss, metrics = aggregate(out.loss, flat[3], self.aggregation, groups=S), out.metrics
+        if batch.logp_ref is not None:
+            kl = k3(flat[0], batch.logp_ref[:, rows].reshape(S * n, Tc))
+            loss = loss + cfg.kl_coef * aggregate(kl, flat[3], self.aggregation, groups=S)
+        if cfg.entropy_coef > 0:
+            ent = entropy.reshape(S * n, Tc)
+            loss = loss - cfg.entropy_coef * aggregate(ent, flat[3], self.aggregation, groups=S)
+        return loss, metrics
+
+    def update(self, batch: SequenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """mu epochs x minibatches of optimizer steps on one rollout; returns the per-seed
+        gradient norm and the objective's metrics, both averaged over the updates."""
+        cfg = self.config
+        N = batch.rewards.shape[1]
+        n = N // cfg.minibatches
+        grad_norm = torch.zeros(cfg.seeds, device=self.device)
+        sums: dict[str, Tensor] = {}
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(N, generator=self.generator, device=self.device)
+            for mb in range(cfg.minibatches):
+                rows = perm[mb * n : (mb + 1) * n]
+                loss, metrics = self._loss(batch, rows, validate=self.steps_done == 0)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm += clip_grad_norm_per_model(self.model, cfg.max_grad_norm)
+                self.optimizer.step()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v.detach().float()
+        updates = cfg.epochs * cfg.minibatches
+        return grad_norm / updates, {k: v / updates for k, v in sums.items()}
+
+    def step(self) -> dict[str, Tensor]:
+        """One rollout and its updates; per-seed ``[S]`` tensors and pooled 0-d metrics."""
+        batch = self.rollout()
+        grad_norm, metrics = self.update(batch)
+        self.steps_done += 1
+        S, G = self.config.seeds, self.config.group_size
+        cmask = batch.completion_mask.float()
+        groups = batch.rewards.view(S, -1, G)
+        return {
+            "reward": batch.rewards.mean(-1),
+            "entropy": (batch.entropy * cmask).sum((1, 2)) / cmask.sum((1, 2)),
+            "completion_len": cmask.sum(-1).mean(-1),
+            "grad_norm": grad_norm,
+            "zero_var_frac": (groups == groups[..., :1]).all(-1).float().mean(-1),
+            **metrics,
+        }
+
+
+def train_sequence(
+    config: SequenceTrainConfig, *, progress: bool = False, trainer: SequenceTrainer | None = None
+) -> pd.DataFrame:
+    """Train ``config.seeds`` tiny transformers on the task; one row per (step, seed)."""
+    trainer = trainer or SequenceTrainer(config)
+    history: dict[str, list[Tensor]] = {}
+    bar = tqdm(range(config.steps), disable=not progress, desc=f"{config.task} {config.objective}")
+    for _ in bar:
+        for k, v in trainer.step().items():
+            history.setdefault(k, []).append(v.detach())
+    S, steps = config.seeds, config.steps
+    data: dict[str, Any] = {
+        "step": np.repeat(np.arange(steps), S),
+        "seed": np.tile(np.arange(S), steps),
+    }
+    for k, values in history.items():
+        arr = torch.stack(values).cpu().numpy()
+        data[k] = (arr if arr.ndim == 2 else np.repeat(arr[:, None], S, 1)).reshape(-1)
+    frame = pd.DataFrame(data)
+    frame["pass_rate"] = frame["reward"]
+    frame["expected_reward"] = frame["reward"]
+    frame.attrs.update(config=asdict(config), objective=trainer.objective.name,
+                       aggregation=trainer.aggregation)  # fmt: skip
+    if not math.isfinite(float(frame["grad_norm"].max())):
+        raise FloatingPointError("non-finite gradient norm during training")
+    return frame

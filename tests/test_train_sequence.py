@@ -1,0 +1,98 @@
+"""The tiny-transformer GRPO trainer on reasoning tasks."""
+
+import copy
+
+import pandas as pd
+import pytest
+import torch
+
+from sandbox.objectives import available_objectives
+from sandbox.train import SequenceTrainConfig, SequenceTrainer, train_sequence
+
+FAST = dict(task="bits", task_knobs={"op": "parity", "length": 2}, seeds=3, steps=3,
+            prompts_per_batch=4, group_size=4, d_model=16, n_heads=2)  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_frame_columns_and_determinism():
+    a = train_sequence(SequenceTrainConfig(**FAST))
+    b = train_sequence(SequenceTrainConfig(**FAST))
+    assert len(a) == 3 * 3 and list(a["step"].unique()) == [0, 1, 2]
+    for col in ("reward", "pass_rate", "entropy", "completion_len", "grad_norm", "clip_low_frac",
+                "clip_high_frac", "ratio_mean", "kl_k3"):  # fmt: skip
+        assert col in a, col
+    assert a["reward"].between(0, 1).all() and (a["completion_len"] >= 1).all()
+    pd.testing.assert_frame_equal(a, b)
+    c = train_sequence(SequenceTrainConfig(**{**FAST, "seed": 1}))
+    assert not a["entropy"].equals(c["entropy"])
+
+
+def test_on_policy_update_has_no_clipping_and_off_policy_does():
+    on = train_sequence(SequenceTrainConfig(**{**FAST, "epochs": 1, "minibatches": 1}))
+    assert (on["clip_low_frac"] == 0).all() and (on["clip_high_frac"] == 0).all()
+    assert (on["ratio_mean"] == 1).all()
+    off = train_sequence(
+        SequenceTrainConfig(**{**FAST, "epochs": 4, "minibatches": 2, "lr": 1e-2, "steps": 4})
+    )
+    assert (off["clip_low_frac"] + off["clip_high_frac"]).max() > 0
+
+
+def test_seeds_are_independent():
+    """Changing seed 0's rollout changes seed 0's update and leaves the others' bit-identical."""
+    trainer = SequenceTrainer(SequenceTrainConfig(**FAST))
+    batch = trainer.rollout()
+    model_state = copy.deepcopy(trainer.model.state_dict())
+    opt_state = copy.deepcopy(trainer.optimizer.state_dict())
+    gen_state = trainer.generator.get_state()
+    results = []
+    for perturb in (False, True):
+        trainer.model.load_state_dict(model_state)
+        trainer.optimizer.load_state_dict(opt_state)
+        trainer.generator.set_state(gen_state)
+        if perturb:
+            batch.adv[0] = -batch.adv[0] + 0.5
+        trainer.update(batch)
+        results.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+    assert any(not torch.equal(results[0][k][0], results[1][k][0]) for k in results[0])
+    for k in results[0]:
+        torch.testing.assert_close(results[1][k][1:], results[0][k][1:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("objective", available_objectives())
+def test_every_objective_trains_with_finite_metrics(objective):
+    df = train_sequence(SequenceTrainConfig(**{**FAST, "objective": objective, "steps": 2}))
+    numeric = df.select_dtypes("number")
+    assert numeric.notna().all().all() and (numeric.abs() < 1e6).all().all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["grpo", "nsr_dapo"])
+def test_short_training_improves_the_pass_rate(objective):
+    cfg = SequenceTrainConfig(task="bits", task_knobs={"op": "parity", "length": 2},
+                              objective=objective, seeds=4, steps=40)  # fmt: skip
+    df = train_sequence(cfg)
+    first = df[df["step"] < 5]["pass_rate"].mean()
+    last = df[df["step"] >= 35]["pass_rate"].mean()
+    assert first < 0.35 and last > first + 0.3, (first, last)
+
+
+def test_kl_and_entropy_terms_run():
+    df = train_sequence(SequenceTrainConfig(**{**FAST, "kl_coef": 0.1, "entropy_coef": 0.01}))
+    assert df["grad_norm"].gt(0).all()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("task", "chess"), ("steps", 0), ("group_size", 1), ("minibatches", 3), ("lr", 0.0),
+     ("objective", "ppo"), ("aggregation", "mean"), ("kl_coef", -1.0), ("advantage", "gae")],
+)  # fmt: skip
+def test_bad_config_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SequenceTrainConfig(**{**FAST, field: value})
