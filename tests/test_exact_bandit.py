@@ -29,7 +29,7 @@ from sandbox.exact import (
     group_advantage_table,
     nsr_gradient_variance,
 )
-from sandbox.objectives import available_objectives, available_presets, get_objective
+from sandbox.objectives import Objective, available_objectives, available_presets, get_objective
 
 F64 = torch.float64
 Z_MAX = 5.0  # allowed deviation in standard errors (two-sided p ~ 6e-7 per component)
@@ -565,7 +565,7 @@ def test_objective_without_expected_coef_is_a_clear_error(name):
 
 
 def test_gaussian_rewards_need_a_homogeneous_coefficient():
-    class NotHomogeneous:
+    class NotHomogeneous(Objective):
         name = "not_homogeneous"
 
         def expected_coef(self, ratio, adv):

@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from sandbox.objectives import Objective, log_ratio
-from sandbox.objectives.base import LOG_RATIO_CLAMP, dead_zone
+from sandbox.objectives.base import dead_zone
 
 from .softmax import log_softmax
 
@@ -109,10 +109,10 @@ def _as_f64(name: str, x: Any, device: torch.device | None = None) -> Tensor:
 
 
 def _check_objective(obj: Any) -> None:
-    if not callable(getattr(obj, "expected_coef", None)):
+    if not isinstance(obj, Objective):
         raise ValueError(
-            f"obj must be an objective with an expected_coef method (see sandbox.objectives), "
-            f"got {type(obj).__name__}"
+            f"obj must be an objective with an expected_coef method (a sandbox.objectives "
+            f"Objective, e.g. get_objective(name)), got {type(obj).__name__}"
         )
 
 
@@ -344,7 +344,7 @@ def _ratio(obj: Objective, logp: Tensor, logp_old: Tensor) -> tuple[Tensor, Tens
     (as in ``RatioObjective.compute``: token-level objectives whose loss goes through r)."""
     raw = logp - logp_old
     lr = log_ratio(logp, logp_old)
-    passes = obj.clamp_passes(raw) if hasattr(obj, "clamp_passes") else raw.abs() <= LOG_RATIO_CLAMP
+    passes = obj.clamp_passes(raw)
     return lr.exp(), passes.to(lr.dtype)
 
 

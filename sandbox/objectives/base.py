@@ -356,6 +356,9 @@ class Objective:
 
     name: ClassVar[str] = "objective"
     level: ClassVar[str] = "token"
+    #: Whether the loss depends on logp through the (clamped) token ratio; False for CISPO-style
+    #: ``-sg(w) * A * logp`` losses, which the ±20 clamp cannot cut.
+    through_ratio: ClassVar[bool] = True
     stochastic: ClassVar[bool] = False
     aggregation: ClassVar[str] = "token-mean"
     paper: ClassVar[str] = ""
@@ -413,6 +416,15 @@ class Objective:
         """``(loss, coef, metrics)``; ``coef`` is a tensor or a zero-argument function giving it."""
         raise NotImplementedError
 
+    def clamp_passes(self, raw_log_ratio: Tensor) -> Tensor:
+        """Bool: where the ±20 log-ratio clamp lets this rule's gradient through. Everywhere for
+        sequence-level rules (their clamp is on a detached value) and for rules whose loss does
+        not go through the ratio (CISPO); ``|log r| <= 20`` otherwise. ``expected_coef`` does not
+        apply this cut; exact computations multiply by it."""
+        if self.level == "token" and self.through_ratio:
+            return raw_log_ratio.abs() <= LOG_RATIO_CLAMP
+        return torch.ones_like(raw_log_ratio, dtype=torch.bool)
+
     def expected_coef(self, ratio: Tensor, adv: Tensor) -> Tensor:
         """Closed-form ``E[coef | r, A]`` over the objective's own randomness.
 
@@ -462,10 +474,6 @@ class RatioObjective(Objective):
     statistics. Stochastic, batch-dependent or hand-fused rules override :meth:`realise`.
     """
 
-    #: Whether the loss depends on logp through the (clamped) ratio; False for CISPO-style
-    #: ``-sg(w) * A * logp`` losses, which the ±20 clamp cannot cut.
-    through_ratio: ClassVar[bool] = True
-
     def bounds(self) -> tuple[float, float] | None:
         """``(l, u)``: the ratio interval whose sign-aware violations are the dead zone Z."""
         return None
@@ -479,14 +487,6 @@ class RatioObjective(Objective):
         """Closed-form gradient weight g(r, A) (realised; the expectation for stochastic rules).
         ``z`` is the precomputed dead zone of ``(ratio, adv)``, if at hand."""
         raise NotImplementedError
-
-    def clamp_passes(self, raw_log_ratio: Tensor) -> Tensor:
-        """Bool: where the ±20 log-ratio clamp lets this rule's gradient through. Everywhere for
-        sequence-level rules (their clamp is on a detached value) and for rules whose loss does
-        not go through the ratio (CISPO); ``|log r| <= 20`` otherwise."""
-        if self.level == "token" and self.through_ratio:
-            return raw_log_ratio.abs() <= LOG_RATIO_CLAMP
-        return torch.ones_like(raw_log_ratio, dtype=torch.bool)
 
     def zone(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Zone:
         return z if z is not None else dead_zone(ratio, adv, *self.bounds())

@@ -199,9 +199,12 @@ class TinyTransformer(nn.Module):
         mask = torch.cat([prompt_mask, completion_mask], dim=-1)
         logits, _ = self(ids, mask)
         Tp = prompt.shape[-1]
-        logits = logits[:, :, Tp - 1 : -1].float()  # the position before each completion token
+        logits = logits[:, :, Tp - 1 : -1]  # the position before each completion token
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # >= fp32 scores
         logp_all = torch.log_softmax(self._restrict(logits, allowed), -1)
-        logp = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+        # padding may hold ids outside `allowed` (log-prob -inf): score a finite id there instead
+        safe = torch.where(completion_mask, completion, logp_all.detach().argmax(-1))
+        logp = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
         p_all = logp_all.exp()
         entropy = -(p_all * torch.where(p_all > 0, logp_all, 0.0)).sum(-1)
         zero = logp.new_zeros(())
