@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Under pytest-xdist each worker is one process on a small machine: intra-op threads only
+# contend with the other workers (tests use small tensors), so one thread per worker.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -68,8 +68,8 @@ class PPOClip(RatioObjective):
 
     Deviations: the log-ratio is clamped to ±20 as in verl (zero gradient beyond). Equals verl
     ``loss_mode=vanilla`` (with ``clip_ratio_c`` when ``clip_c`` is set) and TRL ``loss_type=grpo``
-    (TRL's ``delta`` caps r at delta with gradient flowing in the other regions; it is not the
-    same as dual clip).
+    (TRL's ``delta`` caps r at delta for both signs of A; when delta > 1 + eps_high it only binds
+    on the A < 0 side and equals dual clip with c = delta: tested in tests/test_adapter_trl.py).
     """
 
     paper = "1707.06347"

@@ -1,0 +1,470 @@
+"""Any sandbox objective inside TRL: ``SandboxGRPOTrainer``, a ``trl.GRPOTrainer`` subclass.
+
+    from llm.adapters.trl import SandboxGRPOTrainer
+
+    trainer = SandboxGRPOTrainer(
+        model=model, reward_funcs=reward, args=GRPOConfig(...), train_dataset=dataset,
+        objective="nsr_dapo",                      # registry name or preset
+        objective_params={"noise": "band", "sigma": 0.1},
+    )
+    trainer.train()
+
+Everything TRL does around the loss stays TRL's (generation, rewards, advantages, the old and
+reference log-probs, vLLM, accelerate/DeepSpeed/FSDP); only the loss is replaced. Per
+micro-batch, ``_compute_loss``:
+
+1. computes the completion log-probs and entropies with TRL's own
+   ``_get_per_token_logps_and_entropies``;
+2. calls the sandbox objective ``obj(logp, old_logp, advantages, mask)`` (``old_logp`` is TRL's
+   ``old_per_token_logps``, or the detached current log-probs when TRL skipped them on-policy);
+3. multiplies the per-token loss by TRL's weights when their options are on: the off-policy
+   sequence mask (``off_policy_mask_threshold``), the high-entropy token mask
+   (``top_entropy_quantile``) and the vLLM importance-sampling correction
+   (``vllm_importance_sampling_correction``: TRL's truncated or masked, token or sequence ratio);
+4. adds ``beta * k3`` to the reference model (:func:`sandbox.kl.k3`, TRL's estimator; times the
+   importance ratio with ``use_bias_correction_kl``);
+5. reduces with :func:`sandbox.aggregate.aggregate` and TRL's normaliser for that mode
+   (:func:`trl_normalisers`), including the gradient-accumulation scaling, so a sandbox run and a
+   TRL run with the matching ``loss_type`` take the same optimiser steps;
+6. logs TRL's ``entropy``, ``kl`` and ``clip_ratio/{low,high,region}_mean`` and every sandbox metric
+   as ``sandbox/<name>`` into ``self._metrics``, in one gather and one device->host read per
+   micro-batch (TRL reads each of its metrics separately).
+
+Which objective runs: ``objective=None`` (default) runs the sandbox equivalent of the
+``GRPOConfig`` (:func:`trl_equivalent`: ``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``,
+``importance_sampling_level``, ``sapo_temperature_*``), i.e. TRL's own loss computed by the sandbox.
+With ``objective=`` a registry name or preset, ``objective_params`` are its keyword arguments and
+those ``GRPOConfig`` loss fields are not read (the trainer logs this once); ``aggregation`` defaults
+to the objective's (or preset's) own mode.
+
+Aggregation <-> TRL normaliser (:data:`TRL_AGGREGATION`):
+
+=========================== ============== ===================================================
+sandbox mode                TRL loss_type  normaliser (train; eval drops the accumulation terms)
+=========================== ============== ===================================================
+token-mean                  dapo, cispo    global tokens of the generation batch * ga / steps_per_generation / processes
+token-mean (loss_type=bnpo) bnpo           local tokens of the micro-batch * ga
+seq-mean-token-mean         grpo, sapo     local sequences * ga (all-padding sequences count)
+seq-mean-token-sum          luspo          local sequences * ga
+seq-mean-token-sum-norm     dr_grpo        local sequences * max_completion_length * ga
+=========================== ============== ===================================================
+
+Not supported (a ``ValueError`` at construction, never a silent bypass): TRL's entropy bonus
+(``entropy_coef``, ``use_adaptive_entropy``), ``loss_type="vespo"`` without an explicit objective,
+a token-level objective under ``importance_sampling_level="sequence"``, and any Liger fused-loss path
+that would compute the loss without calling ``_compute_loss`` (``use_liger_loss``). In TRL 1.16
+``use_liger_kernel`` only patches the model's layers and the loss still comes through here.
+
+Supported TRL: :data:`SUPPORTED_TRL`.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import trl
+from packaging.specifiers import SpecifierSet
+from torch import Tensor
+from trl import GRPOTrainer
+
+from sandbox.aggregate import AGGREGATION_MODES, aggregate
+from sandbox.kl import k3
+from sandbox.objectives import Objective, get_objective, log_ratio
+
+__all__ = [
+    "SUPPORTED_TRL",
+    "TRL_AGGREGATION",
+    "ObjectiveSpec",
+    "SandboxGRPOTrainer",
+    "trl_equivalent",
+    "trl_normalisers",
+]
+
+SUPPORTED_TRL = ">=1.16,<1.17"
+
+if trl.__version__ not in SpecifierSet(SUPPORTED_TRL):
+    warnings.warn(
+        f"llm.adapters.trl is tested with trl {SUPPORTED_TRL}; found trl {trl.__version__}",
+        stacklevel=2,
+    )
+
+logger = logging.getLogger(__name__)
+
+#: TRL ``loss_type`` -> the sandbox aggregation mode whose normaliser TRL uses.
+TRL_AGGREGATION: dict[str, str] = {
+    "grpo": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "cispo": "token-mean",
+    "luspo": "seq-mean-token-sum",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
+
+#: GRPOConfig fields that define TRL's loss; read only when ``objective=None``.
+TRL_LOSS_FIELDS = (
+    "loss_type",
+    "epsilon",
+    "epsilon_high",
+    "delta",
+    "importance_sampling_level",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """A sandbox objective (registry name or preset), its parameters and its aggregation."""
+
+    objective: str
+    params: dict[str, Any] = field(default_factory=dict)
+    aggregation: str = "token-mean"
+
+    def build(self) -> Objective:
+        return get_objective(self.objective, **self.params)
+
+
+def _eps(args: Any) -> tuple[float, float]:
+    high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+    return float(args.epsilon), float(high)
+
+
+def _clip_rule(args: Any) -> tuple[str, dict[str, Any]]:
+    eps_low, eps_high = _eps(args)
+    params: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high}
+    if args.importance_sampling_level == "sequence":
+        if args.delta is not None:
+            raise ValueError(
+                "TRL's delta with importance_sampling_level='sequence' has no sandbox rule"
+            )
+        return "gspo", params
+    if args.delta is not None:  # min(r, delta) inside the min-form = dual clip at c = delta
+        params["clip_c"] = float(args.delta)
+    return "ppo_clip", params
+
+
+def _token_only(name: str, make: Callable[[Any], dict[str, Any]]):
+    def rule(args: Any) -> tuple[str, dict[str, Any]]:
+        if args.importance_sampling_level != "token":
+            raise ValueError(
+                f"TRL's loss_type={args.loss_type!r} at importance_sampling_level="
+                f"{args.importance_sampling_level!r} has no sandbox equivalent ({name} is token-level)"
+            )
+        return name, make(args)
+
+    return rule
+
+
+_TRL_RULES: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {
+    **dict.fromkeys(("grpo", "bnpo", "dapo", "luspo", "dr_grpo"), _clip_rule),
+    # TRL caps the ratio at the absolute epsilon_high, with no lower bound (preset cispo_trl).
+    "cispo": _token_only("cispo", lambda a: {"lower": 0.0, "upper": _eps(a)[1]}),
+    "sapo": _token_only(
+        "sapo",
+        lambda a: {
+            "tau_pos": float(a.sapo_temperature_pos),
+            "tau_neg": float(a.sapo_temperature_neg),
+        },
+    ),
+}
+
+
+def trl_equivalent(args: Any) -> ObjectiveSpec:
+    """The sandbox objective, parameters and aggregation that reproduce a ``GRPOConfig``'s loss.
+
+    ``loss_type`` in grpo/bnpo/dapo/luspo/dr_grpo -> ``ppo_clip`` (``eps_low=epsilon``,
+    ``eps_high=epsilon_high``, ``clip_c=delta``), or ``gspo`` at ``importance_sampling_level=
+    "sequence"``; ``cispo`` -> ``cispo(lower=0, upper=epsilon_high)``; ``sapo`` ->
+    ``sapo(tau_pos, tau_neg)``. Raises ``ValueError`` for loss types without an equivalent (vespo).
+    """
+    rule = _TRL_RULES.get(args.loss_type)
+    if rule is None:
+        raise ValueError(
+            f"TRL loss_type={args.loss_type!r} has no sandbox equivalent; pass objective= "
+            f"explicitly, or use one of {sorted(_TRL_RULES)}"
+        )
+    name, params = rule(args)
+    return ObjectiveSpec(name, params, TRL_AGGREGATION[args.loss_type])
+
+
+def trl_normalisers(
+    aggregation: str,
+    *,
+    loss_type: str,
+    mask: Tensor,
+    training: bool,
+    grad_accum: int,
+    num_items_in_batch: Tensor | None,
+    num_processes: int,
+    steps_per_generation: int,
+    max_completion_length: int | None,
+) -> dict[str, Any]:
+    """Keyword arguments of :func:`sandbox.aggregate.aggregate` that reproduce TRL's normaliser.
+
+    TRL divides the local loss by the gradient-accumulation steps ``ga`` (train mode), except for
+    its global token mean (dapo, cispo), whose count already spans the generation batch; see the
+    table in the module docstring.
+    """
+    ga = grad_accum if training else 1
+    if aggregation == "token-mean":
+        if loss_type == "bnpo" or num_items_in_batch is None:
+            return {"num_tokens": torch.count_nonzero(mask).clamp(min=1) * ga}
+        num_tokens = num_items_in_batch.clamp(min=1.0) / num_processes
+        if training:
+            num_tokens = num_tokens * grad_accum / steps_per_generation
+        return {"num_tokens": num_tokens}
+    kwargs: dict[str, Any] = {"num_seqs": mask.shape[0] * ga}  # TRL's .mean() counts every row
+    if aggregation == "seq-mean-token-sum-norm":
+        kwargs["max_len"] = max_completion_length
+    return kwargs
+
+
+class SandboxGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` whose loss is a sandbox objective (see the module docstring).
+
+    Args (in addition to ``GRPOTrainer``'s):
+        objective: registry name or preset of :mod:`sandbox.objectives`; ``None`` runs the sandbox
+            equivalent of the GRPOConfig's ``loss_type`` (:func:`trl_equivalent`).
+        objective_params: keyword arguments of the objective (override a preset's values).
+        aggregation: one of :data:`sandbox.aggregate.AGGREGATION_MODES`; default: the objective's.
+        seed: seed of the generator that stochastic objectives draw from (offset by the process
+            index); default ``args.seed``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        objective: str | None = None,
+        objective_params: Mapping[str, Any] | None = None,
+        aggregation: str | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        _check_supported(self.args)
+        if objective is None:
+            if objective_params:
+                raise ValueError("objective_params needs objective= (a registry name or preset)")
+            spec = trl_equivalent(self.args)
+            if aggregation is not None:
+                spec = ObjectiveSpec(spec.objective, spec.params, aggregation)
+        else:
+            spec = ObjectiveSpec(objective, dict(objective_params or {}), aggregation or "")
+        self.objective = spec.build()
+        self.aggregation = spec.aggregation or self.objective.aggregation
+        if self.aggregation not in AGGREGATION_MODES:
+            raise ValueError(
+                f"aggregation must be one of {list(AGGREGATION_MODES)}, got {self.aggregation!r}"
+            )
+        if self.args.importance_sampling_level == "sequence" and self.objective.level == "token":
+            raise ValueError(
+                f"importance_sampling_level='sequence' but objective {spec.objective!r} is "
+                "token-level; use a sequence-level objective (gspo, nsr with level='sequence')"
+            )
+        self.objective_spec = ObjectiveSpec(spec.objective, spec.params, self.aggregation)
+        self._objective_seed = (self.args.seed if seed is None else seed) + (
+            self.accelerator.process_index
+        )
+        self._objective_generator: torch.Generator | None = None
+        ignored = "" if objective is None else f"; GRPOConfig's {', '.join(TRL_LOSS_FIELDS)} unused"
+        logger.info(
+            "SandboxGRPOTrainer: loss = %r aggregated with %s%s",
+            self.objective,
+            self.aggregation,
+            ignored,
+        )
+
+    # -- the loss -----------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        # Overridden as well as _compute_loss so that no fused-loss branch of the parent can route
+        # around the sandbox objective.
+        if return_outputs:
+            raise ValueError("SandboxGRPOTrainer does not support returning outputs")
+        return self._compute_loss(model, inputs)
+
+    def _objective_rng(self, device: torch.device) -> torch.Generator | None:
+        if not self.objective.stochastic:
+            return None
+        gen = self._objective_generator
+        if gen is None or gen.device.type != device.type:
+            gen = torch.Generator(device=device).manual_seed(self._objective_seed)
+            self._objective_generator = gen
+        return gen
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = (
+            completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        )
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=getattr(self, "aux_loss_enabled", False),
+            **{key: inputs.get(key) for key in _MODEL_INPUT_KEYS},
+        )
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        old_logps = inputs.get("old_per_token_logps")
+        old_logps = per_token_logps.detach() if old_logps is None else old_logps
+
+        # validate=False: no host sync, and an all-padding micro-batch gives 0 as in TRL.
+        out = self.objective(
+            per_token_logps,
+            old_logps,
+            advantages,
+            mask,
+            generator=self._objective_rng(per_token_logps.device),
+            validate=False,
+        )
+        per_token_loss = out.loss
+        for weight in self._loss_weights(
+            inputs, per_token_logps, old_logps, advantages, mask, entropies
+        ):
+            per_token_loss = per_token_loss * weight
+        per_token_kl = None
+        if self.beta != 0.0:
+            per_token_kl = k3(per_token_logps, inputs["ref_per_token_logps"])
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * self._importance_weight(
+                    per_token_logps, old_logps, mask
+                )
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        training = self.model.training
+        mode = "train" if training else "eval"
+        loss = aggregate(
+            per_token_loss,
+            mask,
+            self.aggregation,
+            **trl_normalisers(
+                self.aggregation,
+                loss_type=self.args.loss_type,
+                mask=mask,
+                training=training,
+                grad_accum=self.current_gradient_accumulation_steps,
+                num_items_in_batch=inputs.get("num_items_in_batch"),
+                num_processes=self.accelerator.num_processes,
+                steps_per_generation=self.args.steps_per_generation,
+                max_completion_length=self.max_completion_length,
+            ),
+        )
+        if getattr(self, "aux_loss_enabled", False):
+            ga = self.current_gradient_accumulation_steps if training else 1
+            loss = loss + self.router_aux_loss_coef * aux_loss / ga
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+        self._log_objective_metrics(mode, out.metrics, mask, entropies, per_token_kl)
+        return loss
+
+    def _loss_weights(self, inputs, logps, old_logps, advantages, mask, entropies) -> list[Tensor]:
+        """TRL's multiplicative corrections of the per-token policy loss, in TRL's order."""
+        weights = []
+        if self.off_policy_mask_threshold is not None:
+            weights.append(
+                self.get_off_policy_mask(
+                    advantages=advantages,
+                    per_token_logps=logps,
+                    sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logps),
+                    mask=mask,
+                    off_policy_threshold=self.off_policy_mask_threshold,
+                )
+            )
+        if self.top_entropy_quantile < 1.0:
+            weights.append(
+                self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            )
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weights.append(inputs["importance_sampling_ratio"])
+        return weights
+
+    def _importance_weight(self, logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:
+        """TRL's importance weight of the KL term (``use_bias_correction_kl``): the token ratio, or
+        the sequence ratio ``exp(mean_t log r)`` for sequence-level objectives; with gradient."""
+        lr = log_ratio(logps, old_logps)
+        if self.objective.level == "sequence":
+            maskf = mask.to(lr.dtype)
+            lr = (lr * maskf).sum(-1, keepdim=True) / maskf.sum(-1, keepdim=True).clamp(min=1.0)
+        return lr.exp()
+
+    # -- metrics ------------------------------------------------------------------------------------
+    def _log_objective_metrics(
+        self,
+        mode: str,
+        metrics: dict[str, Tensor],
+        mask: Tensor,
+        entropies: Tensor,
+        per_token_kl: Tensor | None,
+    ) -> None:
+        """Append TRL's and the sandbox's metrics to ``self._metrics[mode]``.
+
+        Token shares and means are averaged over processes weighted by their valid-token counts
+        (exact for shares of valid tokens; ``rescue_*_frac``, whose denominator is the dead zone,
+        is approximate across processes); ``*_max`` / ``*_min`` are the extremes over processes."""
+        with torch.no_grad():
+            maskf = mask.to(torch.float32)
+            n = maskf.sum()
+            names = ["entropy"]
+            sums = [(entropies.float() * maskf).sum()]
+            if per_token_kl is not None:
+                names.append("kl")
+                sums.append((per_token_kl.detach().float() * maskf).sum())
+            if "clip_low_frac" in metrics and "clip_high_frac" in metrics:
+                low, high = metrics["clip_low_frac"].float(), metrics["clip_high_frac"].float()
+                names += ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
+                sums += [low * n, high * n, (low + high) * n]
+            extremes = {k: v for k, v in metrics.items() if k.endswith(("_max", "_min"))}
+            means = {k: v for k, v in metrics.items() if k not in extremes}
+            names += [f"sandbox/{k}" for k in means]
+            sums += [v.float() * n for v in means.values()]
+            local = torch.stack([n, *sums, *(v.float() for v in extremes.values())])
+            rows = self.accelerator.gather(local[None].to(maskf.device)).tolist()  # one host read
+        total = max(sum(row[0] for row in rows), 1.0)
+        for i, name in enumerate(names, start=1):
+            self._metrics[mode][name].append(sum(row[i] for row in rows) / total)
+        for i, name in enumerate(extremes, start=1 + len(names)):
+            pick = max if name.endswith("_max") else min
+            self._metrics[mode][f"sandbox/{name}"].append(pick(row[i] for row in rows))
+
+
+#: Multimodal and model inputs TRL forwards to ``_get_per_token_logps_and_entropies``.
+_MODEL_INPUT_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def _check_supported(args: Any) -> None:
+    """Refuse the GRPOConfig options whose loss would not come from the sandbox objective."""
+    if getattr(args, "use_liger_loss", False):
+        raise ValueError(
+            "use_liger_loss=True: TRL's Liger fused GRPO loss computes the loss inside the fused "
+            "LM head and bypasses SandboxGRPOTrainer's objective; set use_liger_loss=False "
+            "(use_liger_kernel, which only patches the model's layers, is fine)"
+        )
+    if getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False):
+        raise ValueError(
+            "entropy_coef / use_adaptive_entropy: TRL's entropy bonus is not a sandbox objective and "
+            "SandboxGRPOTrainer does not add it; set entropy_coef=0.0, use_adaptive_entropy=False"
+        )
