@@ -272,8 +272,7 @@ def clip_grad_norm_per_model(model: TinyTransformer, max_norm: float) -> Tensor:
     norms before clipping. Seeds stay independent, unlike ``torch.nn.utils.clip_grad_norm_``."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     S = model.num_models
-    norms = torch.stack([g.reshape(S, -1).pow(2).sum(-1) for g in grads]).sum(0).sqrt()
+    norms = torch.cat([g.reshape(S, -1) for g in grads], dim=1).norm(dim=1)  # [S]
     scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(scale.view(S, *([1] * (g.dim() - 1))))
+    torch._foreach_mul_(grads, [scale.view(S, *([1] * (g.dim() - 1))) for g in grads])
     return norms

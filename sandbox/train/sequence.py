@@ -196,7 +196,8 @@ class SequenceTrainer:
             self.reference = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
             self.reference.load_state_dict(self.model.state_dict())
             self.reference.to(self.device).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        # fused: one kernel for every parameter (elementwise, so seeds stay independent)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, fused=True)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
         tok = self.task.tokenizer
