@@ -86,7 +86,7 @@ def format_scores(scores: pd.DataFrame) -> str:
                     for m, h in zip(block["final_reward"], block["final_reward_ci"], strict=True)
                 ],
                 "exact flow": block.get("exact_final_reward", pd.Series(np.nan, block.index)).map(
-                    "{:.3f}".format
+                    lambda v: "—" if not np.isfinite(v) else f"{v:.3f}"
                 ),
                 "entropy": block["final_entropy"].map("{:.3f}".format),
                 "steps to 90%": block["steps_to_threshold"].map(
@@ -94,6 +94,8 @@ def format_scores(scores: pd.DataFrame) -> str:
                 ),
             }
         )
+        if (table["exact flow"] == "—").all():  # no closed form in this suite (reasoning)
+            table = table.drop(columns="exact flow")
         for key in FRACTIONS:
             if key in block:
                 table[key] = block[key].map(lambda v: "" if not np.isfinite(v) else f"{v:.3f}")
