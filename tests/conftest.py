@@ -1,12 +1,16 @@
-import os
-
 import pytest
 import torch
 
-# Under pytest-xdist each worker is one process on a small machine: intra-op threads only
-# contend with the other workers (tests use small tensors), so one thread per worker.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """One intra-op thread for the whole test session: the tests use small tensors, and under
+    pytest-xdist the workers already use every core (oversubscribed OpenMP threads made some
+    modules 5-10x slower)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):

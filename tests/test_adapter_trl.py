@@ -47,16 +47,6 @@ GRAD_RTOL = 1e-5
 TRAIN_RTOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is fastest, and under ``pytest -n 2`` on two cores the
-    default (one thread per core in each worker) oversubscribes the CPU and runs ~5x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 VOCAB = {"<pad>": 0, "</s>": 1, "<unk>": 2}
 VOCAB.update({c: i + 3 for i, c in enumerate("0123456789+=abcdefghij ")})
 

@@ -31,16 +31,6 @@ F64 = torch.float64
 RTOL = 1e-12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one intra-op thread is fastest, and under ``pytest -n 2`` on two cores the
-    default (one thread per core in each worker) oversubscribes the CPU and runs ~5x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def actor_config(policy_loss=None, batch_info=None, **actor) -> ActorConfig:
     # strategy and rollout_n are MISSING by default and __post_init__ wants a micro batch size.
     cfg = ActorConfig(

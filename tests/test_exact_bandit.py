@@ -36,16 +36,6 @@ Z_MAX = 5.0  # allowed deviation in standard errors (two-sided p ~ 6e-7 per comp
 EPS = 1e-6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: the tensors are small, and pytest-xdist already uses every core
-    (oversubscribed OpenMP threads make each call many times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def has_expected_coef(obj) -> bool:
     try:
         obj.expected_coef(torch.ones(1, dtype=F64), torch.ones(1, dtype=F64))

@@ -45,15 +45,6 @@ AGGREGATIONS = (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: the tensors are small, and pytest-xdist already uses every core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def has_expected_coef(obj) -> bool:
     try:
         obj.expected_coef(torch.ones(1, dtype=F64), torch.ones(1, dtype=F64))

@@ -24,16 +24,6 @@ SUITE = envs.make_bandit_suite()
 CLIP_COLUMNS = ["clip_low_frac", "clip_high_frac"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The trainer's ops are ~1e4-1e5 elements: intra-op threads only add overhead (and spin
-    badly when pytest-xdist workers share the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def model(name: str):
     return SUITE[name].make().unwrapped
 

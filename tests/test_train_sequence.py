@@ -13,14 +13,6 @@ FAST = dict(task="bits", task_knobs={"op": "parity", "length": 2}, seeds=3, step
             prompts_per_batch=4, group_size=4, d_model=16, n_heads=2)  # fmt: skip
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_frame_columns_and_determinism():
     a = train_sequence(SequenceTrainConfig(**FAST))
     b = train_sequence(SequenceTrainConfig(**FAST))
