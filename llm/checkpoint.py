@@ -1,0 +1,89 @@
+"""One-file checkpoints, written atomically and read with ``torch.load(weights_only=True)``.
+
+``DIR/checkpoint.pt`` holds the full (unsharded, CPU) model and optimizer state dicts
+(``torch.distributed.checkpoint.state_dict``, so plain, DDP and FSDP2 models save the same keys),
+the LR scheduler, the step, the prompt generator's state and the global torch RNG state. All other
+randomness in :mod:`llm.train` is derived from ``(seed, step, ...)``, so on CPU a resumed run
+continues bit for bit. Rank 0 writes ``checkpoint.pt.tmp`` and renames it over the old file: a
+crash mid-write leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+FILENAME = "checkpoint.pt"
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def path_in(out: str) -> str:
+    return os.path.join(out, FILENAME)
+
+
+def save(
+    out: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    *,
+    step: int,
+    rng: np.random.Generator,
+    config: dict[str, Any],
+    main: bool,
+) -> None:
+    """Collective under FSDP (every rank calls it); only ``main`` writes."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_FULL)
+    if not main:
+        return
+    state = {
+        "model": model_sd,
+        "optimizer": optim_sd,
+        "scheduler": scheduler.state_dict(),
+        "step": step,
+        "np_rng": json.dumps(rng.bit_generator.state),
+        "torch_rng": torch.get_rng_state(),
+        "config": json.dumps(config, sort_keys=True, default=str),
+    }
+    os.makedirs(out, exist_ok=True)
+    path = path_in(out)
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load(
+    out: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rng: np.random.Generator,
+) -> int:
+    """Restore everything :func:`save` wrote; returns the number of steps done."""
+    state = torch.load(path_in(out), map_location="cpu", weights_only=True)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False),
+    )  # fmt: skip
+    scheduler.load_state_dict(state["scheduler"])
+    rng.bit_generator.state = json.loads(state["np_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    return int(state["step"])
+
+
+def saved_config(out: str) -> dict[str, Any]:
+    state = torch.load(path_in(out), map_location="cpu", weights_only=True)
+    return json.loads(state["config"])
+
+
+def model_state(out: str) -> dict[str, torch.Tensor]:
+    """The model weights of ``DIR/checkpoint.pt`` (for tests and evaluation)."""
+    return torch.load(path_in(out), map_location="cpu", weights_only=True)["model"]

@@ -1,0 +1,162 @@
+"""Rollouts with Hugging Face ``generate`` and per-token log-probs of completions.
+
+Sampling is plain softmax sampling at ``temperature`` (``top_k=0``, ``top_p=1``, no repetition
+penalty: a fresh ``GenerationConfig`` overrides the model's shipped one), so the sampler is the
+policy whose log-probs :func:`completion_logp` computes and no importance correction is needed.
+
+Determinism across world sizes: prompts are generated in chunks of ``prompts_per_call`` prompts
+(x G completions); each chunk's sampling is seeded from ``(seed, step, global index of its first
+prompt)`` inside ``torch.random.fork_rng``. With one prompt per call (the default) a prompt gets
+the same completions whatever the number of processes, which is what makes a 2-process run equal
+a 1-process run; larger chunks are faster on a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys (``numpy.random.SeedSequence``; stateless)."""
+    return int(
+        np.random.SeedSequence([int(k) & (2**63 - 1) for k in keys]).generate_state(1, np.uint64)[0]
+        >> 1
+    )
+
+
+def encode_prompts(
+    tokenizer: Any, prompts: list[str], chat: bool, system: str | None
+) -> list[list[int]]:
+    """Token ids per prompt: the chat template (``add_generation_prompt``) or plain encoding."""
+    if chat:
+        out = []
+        for p in prompts:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": p}
+            ]
+            text = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+            out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return out
+    return [tokenizer(p)["input_ids"] for p in prompts]
+
+
+def left_pad(
+    rows: list[list[int]] | list[Tensor], pad_id: int, length: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """``[n, L]`` left-padded ids and their attention mask."""
+    rows = [torch.as_tensor(r, dtype=torch.long) for r in rows]
+    L = length or max(len(r) for r in rows)
+    ids = torch.full((len(rows), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            ids[i, L - len(r) :] = r
+            mask[i, L - len(r) :] = 1
+    return ids, mask
+
+
+def pad_right(x: Tensor, length: int, value: float | int = 0) -> Tensor:
+    return torch.nn.functional.pad(x, (0, length - x.shape[-1]), value=value)
+
+
+def pad_left(x: Tensor, length: int, value: float | int = 0) -> Tensor:
+    return torch.nn.functional.pad(x, (length - x.shape[-1], 0), value=value)
+
+
+def completion_masks(completion: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
+    """``(mask, truncated)``: tokens up to and including the first EOS; rows with no EOS."""
+    is_eos = completion == eos_id
+    before = (is_eos.cumsum(-1) - is_eos.long()) == 0  # no EOS strictly before this position
+    return before.long(), ~is_eos.any(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: list[list[int]],
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    prompts_per_call: int,
+    seed_keys: tuple[int, ...],
+    first_index: int,
+    device: torch.device,
+    synced_gpus: bool = False,
+) -> dict[str, Tensor]:
+    """G completions per prompt, prompt-major (row ``i * G + g``), left-padded prompts and
+    right-padded completions (``pad_token_id`` after EOS)."""
+    from transformers import GenerationConfig
+
+    gen_config = GenerationConfig(
+        do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    pad = tokenizer.pad_token_id
+    prompts, masks, completions = [], [], []
+    for start in range(0, len(prompt_ids), prompts_per_call):
+        chunk = prompt_ids[start : start + prompts_per_call]
+        ids, mask = left_pad([r for r in chunk for _ in range(group_size)], pad)
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derive_seed(*seed_keys, first_index + start))
+            out = model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device),
+                generation_config=gen_config, synced_gpus=synced_gpus,
+            )  # fmt: skip
+        prompts.append(ids)
+        masks.append(mask)
+        completions.append(out[:, ids.shape[1] :].cpu())
+    Tp = max(p.shape[1] for p in prompts)
+    Tc = max(max(c.shape[1] for c in completions), 1)
+    prompt = torch.cat([pad_left(p, Tp, pad) for p in prompts])
+    prompt_mask = torch.cat([pad_left(m, Tp, 0) for m in masks])
+    completion = torch.cat([pad_right(c, Tc, pad) for c in completions])
+    completion_mask, truncated = completion_masks(completion, tokenizer.eos_token_id)
+    completion = torch.where(completion_mask.bool(), completion, pad)
+    return {
+        "prompt": prompt,
+        "prompt_mask": prompt_mask,
+        "completion": completion,
+        "completion_mask": completion_mask,
+        "truncated": truncated,
+    }
+
+
+def completion_logp(
+    model: Any,
+    prompt: Tensor,
+    prompt_mask: Tensor,
+    completion: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+    *,
+    entropy: str | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """``(logp, entropy)`` ``[B, Tc]`` (float32) of the completion tokens under
+    ``softmax(logits / temperature)``; only the completion's logits are materialised. Entropy is
+    the next-token entropy (with gradient if the caller's graph is on), or None."""
+    input_ids = torch.cat([prompt, completion], 1)
+    attention = torch.cat([prompt_mask, completion_mask], 1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    Tc = completion.shape[1]
+    logits = model(
+        input_ids=input_ids, attention_mask=attention, position_ids=positions,
+        logits_to_keep=Tc + 1, use_cache=False,
+    ).logits[:, :-1].float()  # fmt: skip
+    if temperature != 1.0:
+        logits = logits / temperature
+    logz = torch.logsumexp(logits, -1)
+    logp = logits.gather(-1, completion.unsqueeze(-1)).squeeze(-1) - logz
+    ent = None
+    if entropy is not None:
+        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+            ent = logz - (torch.softmax(logits, -1) * logits).sum(-1)
+    return logp, ent
