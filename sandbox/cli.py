@@ -93,6 +93,53 @@ def _tour(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from sandbox.experiments.sweep import describe_plan, load_sweep, main
+
+    plan = load_sweep(args.file)
+    out = Path(args.out) / (args.name or plan.name)
+    if args.dry_run:
+        print(describe_plan(plan, out))
+        return 0
+    try:
+        main(
+            plan, out, backend=args.backend, workers=args.workers, address=args.address,
+            force=args.force, progress=not args.no_progress,
+        )  # fmt: skip
+    except ImportError as err:  # --backend ray without Ray installed
+        print(f"clip-sandbox: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {describe_plan(plan, out).splitlines()[-1].strip()}; run the same "
+              "command again to resume", file=sys.stderr)  # fmt: skip
+        return 130
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from sandbox.experiments import final_scores, format_scores, load_results, render_all
+
+    source = Path(args.results)
+    if not source.exists():
+        raise ValueError(f"results: {source} does not exist")
+    try:
+        results = load_results(source)
+    except FileNotFoundError as err:
+        raise ValueError(f"results: {err} (expected results.parquet or parts/)") from err
+    if args.highlight:
+        unknown = sorted(set(args.highlight) - set(results["objective"]))
+        if unknown:
+            raise ValueError(
+                f"highlight: unknown objective(s) {unknown}; in these results: "
+                f"{sorted(results['objective'].unique())}"
+            )
+    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    paths = render_all(results, out, args.highlight)
+    print(format_scores(final_scores(results)))
+    print(f"\nwrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
 def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
     """Flags generated from :class:`CompareConfig`'s fields (defaults stay in the dataclass)."""
     from dataclasses import MISSING, fields
@@ -137,6 +184,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare objectives on the bandit suite (make demo)")
     _add_compare_arguments(p)
     p.set_defaults(func=_compare)
+    p = sub.add_parser(
+        "sweep", help="a grid of objectives x parameters x settings x seeds from a TOML/YAML file"
+    )
+    p.add_argument("file", help="sweep file (.toml, .yaml); examples in sweeps/")
+    p.add_argument("--out", default="runs", help="output root folder (results go to OUT/NAME)")
+    p.add_argument("--name", default=None, help="run name (default: the sweep's name)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local process pool, or Ray tasks (pip install 'clip-sandbox[ray]')")  # fmt: skip
+    p.add_argument("--address", default=None,
+                   help="Ray cluster address (e.g. auto or ray://host:10001); default: start a "
+                   "local Ray instance with --workers CPUs")  # fmt: skip
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes (local: default min(cpus, 4)) or CPUs of a local Ray instance")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="recompute finished runs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
+    p.set_defaults(func=_sweep)
+    p = sub.add_parser("plot", help="standard figures and the score table from any results")
+    p.add_argument("results", help="results folder (results.parquet or parts/) or a parquet/CSV")
+    p.add_argument("--out", default=None, help="figure folder (default: the results folder)")
+    p.add_argument("--highlight", nargs="+", default=None,
+                   help="objectives (variant labels) drawn in the line plots (default: all)")  # fmt: skip
+    p.set_defaults(func=_plot)
     p = sub.add_parser("tour", help="the objectives tour (tables, autograd check, figure)")
     p.add_argument("--out", default="runs/tour", help="output folder")
     p.set_defaults(func=_tour)

@@ -99,7 +99,7 @@ def format_scores(scores: pd.DataFrame) -> str:
         for key in FRACTIONS:
             if key in block:
                 table[key] = block[key].map(lambda v: "" if not np.isfinite(v) else f"{v:.3f}")
-        table = table.sort_values("final reward (95% CI)", ascending=False)
+        table = table.iloc[np.argsort(-block["final_reward"].to_numpy(), kind="stable")]
         blocks.append(f"[{setting}]\n{table.to_string(index=False)}")
     return "\n\n".join(blocks)
 
@@ -195,8 +195,10 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
     plt, _ = _mpl()
     settings = list(dict.fromkeys(scores["setting"]))
     n_obj = scores["objective"].nunique()
+    label = max(len(str(o)) for o in scores["objective"])  # long sweep labels need room
+    width = 3.2 + 0.075 * label
     fig, axes = plt.subplots(
-        1, len(settings), figsize=(4.2 * len(settings), 0.28 * n_obj + 1.5), squeeze=False
+        1, len(settings), figsize=(width * len(settings), 0.28 * n_obj + 1.5), squeeze=False
     )
     for ax, setting in zip(axes[0], settings, strict=True):
         block = scores[scores["setting"] == setting].sort_values("final_reward")

@@ -1,0 +1,770 @@
+"""Sweeps: a grid over objectives x hyperparameters x settings x seeds, from a TOML or YAML file.
+
+A sweep file names the suite, the shared training fields of :class:`CompareConfig` and a grid::
+
+    name = "nsr-noise"
+    suite = "bandit"                 # or "reasoning"
+    settings = ["needle", "mixed"]   # bandit settings, reasoning settings, or [envs]/[tasks] below
+    seeds = 32                       # seeds per run (vectorised inside one process)
+    steps = 100
+    seed = [0, 1]                    # optional: base seeds, one run each (default 0)
+
+    [[grid]]
+    objective = "nsr"                # registry name or preset (a list of names is allowed)
+    params = { noise = ["uniform", "band"], sigma = [0.05, 0.1] }   # cartesian product
+
+    [[grid]]
+    objective = "dapo"               # no params: the preset as it is
+
+Optional tables: ``[train]`` (further fields of ``BanditTrainConfig`` / ``SequenceTrainConfig``
+such as ``aggregation`` or ``d_model``, fixed for every run), ``[envs.NAME]`` (bandit suite: a
+custom setting, ``env = "sandbox/SoftmaxBandit-v0"`` plus the env's kwargs) and ``[tasks.NAME]``
+(reasoning suite: ``task = "bits"`` plus the task's knobs). Everything is validated before any run
+starts; a bad name or value raises ``ValueError`` naming the field (``grid[1].params.sigma``).
+
+One run is one (setting, variant, base seed): the sampled trainer over ``seeds`` seeds and, on
+bandits where the objective has a closed form, the exact expected-gradient flow. Each finished run
+is written atomically as ``<out>/parts/<run_id>.parquet``; a restart skips finished runs, so an
+interrupted sweep loses nothing and recomputes nothing. Runs go to a local process pool or, with
+``backend="ray"``, to Ray tasks (the driver writes the parts, so workers need no shared disk).
+At the end: ``results.parquet`` (tidy; ``objective`` holds the variant label such as
+``nsr[noise=band,sigma=0.1]``, plus ``base_objective``, ``variant``, ``run_id``, ``run_seed`` and
+one column per swept parameter), ``summary.csv`` (final scores with the parameter columns) and the
+standard figures.
+
+    clip-sandbox sweep sweeps/atr_delta.toml                      # local process pool
+    clip-sandbox sweep sweeps/atr_delta.toml --dry-run            # validate and list the runs
+    clip-sandbox sweep sweeps/nsr_noise.toml --backend ray --address auto
+    clip-sandbox plot runs/atr-delta                               # figures from any results
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import time
+import tomllib
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from envs import make_bandit_suite
+from envs.bandit import BanditSetting
+from envs.reasoning import make_task
+from sandbox.exact import exact_flow
+from sandbox.exact.bandit import GROUP_ADVANTAGES
+from sandbox.objectives import get_objective
+from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, train_sequence
+
+from .compare import REASONING_SUITE, SUITE_DEFAULTS, CompareConfig, optimum
+from .plots import final_scores, format_scores, render_all
+from .results import part_name, write_parquet_atomic
+
+#: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
+#: sweep owns: ``objectives`` come from the grid, ``seed`` may be a list of base seeds).
+SHARED_FIELDS = tuple(f.name for f in fields(CompareConfig) if f.name not in ("objectives",))
+TOP_LEVEL_KEYS = ("name", "description", "grid", "train", "envs", "tasks", *SHARED_FIELDS)
+GRID_KEYS = ("objective", "params")
+#: Trainer fields the sweep sets itself; ``[train]`` may not override them.
+MANAGED_TRAIN_FIELDS = ("objective", "objective_params", "seed", "task", "task_knobs")
+#: Columns a run adds to the trainer's frame.
+RUN_COLUMNS = ("base_objective", "variant", "run_id", "run_seed")
+#: A swept parameter with one of these names (``seed`` of nsr, say) is stored as ``param_<name>``.
+RESERVED_COLUMNS = ("suite", "setting", "objective", "kind", "seed", "step", "optimum",
+                    *RUN_COLUMNS)  # fmt: skip
+#: Parameter slugs longer than this are replaced by a hash in run ids (file names stay short).
+MAX_SLUG = 80
+
+BACKENDS = ("local", "ray")
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan
+# ------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    """A parameter value as written in labels: shortest round-trip form for floats."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One objective (registry name or preset) with fixed hyperparameter overrides."""
+
+    objective: str
+    params: tuple[tuple[str, Any], ...] = ()  # sorted by name
+
+    @classmethod
+    def make(cls, objective: str, params: Mapping[str, Any] | None = None) -> Variant:
+        return cls(objective, tuple(sorted((params or {}).items())))
+
+    @property
+    def param_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def label(self) -> str:
+        """``nsr[noise=band,sigma=0.1]``; the bare name when no parameter is set."""
+        if not self.params:
+            return self.objective
+        return f"{self.objective}[{','.join(f'{k}={_fmt(v)}' for k, v in self.params)}]"
+
+    @property
+    def slug(self) -> tuple[str, ...]:
+        """File-name fields: the name, then ``k=v`` per parameter (hashed if long)."""
+        pairs = [f"{k}={_fmt(v)}" for k, v in self.params]
+        if len(",".join(pairs)) > MAX_SLUG:
+            digest = hashlib.sha1(
+                json.dumps(self.param_dict, sort_keys=True, default=str).encode()
+            ).hexdigest()
+            pairs = [f"p{digest[:12]}"]
+        return (self.objective, *pairs)
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One unit of work: a variant on one setting with one base seed (S vectorised seeds)."""
+
+    setting: str
+    variant: Variant
+    seed: int
+
+    @property
+    def run_id(self) -> str:
+        """Stable across processes and restarts: setting, variant slug, base seed."""
+        return part_name(self.setting, *self.variant.slug, f"seed{self.seed}")[: -len(".parquet")]
+
+    @property
+    def part(self) -> str:
+        return f"{self.run_id}.parquet"
+
+
+@dataclass
+class SweepPlan:
+    """A validated sweep: shared training fields, settings, base seeds and variants."""
+
+    name: str
+    config: CompareConfig  # the shared training fields (and the suite)
+    settings: list[str]
+    seeds: list[int]
+    variants: list[Variant]
+    setting_defs: dict[str, Any]  # setting name -> BanditSetting or (task, knobs)
+    train: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def suite(self) -> str:
+        return self.config.suite
+
+    def runs(self) -> list[SweepRun]:
+        """Every run, in a fixed order: setting, then variant, then base seed."""
+        return [
+            SweepRun(s, v, seed)
+            for s, v, seed in itertools.product(self.settings, self.variants, self.seeds)
+        ]
+
+    def training_fields(self) -> dict[str, Any]:
+        """What every run shares (a finished part is only reused if these are unchanged)."""
+        shared = {k: v for k, v in asdict(self.config).items() if k not in ("objectives", "seed")}
+        shared.pop("settings")
+        defs = {s: _setting_def_json(self.setting_defs[s]) for s in self.settings}
+        return _jsonable({"shared": shared, "train": self.train, "setting_defs": defs})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved plan, JSON-friendly (written to ``<out>/plan.json``)."""
+        return _jsonable(
+            {
+                "name": self.name,
+                "suite": self.suite,
+                "description": self.description,
+                "settings": self.settings,
+                "seed": self.seeds,
+                **self.training_fields(),
+                "variants": [
+                    {"label": v.label, "objective": v.objective, "params": v.param_dict}
+                    for v in self.variants
+                ],
+                "runs": len(self.runs()),
+            }
+        )
+
+    def trainer_config(
+        self, setting: str, variant: Variant, seed: int
+    ) -> BanditTrainConfig | SequenceTrainConfig:
+        return trainer_config(
+            self.config, variant.objective, variant.param_dict, seed, self.setting_defs[setting],
+            self.train,
+        )  # fmt: skip
+
+    def variant_table(self) -> pd.DataFrame:
+        """One row per variant: label, base objective and one column per swept parameter."""
+        rows = []
+        for v in self.variants:
+            row = {"objective": v.label, "base_objective": v.objective}
+            row.update({_param_column(k): val for k, val in v.params})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _setting_def_json(definition: Any) -> dict[str, Any]:
+    if isinstance(definition, BanditSetting):
+        return {"env": definition.env_id, **definition.kwargs}
+    task, knobs = definition
+    return {"task": task, **knobs}
+
+
+def _param_column(name: str, taken: Iterable[str] = ()) -> str:
+    return f"param_{name}" if name in RESERVED_COLUMNS or name in set(taken) else name
+
+
+def trainer_config(
+    config: CompareConfig,
+    objective: str,
+    params: Mapping[str, Any],
+    seed: int,
+    setting_def: Any,
+    train: Mapping[str, Any] | None = None,
+) -> BanditTrainConfig | SequenceTrainConfig:
+    """The trainer config of one run: CompareConfig's mapping of the shared fields, then the
+    variant's ``objective_params``, the base seed, the task and the ``[train]`` extras."""
+    extra = dict(train or {})
+    if config.suite == "bandit":
+        base = config.train_config(objective)
+        return replace(base, objective_params=dict(params), seed=seed, **extra)
+    task, knobs = setting_def
+    base = config.sequence_config(next(iter(REASONING_SUITE)), objective)
+    return replace(
+        base, task=task, task_knobs=dict(knobs), objective_params=dict(params), seed=seed, **extra
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# parsing and validation
+# ------------------------------------------------------------------------------------------------
+
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def _coerce_yaml_floats(value: Any) -> Any:
+    """PyYAML (YAML 1.1) reads ``1e-4`` as a string; read it as the float it means."""
+    if isinstance(value, str) and _FLOAT.match(value):
+        return float(value)
+    if isinstance(value, list):
+        return [_coerce_yaml_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _coerce_yaml_floats(v) for k, v in value.items()}
+    return value
+
+
+def read_sweep_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a ``.toml``, ``.yaml`` or ``.yml`` sweep file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"sweep file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        try:
+            return tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: invalid TOML: {exc}") from exc
+    if suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as exc:  # pragma: no cover - PyYAML comes with most environments
+            raise ValueError(
+                f"{path}: reading YAML sweep files needs PyYAML (pip install pyyaml); "
+                "or write the sweep in TOML"
+            ) from exc
+        try:
+            spec = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: invalid YAML: {exc}") from exc
+        if not isinstance(spec, dict):
+            raise ValueError(
+                f"{path}: a sweep file is a mapping of keys, got {type(spec).__name__}"
+            )
+        return _coerce_yaml_floats(spec)
+    raise ValueError(f"{path}: sweep files are .toml, .yaml or .yml, got {suffix or 'no suffix'}")
+
+
+def load_sweep(path: str | Path) -> SweepPlan:
+    """Read and validate a sweep file (TOML or YAML)."""
+    plan = parse_sweep(read_sweep_file(path))
+    plan.source = str(path)
+    return plan
+
+
+def _as_list(key: str, value: Any) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ValueError(f"{key}: needs at least one value")
+    return values
+
+
+def _parse_grid(grid: Any) -> list[Variant]:
+    if not isinstance(grid, list) or not grid:
+        raise ValueError("grid: needs at least one [[grid]] entry (objective = ..., params = ...)")
+    variants: list[Variant] = []
+    for i, entry in enumerate(grid):
+        where = f"grid[{i}]"
+        if isinstance(entry, str):
+            entry = {"objective": entry}
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected a table with objective and params, got {entry!r}")
+        unknown = sorted(set(entry) - set(GRID_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {list(GRID_KEYS)}")
+        if "objective" not in entry:
+            raise ValueError(f"{where}.objective: missing (a registry name or preset)")
+        names = _as_list(f"{where}.objective", entry["objective"])
+        params = entry.get("params", {})
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}.params: expected a table of name -> values, got {params!r}")
+        axes = {k: _as_list(f"{where}.params.{k}", v) for k, v in params.items()}
+        for name in names:
+            if not isinstance(name, str):
+                raise ValueError(f"{where}.objective: expected a name, got {name!r}")
+            try:
+                get_objective(name)
+            except ValueError as exc:
+                raise ValueError(f"{where}.objective: {exc}") from exc
+            for combo in itertools.product(*axes.values()):
+                combo_params = dict(zip(axes, combo, strict=True))
+                try:
+                    get_objective(name, **combo_params)
+                except (ValueError, TypeError) as exc:
+                    bad = [k for k in axes if k in str(exc)] or list(axes)
+                    raise ValueError(
+                        f"{where}.params.{bad[0]}: {name} with {combo_params}: {exc}"
+                    ) from exc
+                variants.append(Variant.make(name, combo_params))
+    seen: set[str] = set()
+    for v in variants:
+        if v.label in seen:
+            raise ValueError(f"grid: variant {v.label} appears twice")
+        seen.add(v.label)
+    return variants
+
+
+def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The sweep's settings and each one's definition (standard or from [envs] / [tasks])."""
+    own_key, other_key = ("envs", "tasks") if suite == "bandit" else ("tasks", "envs")
+    if other_key in spec:
+        raise ValueError(f"{other_key}: not used by the {suite} suite (use [{own_key}.NAME])")
+    standard: dict[str, Any] = make_bandit_suite() if suite == "bandit" else dict(REASONING_SUITE)
+    custom = spec.get(own_key, {})
+    if not isinstance(custom, dict):
+        raise ValueError(f"{own_key}: expected tables [{own_key}.NAME], got {custom!r}")
+    defs = dict(standard)
+    for name, table in custom.items():
+        where = f"{own_key}.{name}"
+        if name in standard:
+            raise ValueError(f"{where}: shadows the standard setting {name!r}; pick another name")
+        if not isinstance(table, dict):
+            raise ValueError(f"{where}: expected a table, got {table!r}")
+        kwargs = dict(table)
+        if suite == "bandit":
+            env_id = kwargs.pop("env", None)
+            if not isinstance(env_id, str):
+                raise ValueError(
+                    f"{where}.env: missing (a registered id such as sandbox/SoftmaxBandit-v0)"
+                )
+            definition = BanditSetting(env_id, kwargs, f"custom setting {name}")
+            try:
+                model = definition.make().unwrapped
+            except Exception as exc:  # gymnasium raises its own error types
+                raise ValueError(f"{where}: cannot make {env_id} with {kwargs}: {exc}") from exc
+            if not hasattr(model, "mean_rewards"):
+                raise ValueError(f"{where}.env: {env_id} is not a bandit with an exact model")
+            defs[name] = definition
+        else:
+            task = kwargs.pop("task", None)
+            if not isinstance(task, str):
+                raise ValueError(f"{where}.task: missing (one of envs.reasoning.available_tasks())")
+            try:
+                make_task(task, **kwargs)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{where}: {exc}") from exc
+            defs[name] = (task, kwargs)
+    settings = _as_list("settings", spec.get("settings", SUITE_DEFAULTS[suite]["settings"]))
+    for name in settings:
+        if name not in defs:
+            raise ValueError(f"settings: unknown setting {name!r}; valid: {sorted(defs)}")
+    if len(set(settings)) != len(settings):
+        raise ValueError(f"settings: duplicates in {settings}")
+    return list(settings), {s: defs[s] for s in settings}
+
+
+def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
+    """Validate a sweep mapping (as read from TOML or YAML) into a :class:`SweepPlan`."""
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"a sweep is a mapping of keys, got {type(spec).__name__}")
+    spec = dict(spec)
+    unknown = sorted(set(spec) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown}; valid keys: {list(TOP_LEVEL_KEYS)}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("name: missing (the sweep's name; results go to OUT/NAME)")
+    if not re.fullmatch(r"[A-Za-z0-9_.=-]+", name):
+        raise ValueError(f"name: use letters, digits and _.=- only, got {name!r}")
+    suite = spec.get("suite", "bandit")
+    if suite not in ("bandit", "reasoning"):
+        raise ValueError(f"suite must be 'bandit' or 'reasoning', got {suite!r}")
+    seeds = _as_list("seed", spec.get("seed", 0))
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed: base seeds are integers >= 0, got {seed!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seed: duplicates in {seeds}")
+
+    variants = _parse_grid(spec.get("grid"))
+    settings, setting_defs = _parse_settings(suite, spec)
+    shared = {
+        k: spec[k] for k in SHARED_FIELDS if k in spec and k not in ("suite", "settings", "seed")
+    }
+    objectives = list(dict.fromkeys(v.objective for v in variants))
+    try:
+        # the suite's default settings here: CompareConfig only knows the standard ones
+        config = CompareConfig(suite=suite, objectives=objectives, seed=seeds[0], **shared)
+    except TypeError as exc:
+        raise ValueError(f"shared training fields: {exc}") from exc
+    config.settings = list(settings)  # a record from here on (custom settings included)
+
+    train = spec.get("train", {})
+    if not isinstance(train, dict):
+        raise ValueError(f"train: expected a table of trainer fields, got {train!r}")
+    trainer_cls = BanditTrainConfig if suite == "bandit" else SequenceTrainConfig
+    valid = [f.name for f in fields(trainer_cls) if f.name not in MANAGED_TRAIN_FIELDS]
+    for key in train:
+        if key not in valid:
+            raise ValueError(f"train.{key}: not a field of {trainer_cls.__name__}; valid: {valid}")
+        if key in SHARED_FIELDS:
+            raise ValueError(f"train.{key}: a shared field, set it at top level")
+
+    plan = SweepPlan(
+        name=name, config=config, settings=settings, seeds=list(seeds), variants=variants,
+        setting_defs=setting_defs, train=dict(train), description=str(spec.get("description", "")),
+    )  # fmt: skip
+    # every (setting, variant) builds its trainer config: the shared fields, [train], the task
+    # and the objective's parameters are checked together, before anything runs
+    for setting in settings:
+        for variant in variants:
+            try:
+                plan.trainer_config(setting, variant, seeds[0])
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{variant.label} on {setting}: {exc}") from exc
+    ids = [r.run_id for r in plan.runs()]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"grid: two runs map to the run id {dup!r}; rename a value")
+    return plan
+
+
+# ------------------------------------------------------------------------------------------------
+# one run
+# ------------------------------------------------------------------------------------------------
+
+
+def _closed_form(obj: Any) -> bool:
+    try:
+        obj.expected_coef(1.0, 1.0)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def run_variant(
+    config: CompareConfig,
+    setting: str,
+    objective: str,
+    params: Mapping[str, Any] | None,
+    seed: int,
+    *,
+    setting_def: Any = None,
+    train: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """One sweep run as a tidy frame: what :func:`~sandbox.experiments.compare.run_pair` gives
+    for ``objective`` on ``setting``, with ``params`` as the objective's overrides and ``seed``
+    as the base seed.
+
+    ``objective`` in the frame holds the variant label (so the standard figures and tables group
+    by variant); ``base_objective``, ``variant``, ``run_id``, ``run_seed`` and one column per
+    parameter are added. ``setting_def`` defaults to the suite's standard setting of that name.
+    """
+    params = dict(params or {})
+    variant = Variant.make(objective, params)
+    if setting_def is None:
+        setting_def = (
+            make_bandit_suite()[setting] if config.suite == "bandit" else REASONING_SUITE[setting]
+        )
+    train_config = trainer_config(config, objective, params, seed, setting_def, train)
+    if config.suite == "reasoning":
+        frame = train_sequence(train_config)
+        frame.insert(0, "kind", "sampled")
+        best = 1.0
+    else:
+        model = setting_def.make().unwrapped
+        frame = run_bandit(model, train_config).to_frame()
+        frame.insert(0, "kind", "sampled")
+        obj = train_config.build_objective()
+        # the exact flow needs a closed form, a group advantage and binary rewards (as run_pair)
+        binary = getattr(model, "success_probs", None) is not None
+        if _closed_form(obj) and train_config.advantage in GROUP_ADVANTAGES and binary:
+            exact = exact_flow(
+                obj, model, steps=config.steps, lr=train_config.lr,
+                advantage=train_config.advantage,
+                group_size=config.group_size, epochs=config.epochs * config.minibatches,
+                optimizer=train_config.optimizer,
+            )  # fmt: skip
+            exact.insert(0, "kind", "exact")
+            exact.insert(2, "seed", -1)
+            frame = pd.concat([frame, exact], ignore_index=True)
+        best = optimum(model)
+    frame.insert(0, "suite", config.suite)
+    frame.insert(1, "setting", setting)
+    frame.insert(2, "objective", variant.label)
+    frame["optimum"] = best
+    taken = list(frame.columns)
+    frame["base_objective"] = objective
+    frame["variant"] = variant.label
+    frame["run_id"] = SweepRun(setting, variant, seed).run_id
+    frame["run_seed"] = seed
+    for key, value in variant.params:
+        frame[_param_column(key, taken)] = value
+    return frame
+
+
+def _execute(plan: SweepPlan, run: SweepRun) -> pd.DataFrame:
+    """Worker entry (process pool or Ray task): one run, one thread."""
+    torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
+    return run_variant(
+        plan.config, run.setting, run.variant.objective, run.variant.param_dict, run.seed,
+        setting_def=plan.setting_defs[run.setting], train=plan.train,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# backends: each yields (run, frame) as runs finish; the driver writes the parts
+# ------------------------------------------------------------------------------------------------
+
+
+class SweepRunError(RuntimeError):
+    """A run failed; the runs finished before it are saved, a rerun resumes after them."""
+
+
+def _local(plan: SweepPlan, todo: list[SweepRun], workers: int):
+    if workers <= 1:
+        for run in todo:
+            try:
+                yield run, _execute(plan, run)
+            except Exception as exc:
+                raise SweepRunError(f"run {run.run_id} failed: {exc!r}") from exc
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_execute, plan, run): run for run in todo}
+        failure: tuple[SweepRun, BaseException] | None = None
+        for future in as_completed(futures):
+            if future.cancelled():
+                continue
+            try:
+                frame = future.result()
+            except Exception as exc:
+                if failure is None:  # stop starting new runs; keep the ones already running
+                    failure = (futures[future], exc)
+                    for other in futures:
+                        other.cancel()
+                continue
+            yield futures[future], frame
+        if failure is not None:
+            run, exc = failure
+            raise SweepRunError(f"run {run.run_id} failed: {exc!r}") from exc
+
+
+def _ray(plan: SweepPlan, todo: list[SweepRun], workers: int | None, address: str | None):
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "the ray backend needs Ray: pip install 'clip-sandbox[ray]' (or pip install ray)"
+        ) from exc
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False)
+        started = True
+    try:
+        task = ray.remote(num_cpus=1)(_execute)
+        plan_ref = ray.put(plan)
+        pending = {task.remote(plan_ref, run): run for run in todo}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            ref = done[0]
+            run = pending.pop(ref)
+            try:
+                frame = ray.get(ref)
+            except Exception as exc:
+                for other in pending:
+                    ray.cancel(other)
+                raise SweepRunError(f"run {run.run_id} failed: {exc}") from exc
+            yield run, frame
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# ------------------------------------------------------------------------------------------------
+# the driver
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_resume(plan: SweepPlan, out_dir: Path, force: bool) -> None:
+    """Refuse to mix finished parts trained with different shared fields (unless ``force``)."""
+    previous = out_dir / "plan.json"
+    if force or not previous.exists():
+        return
+    old = json.loads(previous.read_text())
+    new = plan.training_fields()
+    changed = []
+    for group in ("shared", "train"):
+        before, now = old.get(group, {}), new[group]
+        for key in sorted(set(before) | set(now)):
+            if before.get(key) != now.get(key):
+                changed.append(f"{group}.{key}: {before.get(key)!r} -> {now.get(key)!r}")
+    old_defs = old.get("setting_defs", {})
+    changed += [
+        f"setting {s}: {old_defs[s]} -> {d}"
+        for s, d in new["setting_defs"].items()
+        if s in old_defs and old_defs[s] != d
+    ]
+    if changed and any((out_dir / "parts").glob("*.parquet")):
+        raise ValueError(
+            f"{out_dir} holds runs trained with other shared fields ({'; '.join(changed)}); "
+            "use --force to recompute them, or another --out/--name"
+        )
+
+
+def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
+    """The plan's finished parts, in plan order, as one tidy frame."""
+    parts_dir = Path(parts_dir)
+    frames = [pd.read_parquet(parts_dir / r.part) for r in plan.runs()]
+    results = pd.concat(frames, ignore_index=True)
+    # a parameter that is a string for one objective and a number for another: store as text
+    for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
+        kinds = {type(v) for v in results[column].dropna()}
+        if len(kinds) > 1:
+            results[column] = results[column].map(lambda v: v if pd.isna(v) else _fmt(v))
+    return results
+
+
+def summarize(plan: SweepPlan, results: pd.DataFrame) -> pd.DataFrame:
+    """Final scores per (setting, variant) with the variant's base objective and parameters."""
+    scores = final_scores(results)
+    table = plan.variant_table()
+    scores = scores.merge(table, on="objective", how="left")
+    front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
+    return scores[front + [c for c in scores.columns if c not in front]]
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out_dir: str | Path,
+    *,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    progress: bool = True,
+    force: bool = False,
+    figures: bool = True,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run (or resume) ``plan`` into ``out_dir``; returns ``(results, scores)``.
+
+    ``backend="local"``: a process pool of ``workers`` processes (default ``min(cpus, 4)``; 1 runs
+    in this process). ``backend="ray"``: one Ray task per run on the cluster at ``address``, or on
+    a local Ray instance with ``workers`` CPUs (all CPUs if None); an already initialised Ray is
+    used as it is. Finished runs are skipped unless ``force``.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if workers is not None and (isinstance(workers, bool) or workers < 1):
+        raise ValueError(f"workers must be >= 1, got {workers!r}")
+    out_dir = Path(out_dir)
+    parts = out_dir / "parts"
+    _check_resume(plan, out_dir, force)
+    parts.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
+    runs = plan.runs()
+    todo = [r for r in runs if force or not (parts / r.part).exists()]
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
+               desc=f"sweep {plan.name}", unit="run")  # fmt: skip
+    try:
+        if not todo:
+            stream = iter(())
+        elif backend == "ray":
+            stream = _ray(plan, todo, workers, address)
+        else:
+            stream = _local(plan, todo, workers or min(os.cpu_count() or 1, 4, len(todo)))
+        for run, frame in stream:
+            write_parquet_atomic(frame, parts / run.part)
+            bar.set_postfix_str(run.run_id, refresh=False)
+            bar.update()
+    finally:
+        bar.close()
+
+    results = collect_results(plan, parts)
+    write_parquet_atomic(results, out_dir / "results.parquet")
+    scores = summarize(plan, results)
+    scores.to_csv(out_dir / "summary.csv", index=False)
+    if figures:
+        render_all(results, out_dir)
+    return results, scores
+
+
+def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
+    """A short text description of the runs (``clip-sandbox sweep --dry-run``)."""
+    runs = plan.runs()
+    lines = [
+        f"sweep {plan.name} ({plan.suite}): {len(plan.variants)} variants x "
+        f"{len(plan.settings)} settings x {len(plan.seeds)} base seeds = {len(runs)} runs",
+        f"  settings: {', '.join(plan.settings)};  base seeds: {plan.seeds}",
+        "  shared: "
+        + ", ".join(f"{k}={v}" for k, v in plan.training_fields()["shared"].items())
+        + (f";  train: {plan.train}" if plan.train else ""),
+        "  variants: " + ", ".join(v.label for v in plan.variants),
+    ]
+    if out_dir is not None:
+        parts = Path(out_dir) / "parts"
+        done = sum((parts / r.part).exists() for r in runs)
+        lines.append(f"  {out_dir}: {done} of {len(runs)} runs finished")
+    return "\n".join(lines)
+
+
+def main(plan: SweepPlan, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
+    """Run, then print the final-score table (the CLI entry)."""
+    start = time.perf_counter()
+    print(describe_plan(plan))
+    _, scores = run_sweep(plan, out_dir, **kwargs)
+    print(format_scores(scores))
+    print(
+        f"\n{len(plan.runs())} runs ({plan.config.seeds} seeds x {plan.config.steps} steps each): "
+        f"{time.perf_counter() - start:.1f} s. Wrote {Path(out_dir) / 'results.parquet'}, "
+        "summary.csv and figures."
+    )
+    return scores

@@ -1,0 +1,392 @@
+"""Sweeps: file parsing and validation, grid expansion, local and Ray backends, resume, plot CLI."""
+
+import dataclasses
+import signal
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sandbox.cli import main as cli
+from sandbox.experiments import sweep
+from sandbox.experiments.sweep import (
+    SweepRunError,
+    Variant,
+    load_sweep,
+    parse_sweep,
+    run_sweep,
+    run_variant,
+)
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+FIGURES = (
+    "reward_vs_step",
+    "entropy_vs_step",
+    "clip_fractions",
+    "exact_vs_sampled",
+    "final_scores",
+)
+
+# 2 variants x 1 setting x 2 base seeds = 4 runs of 4 vectorised seeds x 3 steps
+TINY_TOML = """
+name = "tiny"
+suite = "bandit"
+settings = ["easy"]
+seeds = 4
+steps = 3
+prompts_per_batch = 2
+minibatches = 2
+seed = [0, 1]
+
+[[grid]]
+objective = "dapo"
+
+[[grid]]
+objective = "nsr"
+params = { noise = "band", sigma = 0.1 }
+"""
+
+TINY_YAML = """
+name: tiny
+suite: bandit
+settings: [easy]
+seeds: 4
+steps: 3
+prompts_per_batch: 2
+minibatches: 2
+seed: [0, 1]
+grid:
+  - objective: dapo
+  - objective: nsr
+    params: {noise: band, sigma: 0.1}
+"""
+
+TINY_RUN_IDS = [
+    "easy__dapo__seed0",
+    "easy__dapo__seed1",
+    "easy__nsr__noise=band__sigma=0.1__seed0",
+    "easy__nsr__noise=band__sigma=0.1__seed1",
+]
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return load_sweep(_write(tmp_path, "tiny.toml", TINY_TOML))
+
+
+def _mtimes(parts: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in parts.iterdir()}
+
+
+# ------------------------------------------------------------------------------------------------
+# files, grid, validation
+# ------------------------------------------------------------------------------------------------
+
+
+def test_toml_and_yaml_give_the_same_plan(tmp_path):
+    from_toml = load_sweep(_write(tmp_path, "s.toml", TINY_TOML))
+    from_yaml = load_sweep(_write(tmp_path, "s.yaml", TINY_YAML))
+    assert from_toml == from_yaml
+    assert from_toml.to_dict() == from_yaml.to_dict()
+    assert from_toml.config.seeds == 4 and from_toml.config.lr == 1.0  # the suite default
+    # YAML 1.1 reads 3e-4 as a string; the sweep reads it as the number it means
+    text = TINY_YAML.replace("{noise: band, sigma: 0.1}", "{eps_low: 3e-4, eps_high: 4.0e-4}")
+    plan = load_sweep(_write(tmp_path, "e.yml", text))
+    assert plan.variants[1] == Variant("nsr", (("eps_high", 4e-4), ("eps_low", 3e-4)))
+
+
+def test_grid_expands_to_runs_with_stable_ids(tmp_path):
+    spec = {
+        "name": "grid", "settings": ["needle", "mixed"], "seed": [0, 3],
+        "grid": [
+            {"objective": "nsr", "params": {"sigma": [0.05, 0.1], "noise": ["uniform", "band"]}},
+            {"objective": ["dapo", "grpo"]},
+        ],
+    }  # fmt: skip
+    plan = parse_sweep(spec)
+    labels = [v.label for v in plan.variants]
+    assert labels == [
+        "nsr[noise=uniform,sigma=0.05]", "nsr[noise=band,sigma=0.05]",
+        "nsr[noise=uniform,sigma=0.1]", "nsr[noise=band,sigma=0.1]", "dapo", "grpo",
+    ]  # fmt: skip
+    runs = plan.runs()
+    assert len(runs) == 6 * 2 * 2  # variants x settings x base seeds
+    assert runs[0].run_id == "needle__nsr__noise=uniform__sigma=0.05__seed0"
+    assert runs[1].run_id == "needle__nsr__noise=uniform__sigma=0.05__seed3"
+    assert runs[-1].run_id == "mixed__grpo__seed3"
+    assert len({r.run_id for r in runs}) == len(runs)
+    # stable: the same file gives the same ids; parameter order in the file does not matter
+    spec["grid"][0]["params"] = {"noise": ["uniform", "band"], "sigma": [0.05, 0.1]}
+    assert {r.run_id for r in parse_sweep(spec).runs()} == {r.run_id for r in runs}
+    # a long parameter list is hashed into a short, stable id
+    long = Variant.make("ce_gppo", {"eps_low": 0.123456789, "eps_high": 0.28123456789,
+                                    "beta1": 0.55555555555, "beta2": 1.11111111111, "clip_c": 9.5})  # fmt: skip
+    run_id = sweep.SweepRun("easy", long, 0).run_id
+    assert run_id.startswith("easy__ce_gppo__p") and len(run_id) < 40
+    assert run_id == sweep.SweepRun("easy", Variant.make("ce_gppo", dict(long.params)), 0).run_id
+
+
+BASE = {"name": "v", "settings": ["easy"], "grid": [{"objective": "dapo"}]}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"stepz": 3}, r"unknown key\(s\) \['stepz'\]"),
+        ({"name": ""}, r"^name: missing"),
+        ({"suite": "atari"}, r"suite must be 'bandit' or 'reasoning'"),
+        ({"settings": ["easy", "hard"]}, r"settings: unknown setting 'hard'"),
+        ({"steps": 0}, r"steps"),
+        ({"seed": [0, -1]}, r"^seed: base seeds are integers >= 0, got -1"),
+        ({"grid": []}, r"^grid: needs at least one"),
+        ({"grid": [{"objective": "dapo"}, {"objective": "ppo"}]},
+         r"^grid\[1\]\.objective: unknown objective 'ppo'"),
+        ({"grid": [{"objective": "nsr", "params": {"sigmaa": [0.1]}}]},
+         r"^grid\[0\]\.params\.sigmaa: .*sigmaa"),
+        ({"grid": [{"objective": "nsr", "params": {"sigma": [0.1, 2.0]}}]},
+         r"^grid\[0\]\.params\.sigma: nsr with \{'sigma': 2\.0\}: .*sigma"),
+        ({"grid": [{"objective": "dgpo", "params": {"n": []}}]}, r"^grid\[0\]\.params\.n: needs"),
+        ({"grid": [{"objective": "dapo", "param": {}}]}, r"^grid\[0\]: unknown key\(s\) \['param'\]"),
+        ({"grid": [{"objective": "dapo"}, {"objective": ["dapo"]}]}, r"variant dapo appears twice"),
+        ({"train": {"advantage": "nope"}}, r"^dapo on easy: .*advantage"),
+        ({"train": {"colour": 1}}, r"^train\.colour: not a field of BanditTrainConfig"),
+        ({"train": {"lr": 0.1}}, r"^train\.lr: a shared field"),
+        ({"tasks": {"t": {"task": "bits"}}}, r"^tasks: not used by the bandit suite"),
+        ({"envs": {"easy": {"env": "sandbox/SoftmaxBandit-v0"}}}, r"^envs\.easy: shadows"),
+        ({"envs": {"e": {"reward": "needle"}}}, r"^envs\.e\.env: missing"),
+    ],
+)  # fmt: skip
+def test_validation_errors_name_the_field(change, message):
+    with pytest.raises(ValueError, match=message):
+        parse_sweep({**BASE, **change})
+
+
+def test_reasoning_validation_and_custom_settings(tmp_path):
+    spec = {"name": "r", "suite": "reasoning", "settings": ["bits-reverse-2"],
+            "tasks": {"bits-reverse-2": {"task": "bits", "op": "reverse", "length": 2}},
+            "seeds": 2, "steps": 2, "train": {"d_model": 16},
+            "grid": [{"objective": "nsr", "params": {"level": ["token", "sequence"]}}]}  # fmt: skip
+    plan = parse_sweep(spec)
+    assert plan.config.optimizer == "adam" and plan.setting_defs["bits-reverse-2"][0] == "bits"
+    assert plan.trainer_config("bits-reverse-2", plan.variants[1], 0).objective_params == {
+        "level": "sequence"
+    }
+    with pytest.raises(ValueError, match=r"^tasks\.bad: unknown knob"):
+        parse_sweep({**spec, "tasks": {"bad": {"task": "bits", "colour": 1}}})
+    with pytest.raises(ValueError, match=r"settings: unknown setting 'easy'"):
+        parse_sweep({**spec, "settings": ["easy"]})
+    with pytest.raises(ValueError, match=r"^nsr\[level=token\] on bits-reverse-2: .*d_model"):
+        parse_sweep({**spec, "train": {"d_model": 0}})
+
+
+@pytest.mark.parametrize("path", sorted(SWEEPS.glob("*.toml")), ids=lambda p: p.name)
+def test_example_sweeps_validate_and_one_run_each_works(path):
+    plan = load_sweep(path)
+    assert plan.name == path.stem.replace("_", "-") and len(plan.runs()) >= 8
+    assert len({r.run_id for r in plan.runs()}) == len(plan.runs())
+    # smoke: the file's last variant, 2 seeds x 2 steps (the full sweeps run in minutes)
+    config = dataclasses.replace(plan.config, seeds=2, steps=2)
+    variant = plan.variants[-1]
+    frame = run_variant(config, plan.settings[0], variant.objective, variant.param_dict, 0,
+                        setting_def=plan.setting_defs[plan.settings[0]], train=plan.train)  # fmt: skip
+    assert set(frame["objective"]) == {variant.label} and frame["expected_reward"].notna().all()
+
+
+# ------------------------------------------------------------------------------------------------
+# one run
+# ------------------------------------------------------------------------------------------------
+
+
+def test_run_variant_columns_and_custom_env(tiny):
+    spec = {"name": "c", "settings": ["needle-10"], "seeds": 3, "steps": 2,
+            "envs": {"needle-10": {"env": "sandbox/SoftmaxBandit-v0", "reward": "needle",
+                                   "num_arms": 10, "num_correct": 1}},
+            "grid": [{"objective": "nsr", "params": {"sigma": 0.2, "seed": 7}}]}  # fmt: skip
+    plan = parse_sweep(spec)
+    run = plan.runs()[0]
+    frame = sweep._execute(plan, run)
+    label = "nsr[seed=7,sigma=0.2]"
+    assert set(frame["objective"]) == set(frame["variant"]) == {label}
+    assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run.run_id}
+    # the objective's own `seed` parameter does not clobber the trainer's seed column
+    assert set(frame["param_seed"]) == {7} and set(frame["sigma"]) == {0.2}
+    assert sorted(frame["seed"].unique()) == [-1, 0, 1, 2]  # -1: the exact flow
+    assert (
+        len(frame[frame["kind"] == "sampled"]) == 3 * 2
+        and len(frame[frame["kind"] == "exact"]) == 2
+    )
+    assert (frame["optimum"] == 1.0).all()  # the needle arm pays 1
+
+
+# ------------------------------------------------------------------------------------------------
+# the local backend: end to end, resume, interruption
+# ------------------------------------------------------------------------------------------------
+
+
+def test_local_sweep_end_to_end_with_one_and_two_workers(tiny, tmp_path):
+    results, scores = run_sweep(tiny, tmp_path / "w1", workers=1, progress=False)
+    out = tmp_path / "w1"
+    assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    assert (out / "results.parquet").exists() and (out / "plan.json").exists()
+    for name in FIGURES:
+        assert (out / f"{name}.png").stat().st_size > 5_000, name
+    # tidy: one row per (setting, objective, kind, run_seed, seed, step)
+    assert not results.duplicated(
+        ["setting", "objective", "kind", "run_seed", "seed", "step"]
+    ).any()
+    sampled = results[results["kind"] == "sampled"]
+    assert len(sampled) == 2 * 2 * 4 * 3  # variants x base seeds x seeds x steps
+    assert set(results["objective"]) == {"dapo", "nsr[noise=band,sigma=0.1]"}
+    assert set(results["run_id"]) == set(TINY_RUN_IDS)
+    nsr = results[results["base_objective"] == "nsr"]
+    assert set(nsr["noise"]) == {"band"} and set(nsr["sigma"]) == {0.1}
+    assert results.loc[results["base_objective"] == "dapo", "sigma"].isna().all()
+    # base seeds differ: seed 1's runs are not copies of seed 0's
+    by_seed = sampled[sampled["step"] == 2].groupby("run_seed")["expected_reward"].apply(list)
+    assert by_seed[0] != by_seed[1]
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary.columns[:5]) == ["setting", "objective", "base_objective", "noise", "sigma"]
+    assert len(summary) == 2 and summary["final_reward"].between(0, 1).all()
+    pd.testing.assert_frame_equal(summary, scores, check_dtype=False)
+    assert scores.set_index("objective").loc["dapo", "exact_final_reward"] > 0
+
+    # two processes give the same numbers (every run is seeded by its base seed only)
+    again, _ = run_sweep(tiny, tmp_path / "w2", workers=2, progress=False, figures=False)
+    pd.testing.assert_frame_equal(again, results)
+    assert (tmp_path / "w2" / "summary.csv").exists()
+
+
+def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
+    out = tmp_path / "resume"
+    first, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    parts = out / "parts"
+    stamps = _mtimes(parts)
+    missing = f"{TINY_RUN_IDS[2]}.parquet"
+    (parts / missing).unlink()
+    calls = []
+    real = sweep.run_variant
+
+    def counting(*args, **kwargs):
+        calls.append(args[1:5])
+        return real(*args, **kwargs)
+
+    sweep.run_variant = counting
+    try:
+        again, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    finally:
+        sweep.run_variant = real
+    assert calls == [("easy", "nsr", {"noise": "band", "sigma": 0.1}, 0)]
+    now = _mtimes(parts)
+    assert now.keys() == stamps.keys()
+    assert all(now[name] == stamps[name] for name in stamps if name != missing)
+    pd.testing.assert_frame_equal(again, first)
+
+
+def test_interrupted_sweep_keeps_complete_parts_and_resumes(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "crash"
+    real = sweep.run_variant
+    calls = []
+
+    def crash_on_second(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("simulated crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "run_variant", crash_on_second)
+    with pytest.raises(SweepRunError, match=r"run easy__dapo__seed1 failed: .*simulated crash"):
+        run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    files = sorted(p.name for p in (out / "parts").iterdir())
+    assert files == [f"{TINY_RUN_IDS[0]}.parquet"]  # one complete part, no temp files
+    assert not (out / "results.parquet").exists()
+    stamp = (out / "parts" / files[0]).stat().st_mtime_ns
+
+    monkeypatch.setattr(sweep, "run_variant", real)
+    results, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    assert (out / "parts" / files[0]).stat().st_mtime_ns == stamp
+    assert set(results["run_id"]) == set(TINY_RUN_IDS)
+
+
+def test_resume_refuses_changed_training_fields(tiny, tmp_path):
+    out = tmp_path / "changed"
+    run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    longer = dataclasses.replace(tiny, config=dataclasses.replace(tiny.config, steps=4))
+    with pytest.raises(ValueError, match=r"shared\.steps: 3 -> 4.*--force"):
+        run_sweep(longer, out, workers=1, progress=False, figures=False)
+    results, _ = run_sweep(longer, out, workers=1, progress=False, figures=False, force=True)
+    assert results["step"].max() == 3  # steps 0..3
+
+
+# ------------------------------------------------------------------------------------------------
+# Ray
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ray_backend_matches_the_local_one(tiny, tmp_path):
+    ray = pytest.importorskip("ray")
+
+    def give_up(signum, frame):
+        raise TimeoutError("no local Ray instance within 120 s")
+
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.alarm(120)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as exc:  # Ray installed but unable to start here (sandbox, no /dev/shm, ...)
+        pytest.skip(f"a local Ray instance did not start: {exc!r}")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    try:
+        results, scores = run_sweep(tiny, tmp_path / "ray", backend="ray", progress=False,
+                                    figures=False)  # fmt: skip
+        assert ray.is_initialized()  # an instance the caller started is left running
+    finally:
+        ray.shutdown()
+    assert sorted(p.stem for p in (tmp_path / "ray" / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    local, _ = run_sweep(tiny, tmp_path / "local", workers=1, progress=False, figures=False)
+    pd.testing.assert_frame_equal(results, local)
+    assert len(scores) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# the CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def test_cli_sweep_dry_run_sweep_and_plot(tmp_path, capsys):
+    path = _write(tmp_path, "tiny.toml", TINY_TOML)
+    runs = tmp_path / "runs"
+    assert cli(["sweep", str(path), "--out", str(runs), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "2 variants x 1 settings x 2 base seeds = 4 runs" in text and "0 of 4 runs" in text
+    assert not (runs / "tiny" / "parts").exists()
+
+    assert cli(["sweep", str(path), "--out", str(runs), "--workers", "1", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "[easy]" in text and "nsr[noise=band,sigma=0.1]" in text and "final reward" in text
+    assert (runs / "tiny" / "results.parquet").exists()
+
+    # plot from the parts alone, into another folder
+    (runs / "tiny" / "results.parquet").unlink()
+    figs = tmp_path / "figs"
+    argv = ["plot", str(runs / "tiny"), "--out", str(figs), "--highlight", "dapo"]
+    assert cli(argv) == 0
+    text = capsys.readouterr().out
+    assert "[easy]" in text and "dapo" in text
+    for name in FIGURES:
+        assert (figs / f"{name}.png").stat().st_size > 5_000, name
+
+    assert cli(["plot", str(runs / "tiny"), "--highlight", "ppo"]) == 2
+    assert "highlight: unknown objective(s) ['ppo']" in capsys.readouterr().err
+    assert cli(["plot", str(tmp_path / "nothing")]) == 2
+    assert cli(["sweep", str(tmp_path / "missing.toml")]) == 2
+    assert "sweep file not found" in capsys.readouterr().err
