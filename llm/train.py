@@ -577,7 +577,7 @@ def _train(
         }
 
     # ---- 2. the loop ----------------------------------------------------------------------------
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     bar = tqdm(range(start, cfg.steps), disable=not (cfg.progress and info.main), initial=start,
                total=cfg.steps, desc=f"{cfg.objective}")  # fmt: skip

@@ -64,10 +64,7 @@ def autograd_check(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
 
 def plot_weights(table: pd.DataFrame, path: str | Path) -> Path:
     """One small panel per objective: g(r) for A > 0 and A < 0, with the unclipped g = r dotted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the backend is the user's (headless machines get Agg)
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="notebook")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from envs import make_bandit_suite
 from sandbox.exact import exact_flow

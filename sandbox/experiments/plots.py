@@ -18,10 +18,7 @@ FRACTIONS = ("clip_low_frac", "clip_high_frac", "rescue_frac")
 
 
 def _mpl():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the backend is the user's (headless machines get Agg)
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="notebook")

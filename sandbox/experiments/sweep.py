@@ -55,7 +55,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from envs import make_bandit_suite
 from envs.bandit import BanditSetting

@@ -125,7 +125,9 @@ class CISPO(RatioObjective):
     Equation: ``loss_t = -sg(clip(r, lower, upper)) * A * logp_t`` (bounds are absolute ratios).
 
     Gradient weight: ``g = clip(r, lower, upper)`` for A > 0 and A < 0 alike; never zero, so no
-    token is dropped. Probability-gradient weight W = clip(r)/pi diverges as pi -> 0.
+    token is dropped. Probability-gradient weight ``W pi_old = clip(r, lower, upper) / r``: with a
+    lower bound > 0 (verl's convention) it diverges as r -> 0 (DGPO's argument); with lower = 0
+    (TRL's convention, the default here) it stays 1 below the upper bound.
 
     Paper: arXiv 2506.13585 §3.1 (no lower bound; only the upper bound is tuned). Conventions: verl
     clamps r to ``[1 - clip_ratio_low, 1 + clip_ratio_high]`` (preset ``cispo_verl``); TRL caps at

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from envs.reasoning import available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages
