@@ -36,16 +36,8 @@ Z_MAX = 5.0  # allowed deviation in standard errors (two-sided p ~ 6e-7 per comp
 EPS = 1e-6
 
 
-def has_expected_coef(obj) -> bool:
-    try:
-        obj.expected_coef(torch.ones(1, dtype=F64), torch.ones(1, dtype=F64))
-    except NotImplementedError:
-        return False
-    return True
-
-
 ALL_NAMES = available_objectives() + available_presets()
-EXACT_NAMES = [n for n in ALL_NAMES if has_expected_coef(get_objective(n))]
+EXACT_NAMES = [n for n in ALL_NAMES if get_objective(n).has_expected_coef()]
 EXACT_OBJECTIVES = [n for n in available_objectives() if n in EXACT_NAMES]
 
 

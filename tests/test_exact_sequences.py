@@ -45,16 +45,8 @@ AGGREGATIONS = (
 )
 
 
-def has_expected_coef(obj) -> bool:
-    try:
-        obj.expected_coef(torch.ones(1, dtype=F64), torch.ones(1, dtype=F64))
-    except NotImplementedError:
-        return False
-    return True
-
-
 ALL_NAMES = available_objectives() + available_presets()
-EXACT_NAMES = [n for n in ALL_NAMES if has_expected_coef(get_objective(n))]
+EXACT_NAMES = [n for n in ALL_NAMES if get_objective(n).has_expected_coef()]
 DETERMINISTIC_NAMES = [n for n in EXACT_NAMES if not get_objective(n).stochastic]
 
 

@@ -149,14 +149,6 @@ def optimum(model: Any) -> float:
     return float(np.dot(model.prompt_probs, best)) if np.ndim(best) else float(best)
 
 
-def has_closed_form(objective: str) -> bool:
-    try:
-        get_objective(objective).expected_coef(1.0, 1.0)
-    except NotImplementedError:
-        return False
-    return True
-
-
 def run_pair(config: CompareConfig, setting: str, objective: str) -> pd.DataFrame:
     """Sampled runs and (where defined) the exact flow of one objective on one setting."""
     if config.suite == "reasoning":
@@ -171,7 +163,7 @@ def run_pair(config: CompareConfig, setting: str, objective: str) -> pd.DataFram
     sampled = run_bandit(model, config.train_config(objective)).to_frame()
     sampled.insert(0, "kind", "sampled")
     frames = [sampled]
-    if has_closed_form(objective):
+    if get_objective(objective).has_expected_coef():
         exact = exact_flow(
             get_objective(objective), model, steps=config.steps, lr=config.lr,
             advantage="grpo", group_size=config.group_size,

@@ -481,14 +481,6 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
 # ------------------------------------------------------------------------------------------------
 
 
-def _closed_form(obj: Any) -> bool:
-    try:
-        obj.expected_coef(1.0, 1.0)
-    except NotImplementedError:
-        return False
-    return True
-
-
 def run_variant(
     config: CompareConfig,
     setting: str,
@@ -525,7 +517,7 @@ def run_variant(
         obj = train_config.build_objective()
         # the exact flow needs a closed form, a group advantage and binary rewards (as run_pair)
         binary = getattr(model, "success_probs", None) is not None
-        if _closed_form(obj) and train_config.advantage in GROUP_ADVANTAGES and binary:
+        if obj.has_expected_coef() and train_config.advantage in GROUP_ADVANTAGES and binary:
             exact = exact_flow(
                 obj, model, steps=config.steps, lr=train_config.lr,
                 advantage=train_config.advantage,

@@ -425,6 +425,14 @@ class Objective:
             return raw_log_ratio.abs() <= LOG_RATIO_CLAMP
         return torch.ones_like(raw_log_ratio, dtype=torch.bool)
 
+    def has_expected_coef(self) -> bool:
+        """Whether :meth:`expected_coef` has a closed form (False for batch-statistic rules)."""
+        try:
+            self.expected_coef(1.0, 1.0)
+        except NotImplementedError:
+            return False
+        return True
+
     def expected_coef(self, ratio: Tensor, adv: Tensor) -> Tensor:
         """Closed-form ``E[coef | r, A]`` over the objective's own randomness.
 
