@@ -9,7 +9,7 @@ method     advantage of completion i in its group
 grpo       (R_i - mean_G R) / (std_G R + eps), std Bessel-corrected as in TRL and verl
 dr_grpo    R_i - mean_G R                                            (Dr. GRPO, no std)
 rloo       R_i - mean_{j != i} R_j = G/(G-1) (R_i - mean_G R)        (leave-one-out)
-batch_std  (R_i - mean_G R) / (std over the whole batch + eps)      (REINFORCE++-style)
+batch_std  (R_i - mean_G R) / (std of the batch's rewards + eps)   (TRL scale_rewards="batch")
 none       R_i
 ========== ==============================================================================
 

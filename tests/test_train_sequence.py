@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
+from sandbox.advantages import compute_advantages
 from sandbox.objectives import available_objectives
 from sandbox.train import SequenceTrainConfig, SequenceTrainer, train_sequence
 
@@ -88,3 +89,12 @@ def test_kl_and_entropy_terms_run():
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SequenceTrainConfig(**{**FAST, field: value})
+
+
+def test_batch_std_advantages_are_computed_per_seed():
+    """batch_std normalises by a batch statistic: each seed must use its own rewards only."""
+    trainer = SequenceTrainer(SequenceTrainConfig(**{**FAST, "advantage": "batch_std"}))
+    batch = trainer.rollout()
+    for s in range(FAST["seeds"]):
+        expected = compute_advantages(batch.rewards[s], FAST["group_size"], method="batch_std")
+        torch.testing.assert_close(batch.adv[s], expected, rtol=0, atol=0)

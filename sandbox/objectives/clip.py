@@ -179,6 +179,9 @@ class ATR(PPOClip):
 
     Paper: arXiv 2602.05494. [open] The paper's default delta and whether (A < 0, r > u) is clipped
     are not known; ``delta=0.03`` and the min-form are this library's defaults (sweep 0.02-0.1).
+
+    Metrics: ``clip_low_frac`` / ``clip_high_frac`` count the sign-aware dead zone Z only; with
+    ``two_sided=True`` the tokens (A > 0, r < l) and (A < 0, r > u) are clipped too but not counted.
     """
 
     paper = "2602.05494"

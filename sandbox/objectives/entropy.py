@@ -62,7 +62,7 @@ class ClipCov(PPOClip):
         A < 0:  g = 0 on Z_lo, if picked, or if r > c (dual clip), else r
 
     Paper: arXiv 2505.22617 (ratio 2e-4, lb 1, ub 5; the authors' recipe sets eps_low = eps_high = 1
-    and dual clip c = 10, the defaults here). verl ``clip_cov`` uses eps 0.2 and no dual clip
+    — the lower clip off, the upper bound at r = 2 — and dual clip c = 10, the defaults here). verl ``clip_cov`` uses eps 0.2 and no dual clip
     (preset ``clip_cov_verl``). No ``expected_coef``: the pick depends on the whole batch.
 
     Deviations: the random subset is drawn by ranking i.i.d. uniforms from ``generator``

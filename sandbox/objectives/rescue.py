@@ -79,6 +79,10 @@ class NSR(_NSRBase):
                                        "sequence", where r is the GSPO sequence ratio s_i)
         loss_t = keep (-A r) + (1 - keep) (-A sg(clip(r, l, u)))
 
+    The rescue test checks only the violated boundary ("the perturbed ratio crosses back"): the
+    spec's stated probabilities (p = u/r and r/l for uniform noise) are those of this one-sided
+    reading; the literal two-sided test ``r xi in [l, u]`` would give (u - l)/r on Z_hi instead.
+
     Noise laws (``noise``):
       * ``"uniform"`` (parameter-free): Z_hi rescued iff ``r xi <= u``, xi ~ U(0, 1), so p = u / r;
         Z_lo rescued iff ``r / xi >= l``, so p = r / l.

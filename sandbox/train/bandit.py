@@ -116,7 +116,7 @@ __all__ = [
 BATCH_STATISTIC_OBJECTIVES: frozenset[str] = frozenset({"clip_cov", "kl_cov"})
 
 #: Advantage methods that normalise over the whole batch rather than within a group.
-_BATCH_ADVANTAGE_METHODS: frozenset[str] = frozenset({"batch_std"})
+BATCH_ADVANTAGE_METHODS: frozenset[str] = frozenset({"batch_std"})
 
 #: Optimizers acting elementwise on the logits (so seeds stay independent), by config name.
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
@@ -397,7 +397,7 @@ def sample_rollout(
         )
         rewards = task.mean_rewards.view(-1)[index] + task.noise_std * noise
 
-    if advantage in _BATCH_ADVANTAGE_METHODS:  # normalised over the whole batch: per seed
+    if advantage in BATCH_ADVANTAGE_METHODS:  # normalised over the whole batch: per seed
         adv = torch.stack([compute_advantages(r, G, method=advantage) for r in rewards])
     else:  # within-group normalisation: one call for all S * P' groups
         adv = compute_advantages(rewards.view(-1, G), G, method=advantage).view(S, -1)

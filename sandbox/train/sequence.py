@@ -53,7 +53,7 @@ from sandbox.kl import k3
 from sandbox.objectives import Objective, get_objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
 
-from .bandit import BATCH_STATISTIC_OBJECTIVES
+from .bandit import BATCH_ADVANTAGE_METHODS, BATCH_STATISTIC_OBJECTIVES
 
 SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_frac")
 
@@ -246,7 +246,10 @@ class SequenceTrainer:
             generator=self.generator, temperature=cfg.temperature, allowed=self.allowed,
         )  # fmt: skip
         rewards = self._rewards(completion, completion_mask, answers)
-        adv = compute_advantages(rewards.reshape(-1, G), method=cfg.advantage).view(S, -1)
+        if cfg.advantage in BATCH_ADVANTAGE_METHODS:  # batch statistics: each seed its own
+            adv = torch.stack([compute_advantages(r, G, method=cfg.advantage) for r in rewards])
+        else:
+            adv = compute_advantages(rewards.reshape(-1, G), method=cfg.advantage).view(S, -1)
         logp_old, entropy = self.model.completion_logp(
             prompt, prompt_mask, completion, completion_mask, self.allowed
         )
@@ -266,6 +269,7 @@ class SequenceTrainer:
         comp, cmask = batch.completion[:, rows], batch.completion_mask[:, rows]
         logp, entropy = self.model.completion_logp(prompt, pmask, comp, cmask, self.allowed)
         Tc = comp.shape[-1]
+        L = self.max_new_tokens  # Dr. GRPO's constant: the budget, not this batch's padded width
         flat = (logp.reshape(S * n, Tc), batch.logp_old[:, rows].reshape(S * n, Tc),
                 batch.adv[:, rows].reshape(S * n, 1), cmask.reshape(S * n, Tc))  # fmt: skip
         if self.objective.name in BATCH_STATISTIC_OBJECTIVES:
@@ -274,19 +278,24 @@ class SequenceTrainer:
                 sl = slice(s * n, (s + 1) * n)
                 out = self.objective(*(x[sl] for x in flat), generator=self.generator,
                                      validate=validate)  # fmt: skip
-                losses.append(aggregate(out.loss, flat[3][sl], self.aggregation))
+                losses.append(aggregate(out.loss, flat[3][sl], self.aggregation, max_len=L))
                 metrics.append(out.metrics)
             loss = torch.stack(losses).sum()
             metrics = {k: torch.stack([m[k] for m in metrics]).mean() for k in metrics[0]}
         else:
             out = self.objective(*flat, generator=self.generator, validate=validate)
-            loss, metrics = aggregate(out.loss, flat[3], self.aggregation, groups=S), out.metrics
+            loss = aggregate(out.loss, flat[3], self.aggregation, groups=S, max_len=L)
+            metrics = out.metrics
         if batch.logp_ref is not None:
             kl = k3(flat[0], batch.logp_ref[:, rows].reshape(S * n, Tc))
-            loss = loss + cfg.kl_coef * aggregate(kl, flat[3], self.aggregation, groups=S)
+            loss = loss + cfg.kl_coef * aggregate(
+                kl, flat[3], self.aggregation, groups=S, max_len=L
+            )
         if cfg.entropy_coef > 0:
             ent = entropy.reshape(S * n, Tc)
-            loss = loss - cfg.entropy_coef * aggregate(ent, flat[3], self.aggregation, groups=S)
+            loss = loss - cfg.entropy_coef * aggregate(
+                ent, flat[3], self.aggregation, groups=S, max_len=L
+            )
         return loss, metrics
 
     def update(self, batch: SequenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
