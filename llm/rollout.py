@@ -2,7 +2,12 @@
 
 Sampling is plain softmax sampling at ``temperature`` (``top_k=0``, ``top_p=1``, no repetition
 penalty: a fresh ``GenerationConfig`` overrides the model's shipped one), so the sampler is the
-policy whose log-probs :func:`completion_logp` computes and no importance correction is needed.
+policy whose log-probs :func:`completion_logp` computes and no importance correction is needed
+in exact arithmetic. With ``return_logp=True`` :func:`generate` also returns the sampler's own
+per-token log-probs (``rollout_logp``: ``log_softmax`` of the processed scores ``generate``
+sampled from, gathered at the sampled ids), i.e. the rollout policy as the sampler computed it
+(KV cache, bf16 autocast on a GPU); :mod:`sandbox.correction` weights the loss by their ratio to
+the trainer's log-probs (``--rollout-is``).
 
 Determinism across world sizes: prompts are generated in chunks of ``prompts_per_call`` prompts
 (x G completions); each chunk's sampling is seeded from ``(seed, step, global index of its first
@@ -90,17 +95,21 @@ def generate(
     first_index: int,
     device: torch.device,
     synced_gpus: bool = False,
+    return_logp: bool = False,
 ) -> dict[str, Tensor]:
     """G completions per prompt, prompt-major (row ``i * G + g``), left-padded prompts and
-    right-padded completions (``pad_token_id`` after EOS)."""
+    right-padded completions (``pad_token_id`` after EOS). ``return_logp``: also
+    ``rollout_logp`` ``[B, Tc]`` float32, the sampler's log-probs of the sampled tokens (0 after
+    EOS)."""
     from transformers import GenerationConfig
 
     gen_config = GenerationConfig(
         do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        output_scores=return_logp, return_dict_in_generate=return_logp,
     )  # fmt: skip
     pad = tokenizer.pad_token_id
-    prompts, masks, completions = [], [], []
+    prompts, masks, completions, logps = [], [], [], []
     for start in range(0, len(prompt_ids), prompts_per_call):
         chunk = prompt_ids[start : start + prompts_per_call]
         ids, mask = left_pad([r for r in chunk for _ in range(group_size)], pad)
@@ -111,9 +120,15 @@ def generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device),
                 generation_config=gen_config, synced_gpus=synced_gpus,
             )  # fmt: skip
+        seqs = out.sequences if return_logp else out
+        new = seqs[:, ids.shape[1] :]
+        if return_logp:  # scores: one [n, V] per new token, after the temperature warper
+            lp = [x.float().gather(-1, new[:, t, None])[:, 0] - x.float().logsumexp(-1)
+                  for t, x in enumerate(out.scores)]  # fmt: skip
+            logps.append(torch.stack(lp, 1).cpu())
         prompts.append(ids)
         masks.append(mask)
-        completions.append(out[:, ids.shape[1] :].cpu())
+        completions.append(new.cpu())
     Tp = max(p.shape[1] for p in prompts)
     Tc = max(max(c.shape[1] for c in completions), 1)
     prompt = torch.cat([pad_left(p, Tp, pad) for p in prompts])
@@ -121,13 +136,17 @@ def generate(
     completion = torch.cat([pad_right(c, Tc, pad) for c in completions])
     completion_mask, truncated = completion_masks(completion, tokenizer.eos_token_id)
     completion = torch.where(completion_mask.bool(), completion, pad)
-    return {
+    result = {
         "prompt": prompt,
         "prompt_mask": prompt_mask,
         "completion": completion,
         "completion_mask": completion_mask,
         "truncated": truncated,
     }
+    if return_logp:
+        rollout_logp = torch.cat([pad_right(x, Tc, 0.0) for x in logps])
+        result["rollout_logp"] = torch.where(completion_mask.bool(), rollout_logp, 0.0)
+    return result
 
 
 def completion_logp(

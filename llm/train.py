@@ -6,7 +6,10 @@ mu epochs x minibatches x gradient accumulation -> objective from :mod:`sandbox.
 :func:`sandbox.aggregate.aggregate` with the minibatch's *global* token / sequence counts ->
 backward -> grad-norm clipping -> optimizer step -> one JSON line in ``OUT/metrics.jsonl``.
 This module defines no loss: the per-token loss is the objective's, the reduction is
-``aggregate``'s and the KL is :func:`sandbox.kl.kl_divergence`'s.
+``aggregate``'s and the KL is :func:`sandbox.kl.kl_divergence`'s. With ``--rollout-is`` each
+micro-batch's per-token loss is multiplied by :func:`sandbox.correction.rollout_is_weights`
+(pi_old over the sampler's own ``generate`` log-probs, truncated or masked) before ``aggregate``,
+as verl's ``rollout_is_weights`` and TRL's vLLM importance sampling do.
 
 How to run::
 
@@ -43,6 +46,10 @@ rescue_frac, ...    every other metric the objective returns (NSR rescue share, 
 ratio_mean/min/max  importance ratio statistics (min/max over all updates of the step)
 kl_k3               k3 estimate of KL(pi_old || pi) from the objective
 kl_ref_k3           k3 KL to the reference model (with --kl-coef > 0)
+rollout_is_mean     with --rollout-is: mean rollout-correction weight (sandbox.correction)
+rollout_is_clip_frac  share of tokens (sequences) whose rho = pi_old/pi_rollout was clipped
+                    (truncate); rollout_is_masked_frac: share zeroed (mask)
+rollout_kl_k3       k3 KL(pi_rollout || pi_old) per token, sampler vs trainer log-probs
 loss                sum of the minibatch losses, mean over optimizer steps
 grad_norm           gradient norm before clipping, mean over optimizer steps
 lr                  learning rate of the step
@@ -81,6 +88,7 @@ from llm import model as models
 from llm.data import VERIFIERS, make_source
 from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages, zero_variance_groups
 from sandbox.aggregate import AGGREGATION_MODES, aggregate
+from sandbox.correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from sandbox.kl import kl_divergence
 
 
@@ -134,6 +142,21 @@ class TrainConfig:
         default=False,
         metadata={"help": "no loss on completions without EOS (DAPO overlong filter)"},
     )
+    rollout_is: str = field(
+        default="none",
+        metadata={
+            "help": "rollout/trainer mismatch weight pi_old/pi_rollout (generate's log-probs)",
+            "choices": ("none", *IS_MODES),
+        },
+    )
+    rollout_is_level: str = field(
+        default="token",
+        metadata={"help": "ratio per token or per sequence (product)", "choices": IS_LEVELS},
+    )
+    rollout_is_min: float = field(
+        default=0.0, metadata={"help": "lower bound C_min of the ratio (0: none)"}
+    )
+    rollout_is_max: float = field(default=2.0, metadata={"help": "upper bound C_max of the ratio"})
     # -- batch shape ------------------------------------------------------------------------------
     steps: int = field(default=100, metadata={"help": "rollout + update steps"})
     prompts_per_step: int = field(
@@ -255,6 +278,11 @@ class TrainConfig:
                 raise ValueError(
                     f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}"
                 )
+        if not 0 <= self.rollout_is_min <= self.rollout_is_max or not self.rollout_is_max > 0:
+            raise ValueError(
+                f"--rollout-is-min {self.rollout_is_min} and --rollout-is-max "
+                f"{self.rollout_is_max} need 0 <= min <= max and max > 0"
+            )
         if self.advantage in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"--group-size must be >= 2 for --advantage {self.advantage}")
         if self.prompts_per_step % world:
@@ -536,13 +564,15 @@ def _train(
     reporter = Reporter(cfg, info.main, start)
     rows_logged: list[dict[str, float]] = []
 
-    def sample(prompt_ids: list[list[int]], k: int, keys: tuple[int, ...], first: int):
+    def sample(prompt_ids: list[list[int]], k: int, keys: tuple[int, ...], first: int,
+               return_logp: bool = False):  # fmt: skip
         model.eval()
         with autocast:
             out = rollout.generate(
                 model, tokenizer, prompt_ids, group_size=k, max_new_tokens=cfg.max_new_tokens,
                 temperature=cfg.temperature, prompts_per_call=cfg.prompts_per_call, seed_keys=keys,
                 first_index=first, device=device, synced_gpus=cfg.fsdp and info.enabled,
+                return_logp=return_logp,
             )  # fmt: skip
         texts = tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
         return out, texts
@@ -586,7 +616,8 @@ def _train(
         # rollout: the same prompts on every rank, each rank generates for its share
         prompts, answers = source.draw(rng, cfg.prompts_per_step)
         lo = info.rank * P_local
-        local, texts = sample(encode(prompts[lo : lo + P_local]), G, (cfg.seed, 0, step), lo)
+        local, texts = sample(encode(prompts[lo : lo + P_local]), G, (cfg.seed, 0, step), lo,
+                              return_logp=cfg.rollout_is != "none")  # fmt: skip
         local_answers = [a for a in answers[lo : lo + P_local] for _ in range(G)]
         local["rewards"] = torch.tensor([float(source.verify(a, t)) for a, t in
                                          zip(local_answers, texts, strict=True)])  # fmt: skip
@@ -656,8 +687,17 @@ def _train(
                             )
                         out = objective(logp, logp_old, sub["adv"][:, None], mask, generator=gen,
                                         validate=False)  # fmt: skip
-                        loss = aggregate(out.loss, mask, mode, **counts)
                         metrics = dict(out.metrics)
+                        per_token = out.loss
+                        if cfg.rollout_is != "none":  # sg(rho), rho = pi_old / pi_rollout
+                            w, is_metrics = rollout_is_weights(
+                                logp_old, sub["rollout_logp"], mask, mode=cfg.rollout_is,
+                                level=cfg.rollout_is_level, cmin=cfg.rollout_is_min,
+                                cmax=cfg.rollout_is_max,
+                            )  # fmt: skip
+                            per_token = per_token * w
+                            metrics.update(is_metrics)
+                        loss = aggregate(per_token, mask, mode, **counts)
                         if "logp_ref" in sub:
                             kl = kl_divergence(logp, sub["logp_ref"], "k3")
                             loss = loss + cfg.kl_coef * aggregate(kl, mask, mode, **counts)
@@ -673,6 +713,8 @@ def _train(
                         v = v.detach().float()
                         if k.endswith(("_max", "_min")):
                             v = v if k.endswith("_max") else -v
+                            if empty:  # no token: neutral for the max (keys stay rank-uniform)
+                                v = torch.full_like(v, -math.inf)
                             extremes[k] = torch.maximum(extremes[k], v) if k in extremes else v
                         else:
                             sums[k] = sums.get(k, 0.0) + v * weight

@@ -301,3 +301,80 @@ def test_llm_defines_no_loss():
         if path.name == "train.py":  # the loss comes from these three, nowhere else
             for name in ("registry.get_objective", "aggregate(", "kl_divergence("):
                 assert name in text
+
+
+# -- rollout/trainer mismatch correction (--rollout-is) --------------------------------------------
+
+
+def test_generate_returns_the_samplers_logp():
+    from llm import rollout
+
+    tok, model = tiny_tokenizer(), tiny_model(len(tiny_tokenizer()), 0).eval()
+    ids = rollout.encode_prompts(tok, ["1 0", "0 1 1 0"], chat=False, system=None)
+    out = rollout.generate(model, tok, ids, group_size=3, max_new_tokens=6, temperature=0.7,
+                           prompts_per_call=2, seed_keys=(0,), first_index=0,
+                           device=torch.device("cpu"), return_logp=True)  # fmt: skip
+    with torch.no_grad():
+        lp, _ = rollout.completion_logp(model, out["prompt"], out["prompt_mask"],
+                                        out["completion"], out["completion_mask"], 0.7)  # fmt: skip
+    valid = out["completion_mask"].bool()
+    assert (out["rollout_logp"][~valid] == 0).all()
+    torch.testing.assert_close(out["rollout_logp"][valid], lp[valid], atol=1e-4, rtol=0)
+
+
+def test_rollout_is_on_policy_weights_are_one(tmp_path):
+    rows = train(config(tmp_path, rollout_is="truncate", epochs=2))
+    for row in rows:
+        for k in ("rollout_is_mean", "rollout_is_clip_frac", "rollout_kl_k3"):
+            assert math.isfinite(row[k]), k
+        assert abs(row["rollout_is_mean"] - 1) < 1e-3  # CPU fp32: sampler == trainer to ~1e-6
+        assert row["rollout_is_clip_frac"] == 0.0 and 0 <= row["rollout_kl_k3"] < 1e-6
+    seq = train(config(tmp_path, "seq", rollout_is="mask", rollout_is_level="sequence"))
+    assert all(abs(r["rollout_is_mean"] - 1) < 1e-3 and r["rollout_is_masked_frac"] == 0
+               for r in seq)  # fmt: skip
+
+
+def test_rollout_is_forced_mismatch_scales_the_loss(tmp_path, monkeypatch):
+    from llm import rollout
+
+    real = rollout.generate
+
+    def shifted(*args, **kw):  # the sampler reports pi_rollout = pi / 1.5: rho = 1.5 per token
+        out = real(*args, **kw)
+        if "rollout_logp" in out:
+            out["rollout_logp"] = out["rollout_logp"] - math.log(1.5) * out["completion_mask"]
+        return out
+
+    # seed 2: step 1 has groups with non-zero advantage, on-policy (logp_old = logp)
+    base = train(config(tmp_path, "base", steps=1, seed=2))[0]
+    assert abs(base["loss"]) > 1e-3
+    monkeypatch.setattr(rollout, "generate", shifted)
+    cases = [  # (flags, expected weight, fraction name, expected fraction)
+        ({"rollout_is": "truncate"}, 1.5, "rollout_is_clip_frac", 0.0),
+        ({"rollout_is": "truncate", "rollout_is_max": 1.2}, 1.2, "rollout_is_clip_frac", 1.0),
+        ({"rollout_is": "mask", "rollout_is_max": 1.2}, 0.0, "rollout_is_masked_frac", 1.0),
+    ]
+    for i, (flags, weight, frac, value) in enumerate(cases):
+        row = train(config(tmp_path, f"is{i}", steps=1, seed=2, **flags))[0]
+        assert row["loss"] == pytest.approx(weight * base["loss"], rel=1e-5, abs=1e-9), flags
+        assert row["grad_norm"] == pytest.approx(weight * base["grad_norm"], rel=1e-4), flags
+        assert row["rollout_is_mean"] == pytest.approx(weight, rel=1e-5), flags
+        assert row[frac] == value
+        k3 = 1.5 - 1 - math.log(1.5)
+        assert row["rollout_kl_k3"] == pytest.approx(k3, rel=1e-4)
+    # sequence level: the product over a completion's tokens, truncated at 2 for any length >= 2
+    row = train(config(tmp_path, "seq", steps=1, seed=2, rollout_is="truncate",
+                       rollout_is_level="sequence"))[0]  # fmt: skip
+    assert row["rollout_is_mean"] > 1.5 and row["rollout_is_clip_frac"] > 0
+
+
+def test_rollout_is_flags_and_errors(tmp_path, capsys):
+    cfg = parse_args(["--rollout-is", "mask", "--rollout-is-level", "sequence",
+                      "--rollout-is-min", "0.5", "--rollout-is-max", "3"])  # fmt: skip
+    assert (cfg.rollout_is, cfg.rollout_is_level, cfg.rollout_is_min, cfg.rollout_is_max) == (
+        "mask", "sequence", 0.5, 3.0)  # fmt: skip
+    assert parse_args([]).rollout_is == "none"
+    with pytest.raises(ValueError, match=r"--rollout-is-min 3\.0 and --rollout-is-max 2\.0"):
+        config(tmp_path, rollout_is="truncate", rollout_is_min=3.0).validate()
+    with pytest.raises(ValueError, match="--rollout-is must be one of"):
+        config(tmp_path, rollout_is="clip").validate()
