@@ -407,9 +407,7 @@ class SoftmaxBandit(BanditModel, gym.Env[int, int]):
     def __init__(self, render_mode: str | None = None, **model_kwargs: Any) -> None:
         _check_render_mode(render_mode)
         super().__init__(**model_kwargs)
-        self.render_mode = render_mode
-        self.action_space = spaces.Discrete(self.num_arms)
-        self.observation_space = spaces.Discrete(1)
+        _set_spaces(self, render_mode, num_states=1)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -481,6 +479,13 @@ def _check_vector_args(num_envs: Any, render_mode: str | None) -> None:
     _check_render_mode(render_mode)
     if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
         raise ValueError(f"num_envs must be an integer >= 1; got {num_envs!r}")
+
+
+def _set_spaces(env: Any, render_mode: str | None, num_states: int) -> None:
+    """Spaces of a one-step bandit: an arm as action, a state (prompt) index as observation."""
+    env.render_mode = render_mode
+    env.action_space = spaces.Discrete(env.num_arms)
+    env.observation_space = spaces.Discrete(num_states)
 
 
 def _set_vector_spaces(env: Any, num_envs: int, render_mode: str | None, num_states: int) -> None:
@@ -745,9 +750,7 @@ class ContextualBandit(ContextualBanditModel, gym.Env[int, int]):
     def __init__(self, render_mode: str | None = None, **model_kwargs: Any) -> None:
         _check_render_mode(render_mode)
         super().__init__(**model_kwargs)
-        self.render_mode = render_mode
-        self.action_space = spaces.Discrete(self.num_arms)
-        self.observation_space = spaces.Discrete(self.num_prompts)
+        _set_spaces(self, render_mode, num_states=self.num_prompts)
         self._prompt: int | None = None
 
     def reset(

@@ -21,10 +21,14 @@ DEFAULT_TOUR = (
 )  # fmt: skip
 
 
+def default_ratios() -> torch.Tensor:
+    """301 ratios from 0.1 to 10^0.5 on a log grid (float64)."""
+    return torch.logspace(-1, 0.5, 301, dtype=torch.float64)
+
+
 def weight_table(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
     """Tidy table: one row per (objective, sign of A, ratio) with g and W * pi_old = g / r."""
-    if ratios is None:
-        ratios = torch.logspace(-1, 0.5, 301, dtype=torch.float64)
+    ratios = default_ratios() if ratios is None else ratios
     rows = []
     for name in names:
         obj = get_objective(name)
@@ -40,8 +44,7 @@ def weight_table(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
 
 def autograd_check(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
     """Max |autograd - (-coef)| and max |coef - expected_coef| (deterministic rules) per objective."""
-    if ratios is None:
-        ratios = torch.logspace(-1, 0.5, 301, dtype=torch.float64)
+    ratios = default_ratios() if ratios is None else ratios
     rows = []
     for name in names:
         obj = get_objective(name)
