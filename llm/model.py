@@ -1,6 +1,7 @@
 """Models and tokenizers: ``tiny`` (built in code, no download) or a Hugging Face causal LM.
 
-``tiny`` is a 2-layer Llama (hidden 32) over a character-level tokenizer whose characters are
+``tiny`` is a 2-layer Llama (hidden 32, 2 query heads and 1 key/value head of dimension 32, the
+smallest head vLLM's CPU attention accepts, so the vLLM backend can run it too) over a character-level tokenizer whose characters are
 :data:`envs.reasoning.DEFAULT_CHARS` (every prompt and answer of every ``envs.reasoning`` task),
 with ``<pad>``, ``<bos>``, ``<eos>`` and a one-line chat template. Anything else is loaded with
 ``AutoModelForCausalLM`` / ``AutoTokenizer``; offline (``local_files_only``) it must already be in
@@ -41,7 +42,7 @@ def tiny_tokenizer() -> Any:
 
 
 def tiny_model(vocab_size: int, seed: int, max_positions: int = 512) -> torch.nn.Module:
-    """A 2-layer Llama, hidden 32, initialised from ``seed`` (float32)."""
+    """A 2-layer Llama, hidden 32, heads 2 x 32 (1 KV head), initialised from ``seed`` (float32)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -49,8 +50,9 @@ def tiny_model(vocab_size: int, seed: int, max_positions: int = 512) -> torch.nn
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
         max_position_embeddings=max_positions,
         pad_token_id=0,
         bos_token_id=1,

@@ -1,14 +1,15 @@
 """GRPO-style RL on a causal LM with any sandbox objective: one driver from one CPU to many GPUs.
 
 Read top to bottom: config -> setup -> for each step: prompts -> G completions each (Hugging Face
-``generate``) -> verifier rewards -> :mod:`sandbox.advantages` -> old (and reference) log-probs ->
+``generate``, or a colocated vLLM engine with ``--rollout-backend vllm``: :mod:`llm.vllm_rollout`)
+-> verifier rewards -> :mod:`sandbox.advantages` -> old (and reference) log-probs ->
 mu epochs x minibatches x gradient accumulation -> objective from :mod:`sandbox.objectives` ->
 :func:`sandbox.aggregate.aggregate` with the minibatch's *global* token / sequence counts ->
 backward -> grad-norm clipping -> optimizer step -> one JSON line in ``OUT/metrics.jsonl``.
 This module defines no loss: the per-token loss is the objective's, the reduction is
 ``aggregate``'s and the KL is :func:`sandbox.kl.kl_divergence`'s. With ``--rollout-is`` each
 micro-batch's per-token loss is multiplied by :func:`sandbox.correction.rollout_is_weights`
-(pi_old over the sampler's own ``generate`` log-probs, truncated or masked) before ``aggregate``,
+(pi_old over the sampler's own log-probs, from ``generate`` or vLLM, truncated or masked) before ``aggregate``,
 as verl's ``rollout_is_weights`` and TRL's vLLM importance sampling do.
 
 How to run::
@@ -18,6 +19,9 @@ How to run::
     # one GPU
     python -m llm.train --model Qwen/Qwen2.5-0.5B-Instruct --data gsm8k.jsonl --objective dapo \\
         --steps 200 --prompts-per-step 32 --group-size 8 --max-new-tokens 512 --out runs/q05
+    # one GPU, vLLM rollouts with the truncated importance correction (pip install '.[vllm]')
+    python -m llm.train --model Qwen/Qwen2.5-0.5B-Instruct --data gsm8k.jsonl --objective dapo \
+        --rollout-backend vllm --rollout-is truncate --max-new-tokens 512 --out runs/q05v
     # 8 GPUs (DDP; add --fsdp to shard parameters, gradients and optimizer state)
     torchrun --nproc_per_node 8 -m llm.train --model Qwen/Qwen2.5-1.5B-Instruct --data gsm8k.jsonl \\
         --objective nsr_dapo --prompts-per-step 128 --out runs/q15
@@ -86,6 +90,7 @@ import sandbox.objectives as registry
 from llm import checkpoint, dist, rollout
 from llm import model as models
 from llm.data import VERIFIERS, make_source
+from llm.vllm_rollout import VLLMRollout
 from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages, zero_variance_groups
 from sandbox.aggregate import AGGREGATION_MODES, aggregate
 from sandbox.correction import IS_LEVELS, IS_MODES, rollout_is_weights
@@ -145,7 +150,7 @@ class TrainConfig:
     rollout_is: str = field(
         default="none",
         metadata={
-            "help": "rollout/trainer mismatch weight pi_old/pi_rollout (generate's log-probs)",
+            "help": "rollout/trainer mismatch weight pi_old/pi_rollout (the sampler's log-probs)",
             "choices": ("none", *IS_MODES),
         },
     )
@@ -181,6 +186,22 @@ class TrainConfig:
     prompts_per_call: int = field(
         default=1,
         metadata={"help": "prompts per generate call (1: same samples at any world size)"},
+    )
+    rollout_backend: str = field(
+        default="hf",
+        metadata={
+            "help": "who samples: Hugging Face generate, or a colocated vLLM engine",
+            "choices": ("hf", "vllm"),
+        },
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "vLLM: share of GPU memory for its weights and KV cache"}
+    )
+    vllm_sleep: bool = field(
+        default=False, metadata={"help": "vLLM: release its memory between rollouts (CUDA)"}
+    )
+    vllm_enforce_eager: bool = field(
+        default=False, metadata={"help": "vLLM: no CUDA graphs (faster start, slower decode)"}
     )
     chat_template: str = field(
         default="auto",
@@ -232,6 +253,10 @@ class TrainConfig:
         default=0, metadata={"help": "checkpoint every N steps (always at the end)"}
     )
     resume: bool = field(default=False, metadata={"help": "continue from OUT/checkpoint.pt"})
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "with --resume: accept settings that differ from the checkpoint's"},
+    )
     save_model: bool = field(
         default=True, metadata={"help": "save_pretrained the final model to OUT/model"}
     )
@@ -283,6 +308,13 @@ class TrainConfig:
                 f"--rollout-is-min {self.rollout_is_min} and --rollout-is-max "
                 f"{self.rollout_is_max} need 0 <= min <= max and max > 0"
             )
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(
+                "--vllm-gpu-memory-utilization must be in (0, 1], got "
+                f"{self.vllm_gpu_memory_utilization}"
+            )
+        if self.rollout_backend == "vllm" and self.fsdp and self.lora_r > 0:
+            raise ValueError("--rollout-backend vllm does not support --fsdp with --lora-r > 0")
         if self.advantage in ("grpo", "rloo") and self.group_size < 2:
             raise ValueError(f"--group-size must be >= 2 for --advantage {self.advantage}")
         if self.prompts_per_step % world:
@@ -458,6 +490,39 @@ class Reporter:
             self.wandb.finish()
 
 
+# Settings a resumed run may change: how long it runs and how it reports, not what it computes.
+RESUMABLE_CHANGES = frozenset({
+    "steps", "resume", "allow_config_change", "out", "checkpoint_every", "eval_every",
+    "eval_prompts", "eval_k", "save_model", "report_to", "wandb_project", "progress", "device",
+    "backend", "offline",
+})  # fmt: skip
+
+
+def check_resume_config(cfg: TrainConfig, saved: dict[str, Any]) -> None:
+    """``ValueError`` naming every setting that differs from the checkpoint's (other than
+    :data:`RESUMABLE_CHANGES`): a resumed run must continue the same experiment."""
+    now = json.loads(json.dumps(asdict(cfg), sort_keys=True, default=str))
+    changed = [
+        f"--{k.replace('_', '-')} {saved.get(k)!r} -> {now[k]!r}"
+        for k in sorted(now)
+        if k not in RESUMABLE_CHANGES and k in saved and saved[k] != now[k]
+    ]
+
+    def held_out(c: dict[str, Any]) -> int:  # rows of --data held out of training for eval
+        held = c.get("eval_data") is None and c.get("data") is not None and c.get("eval_every")
+        return c.get("eval_prompts", 0) if held else 0
+
+    if held_out(saved) != held_out(now):
+        changed.append(f"rows of --data held out for eval {held_out(saved)} -> {held_out(now)} "
+                       "(--eval-every/--eval-prompts without --eval-data)")  # fmt: skip
+    if changed:
+        raise ValueError(
+            f"--resume: these settings differ from {checkpoint.path_in(cfg.out)}'s: "
+            f"{'; '.join(changed)}. Resume with the same settings, pass "
+            "--allow-config-change to continue anyway, or start a new --out"
+        )
+
+
 def check_optional(cfg: TrainConfig) -> None:
     needs = {"tensorboard": "tensorboard" in cfg.report_to, "wandb": "wandb" in cfg.report_to,
              "peft": cfg.lora_r > 0}  # fmt: skip
@@ -485,15 +550,18 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None) -> list[dict[str, 
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.update(sigterm=True))
     except ValueError:  # not the main thread
         previous = None
+    closers: list[Any] = []  # run last: a vLLM engine's shutdown ends the process group
     try:
-        return _train(cfg, stop, stop_after)
+        return _train(cfg, stop, stop_after, closers)
     finally:
+        for close in reversed(closers):
+            close()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
 
 def _train(
-    cfg: TrainConfig, stop: dict[str, bool], stop_after: int | None
+    cfg: TrainConfig, stop: dict[str, bool], stop_after: int | None, closers: list[Any]
 ) -> list[dict[str, float]]:
     # ---- 1. checks and setup, before any compute ----------------------------------------------
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -502,6 +570,8 @@ def _train(
     ckpt_exists = os.path.exists(checkpoint.path_in(cfg.out))
     if ckpt_exists and not cfg.resume:
         raise ValueError(f"{checkpoint.path_in(cfg.out)} exists: pass --resume, or a new --out")
+    if ckpt_exists and not cfg.allow_config_change:
+        check_resume_config(cfg, checkpoint.saved_config(cfg.out))
     objective = registry.get_objective(cfg.objective, **cfg.objective_params)
     mode = cfg.aggregation or objective.aggregation
     source = make_source(cfg.task, cfg.task_knobs, cfg.data, cfg.verifier, cfg.seed,
@@ -536,6 +606,20 @@ def _train(
     encode(source.probe + source.eval_prompts)
     info, device = dist.init(cfg.device, cfg.backend)
     model.to(device)
+    engine = None
+    if cfg.rollout_backend == "vllm":  # built from the untouched base model, before LoRA/wrapping
+        if offline:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        engine = VLLMRollout(
+            model, tokenizer, model_name=cfg.model, device=device,
+            dtype="bfloat16" if cfg.dtype == "bfloat16" or (device.type == "cuda" and cfg.bf16)
+            else "float32",
+            max_model_len=max_prompt + cfg.max_new_tokens if max_prompt is not None else None,
+            seed=cfg.seed, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            sleep=cfg.vllm_sleep, enforce_eager=cfg.vllm_enforce_eager,
+            trust_remote_code=cfg.trust_remote_code,
+        )  # fmt: skip
+        closers.append(engine.close)
     if cfg.lora_r > 0:
         from peft import LoraConfig, get_peft_model
 
@@ -566,6 +650,13 @@ def _train(
 
     def sample(prompt_ids: list[list[int]], k: int, keys: tuple[int, ...], first: int,
                return_logp: bool = False):  # fmt: skip
+        if engine is not None:
+            out = engine.generate(
+                model, prompt_ids, group_size=k, max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature, seed_keys=keys, first_index=first,
+                return_logp=return_logp,
+            )  # fmt: skip
+            return out, tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
         model.eval()
         with autocast:
             out = rollout.generate(
@@ -722,6 +813,8 @@ def _train(
                 grad_norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+                if engine is not None:
+                    engine.mark_stale()
         lr = scheduler.get_last_lr()[0]
         with warnings.catch_warnings():  # a step whose groups were all dropped has no update
             warnings.simplefilter("ignore", UserWarning)
@@ -788,6 +881,8 @@ def _train(
         if flag:
             reporter.close()
             print(f"SIGTERM: checkpoint written at step {done} to {cfg.out}", file=sys.stderr)
+            if engine is not None:
+                engine.close()
             dist.shutdown()
             raise SystemExit(143)
         if paused:

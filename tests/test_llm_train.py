@@ -106,6 +106,28 @@ def test_existing_checkpoint_needs_resume(tmp_path):
         train(config(tmp_path, steps=1))
 
 
+def test_resume_checks_the_config(tmp_path):
+    train(config(tmp_path, steps=1, objective="dapo"))
+    with pytest.raises(ValueError, match=r"--lr 0\.01 -> 0\.5; --objective 'dapo' -> 'cispo'"):
+        train(config(tmp_path, steps=2, resume=True, objective="cispo", lr=0.5))
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 1  # nothing ran
+    # more steps, other reporting: the same experiment, accepted
+    rows = train(config(tmp_path, steps=2, resume=True, objective="dapo", eval_every=2))
+    assert [r["step"] for r in rows] == [2]
+    rows = train(config(tmp_path, steps=3, resume=True, objective="cispo",
+                        allow_config_change=True))  # fmt: skip
+    assert [r["step"] for r in rows] == [3]
+    # with --data, turning eval on holds rows out of training: that is a different run
+    data = tmp_path / "rows.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i} 1", "answer": "1"}) + "\n" for i in range(8))
+    )
+    kw = dict(task=None, data=str(data), eval_prompts=2)
+    train(config(tmp_path, "file", steps=1, **kw))
+    with pytest.raises(ValueError, match="held out for eval 0 -> 2"):
+        train(config(tmp_path, "file", steps=2, resume=True, eval_every=1, **kw))
+
+
 def test_sigterm_writes_a_checkpoint(tmp_path):
     out = tmp_path / "sig"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
@@ -378,3 +400,24 @@ def test_rollout_is_flags_and_errors(tmp_path, capsys):
         config(tmp_path, rollout_is="truncate", rollout_is_min=3.0).validate()
     with pytest.raises(ValueError, match="--rollout-is must be one of"):
         config(tmp_path, rollout_is="clip").validate()
+
+
+def test_vllm_backend_flags_and_errors(tmp_path, monkeypatch):
+    # the engine itself is tested in test_llm_vllm.py where vLLM is installed
+    cfg = parse_args(["--rollout-backend", "vllm", "--vllm-gpu-memory-utilization", "0.5",
+                      "--vllm-sleep", "--vllm-enforce-eager"])  # fmt: skip
+    assert (cfg.rollout_backend, cfg.vllm_gpu_memory_utilization, cfg.vllm_sleep,
+            cfg.vllm_enforce_eager) == ("vllm", 0.5, True, True)  # fmt: skip
+    assert parse_args([]).rollout_backend == "hf"
+    with pytest.raises(ValueError, match="--rollout-backend must be one of"):
+        config(tmp_path, rollout_backend="sglang").validate()
+    with pytest.raises(ValueError, match=r"--vllm-gpu-memory-utilization must be in \(0, 1\]"):
+        config(tmp_path, rollout_backend="vllm", vllm_gpu_memory_utilization=0).validate()
+    with pytest.raises(ValueError, match="--fsdp with --lora-r"):
+        config(tmp_path, rollout_backend="vllm", fsdp=True, lora_r=4).validate()
+    with pytest.raises(ValueError, match="--vllm-sleep needs CUDA"):
+        train(config(tmp_path, "sleep", rollout_backend="vllm", vllm_sleep=True))
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"needs vLLM: pip install 'clip-sandbox\[vllm\]'"):
+        train(config(tmp_path, "missing", rollout_backend="vllm"))
+    assert not (tmp_path / "missing" / "metrics.jsonl").exists()  # nothing ran
