@@ -168,6 +168,7 @@ class VLLMRollout:
     def sync(self, model: torch.nn.Module) -> None:
         """Load the trainer's current weights into the engine (collective under FSDP)."""
         if self.asleep:
+            torch.cuda.empty_cache()  # the training step's cached blocks, before vLLM remaps
             self.llm.wake_up(tags=["weights"])
         worker = self.llm.llm_engine.model_executor.driver_worker
         weights = trainer_weights(model)
@@ -209,9 +210,9 @@ class VLLMRollout:
         ]  # fmt: skip
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        if self.sleep:
+        if self.sleep:  # level 2 discards the weights: push them again before the next rollout
             self.llm.sleep(level=2)
-            self.asleep = True
+            self.asleep, self.stale = True, True
         rows, logps = [], []
         for out in outputs:
             for c in sorted(out.outputs, key=lambda c: c.index):

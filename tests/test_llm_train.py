@@ -421,3 +421,39 @@ def test_vllm_backend_flags_and_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"needs vLLM: pip install 'clip-sandbox\[vllm\]'"):
         train(config(tmp_path, "missing", rollout_backend="vllm"))
     assert not (tmp_path / "missing" / "metrics.jsonl").exists()  # nothing ran
+
+
+def test_vllm_sleep_cycle_pushes_weights_after_every_sleep():
+    # --vllm-sleep is CUDA-only, so its state machine is checked with a recording stand-in for
+    # vllm.LLM: level-2 sleep discards the weights, so every rollout after a sleep must push them
+    # (even with no optimizer step in between) and wake the KV cache before sampling.
+    from types import SimpleNamespace
+
+    from llm.vllm_rollout import VLLMRollout
+
+    calls = []
+    tok = tiny_tokenizer()
+    completion = SimpleNamespace(index=0, token_ids=[5, tok.eos_token_id], logprobs=None)
+    worker = SimpleNamespace(reload_weights=lambda **kw: calls.append(("push", len(list(
+        kw["weights_iterator"])))))  # fmt: skip
+    llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(model_executor=SimpleNamespace(driver_worker=worker)),
+        reset_prefix_cache=lambda: calls.append("reset"),
+        wake_up=lambda tags: calls.append(("wake", *tags)),
+        sleep=lambda level: calls.append(("sleep", level)),
+        generate=lambda reqs, sampling_params, use_tqdm: (calls.append("generate"),
+                  [SimpleNamespace(outputs=[completion]) for _ in reqs])[1],
+    )  # fmt: skip
+    engine = object.__new__(VLLMRollout)
+    engine.llm, engine.tokenizer, engine.sleep = llm, tok, True
+    engine.vllm = SimpleNamespace(SamplingParams=lambda **kw: kw)
+    engine.stale, engine.asleep = True, True  # as after __init__ with sleep
+    model = tiny_model(len(tok), 0)
+    n_params = len(list(model.parameters()))
+    for _ in range(2):  # no optimizer step between the two rollouts
+        out = engine.generate(model, [[1, 5]], group_size=1, max_new_tokens=4, temperature=1.0,
+                              seed_keys=(0,), first_index=0)  # fmt: skip
+        assert out["completion"].tolist() == [[5, tok.eos_token_id]]
+    cycle = [("wake", "weights"), ("push", n_params), "reset", ("wake", "kv_cache"), "generate",
+             ("sleep", 2)]  # fmt: skip
+    assert calls == cycle + cycle

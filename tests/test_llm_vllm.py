@@ -200,3 +200,16 @@ def test_two_processes_equal_one_with_vllm(tmp_path, fsdp):
     rows = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
             for d in ("one", "two")]  # fmt: skip
     assert [r["reward"] for r in rows[0]] == [r["reward"] for r in rows[1]]
+
+
+def test_model_directory_and_lora(tmp_path):
+    # the path users take with real models: the engine loads the directory itself, the trainer
+    # adds LoRA on top, and the merged weights reach the engine every step
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), 3).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    rows = train(config(tmp_path, "dir", model=str(tmp_path / "model"), steps=2, lora_r=4,
+                        lr=5e-2, epochs=2))  # fmt: skip
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout_kl_k3"] < 1e-6, row  # the engine samples the LoRA-merged policy
