@@ -152,6 +152,11 @@ class VLLMRollout:
                 distributed_executor_backend="external_launcher", generation_config="vllm",
                 logprobs_mode="processed_logprobs", enable_prefix_caching=True, **extra,
             )  # fmt: skip
+        except Exception as exc:  # unsupported architecture, no memory, ...: one clear line
+            raise ValueError(
+                f"--rollout-backend vllm: vLLM could not build an engine for --model "
+                f"{model_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
         finally:
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)

@@ -213,3 +213,18 @@ def test_model_directory_and_lora(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["rollout_kl_k3"] < 1e-6, row  # the engine samples the LoRA-merged policy
+
+
+def test_engine_errors_name_the_model(tmp_path):
+    bad = tmp_path / "not-a-model"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    tok = tiny_tokenizer()
+    with pytest.raises(
+        ValueError, match=r"vLLM could not build an engine for --model '.*not-a-model'"
+    ):
+        VLLMRollout(
+            tiny_model(len(tok), 0), tok, model_name=str(bad), device=DEVICE, dtype="float32",
+            max_model_len=64, seed=0, gpu_memory_utilization=0.2, sleep=False,
+            enforce_eager=True, trust_remote_code=False,
+        )  # fmt: skip
