@@ -131,21 +131,35 @@ def generate(
         completions.append(new.cpu())
     Tp = max(p.shape[1] for p in prompts)
     Tc = max(max(c.shape[1] for c in completions), 1)
-    prompt = torch.cat([pad_left(p, Tp, pad) for p in prompts])
-    prompt_mask = torch.cat([pad_left(m, Tp, 0) for m in masks])
-    completion = torch.cat([pad_right(c, Tc, pad) for c in completions])
+    return rollout_batch(
+        torch.cat([pad_left(p, Tp, pad) for p in prompts]),
+        torch.cat([pad_left(m, Tp, 0) for m in masks]),
+        torch.cat([pad_right(c, Tc, pad) for c in completions]),
+        tokenizer,
+        torch.cat([pad_right(x, Tc, 0.0) for x in logps]) if return_logp else None,
+    )
+
+
+def rollout_batch(
+    prompt: Tensor,
+    prompt_mask: Tensor,
+    completion: Tensor,
+    tokenizer: Any,
+    rollout_logp: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """The rollout dict every sampler returns: completions cut after their first EOS (pad ids,
+    mask 0 and log-prob 0 there) and the rows that never reached EOS (``truncated``)."""
     completion_mask, truncated = completion_masks(completion, tokenizer.eos_token_id)
-    completion = torch.where(completion_mask.bool(), completion, pad)
+    valid = completion_mask.bool()
     result = {
         "prompt": prompt,
         "prompt_mask": prompt_mask,
-        "completion": completion,
+        "completion": torch.where(valid, completion, tokenizer.pad_token_id),
         "completion_mask": completion_mask,
         "truncated": truncated,
     }
-    if return_logp:
-        rollout_logp = torch.cat([pad_right(x, Tc, 0.0) for x in logps])
-        result["rollout_logp"] = torch.where(completion_mask.bool(), rollout_logp, 0.0)
+    if rollout_logp is not None:
+        result["rollout_logp"] = torch.where(valid, rollout_logp, 0.0)
     return result
 
 

@@ -9,8 +9,8 @@ backward -> grad-norm clipping -> optimizer step -> one JSON line in ``OUT/metri
 This module defines no loss: the per-token loss is the objective's, the reduction is
 ``aggregate``'s and the KL is :func:`sandbox.kl.kl_divergence`'s. With ``--rollout-is`` each
 micro-batch's per-token loss is multiplied by :func:`sandbox.correction.rollout_is_weights`
-(pi_old over the sampler's own log-probs, from ``generate`` or vLLM, truncated or masked) before ``aggregate``,
-as verl's ``rollout_is_weights`` and TRL's vLLM importance sampling do.
+(pi_old over the sampler's own log-probs, from ``generate`` or vLLM, truncated or masked) before
+``aggregate``, as verl's ``rollout_is_weights`` and TRL's vLLM importance sampling do.
 
 How to run::
 
@@ -20,7 +20,7 @@ How to run::
     python -m llm.train --model Qwen/Qwen2.5-0.5B-Instruct --data gsm8k.jsonl --objective dapo \\
         --steps 200 --prompts-per-step 32 --group-size 8 --max-new-tokens 512 --out runs/q05
     # one GPU, vLLM rollouts with the truncated importance correction (pip install '.[vllm]')
-    python -m llm.train --model Qwen/Qwen2.5-0.5B-Instruct --data gsm8k.jsonl --objective dapo \
+    python -m llm.train --model Qwen/Qwen2.5-0.5B-Instruct --data gsm8k.jsonl --objective dapo \\
         --rollout-backend vllm --rollout-is truncate --max-new-tokens 512 --out runs/q05v
     # 8 GPUs (DDP; add --fsdp to shard parameters, gradients and optimizer state)
     torchrun --nproc_per_node 8 -m llm.train --model Qwen/Qwen2.5-1.5B-Instruct --data gsm8k.jsonl \\
@@ -656,15 +656,15 @@ def _train(
                 temperature=cfg.temperature, seed_keys=keys, first_index=first,
                 return_logp=return_logp,
             )  # fmt: skip
-            return out, tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
-        model.eval()
-        with autocast:
-            out = rollout.generate(
-                model, tokenizer, prompt_ids, group_size=k, max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature, prompts_per_call=cfg.prompts_per_call, seed_keys=keys,
-                first_index=first, device=device, synced_gpus=cfg.fsdp and info.enabled,
-                return_logp=return_logp,
-            )  # fmt: skip
+        else:
+            model.eval()
+            with autocast:
+                out = rollout.generate(
+                    model, tokenizer, prompt_ids, group_size=k, max_new_tokens=cfg.max_new_tokens,
+                    temperature=cfg.temperature, prompts_per_call=cfg.prompts_per_call,
+                    seed_keys=keys, first_index=first, device=device,
+                    synced_gpus=cfg.fsdp and info.enabled, return_logp=return_logp,
+                )  # fmt: skip
         texts = tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
         return out, texts
 

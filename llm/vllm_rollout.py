@@ -46,7 +46,7 @@ from torch import Tensor
 
 from llm import dist
 from llm.model import TINY
-from llm.rollout import completion_masks, derive_seed, left_pad, pad_right
+from llm.rollout import derive_seed, left_pad, pad_right, rollout_batch
 
 
 def _free_port() -> int:
@@ -162,11 +162,11 @@ class VLLMRollout:
         finally:
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
-        self.stale = True  # the engine holds the checkpoint's weights, not (yet) the trainer's
-        self.asleep = False
+        # The engine holds the checkpoint's weights, not (yet) the trainer's. With sleep on it
+        # sleeps (level 2: no weights, no KV cache) whenever it is not sampling.
+        self.stale = True
         if sleep:
             self.llm.sleep(level=2)
-            self.asleep = True
 
     def mark_stale(self) -> None:
         """The trainer's weights changed (an optimizer step): push them before the next rollout."""
@@ -174,7 +174,7 @@ class VLLMRollout:
 
     def sync(self, model: torch.nn.Module) -> None:
         """Load the trainer's current weights into the engine (collective under FSDP)."""
-        if self.asleep:
+        if self.sleep:
             torch.cuda.empty_cache()  # the training step's cached blocks, before vLLM remaps
             self.llm.wake_up(tags=["weights"])
         worker = self.llm.llm_engine.model_executor.driver_worker
@@ -202,10 +202,9 @@ class VLLMRollout:
         """Same contract as :func:`llm.rollout.generate` (rows prompt-major, ``i * G + g``)."""
         if self.stale:
             self.sync(model)
-        if self.asleep:
+        if self.sleep:
             self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
         params = [
             self.vllm.SamplingParams(
                 n=group_size, temperature=temperature, top_p=1.0, top_k=0, min_p=0.0,
@@ -219,7 +218,7 @@ class VLLMRollout:
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         if self.sleep:  # level 2 discards the weights: push them again before the next rollout
             self.llm.sleep(level=2)
-            self.asleep, self.stale = True, True
+            self.stale = True
         rows, logps = [], []
         for out in outputs:
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -229,20 +228,12 @@ class VLLMRollout:
                     lp = [d[t].logprob for d, t in zip(c.logprobs, ids, strict=True)]
                     logps.append(torch.tensor(lp, dtype=torch.float32))
         Tc = max(max((len(r) for r in rows), default=1), 1)
+        pad = self.tokenizer.pad_token_id
         prompt, prompt_mask = left_pad([p for p in prompt_ids for _ in range(group_size)], pad)
-        completion = torch.stack([pad_right(r, Tc, pad) for r in rows])
-        completion_mask, truncated = completion_masks(completion, eos)
-        result = {
-            "prompt": prompt,
-            "prompt_mask": prompt_mask,
-            "completion": torch.where(completion_mask.bool(), completion, pad),
-            "completion_mask": completion_mask,
-            "truncated": truncated,
-        }
-        if return_logp:
-            lp = torch.stack([pad_right(x, Tc, 0.0) for x in logps])
-            result["rollout_logp"] = torch.where(completion_mask.bool(), lp, 0.0)
-        return result
+        return rollout_batch(
+            prompt, prompt_mask, torch.stack([pad_right(r, Tc, pad) for r in rows]), self.tokenizer,
+            torch.stack([pad_right(x, Tc, 0.0) for x in logps]) if return_logp else None,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Shut the engine down (idempotent). vLLM's shutdown also destroys the default process

@@ -447,7 +447,7 @@ def test_vllm_sleep_cycle_pushes_weights_after_every_sleep():
     engine = object.__new__(VLLMRollout)
     engine.llm, engine.tokenizer, engine.sleep = llm, tok, True
     engine.vllm = SimpleNamespace(SamplingParams=lambda **kw: kw)
-    engine.stale, engine.asleep = True, True  # as after __init__ with sleep
+    engine.stale = True  # as after __init__ (which, with sleep on, leaves it asleep)
     model = tiny_model(len(tok), 0)
     n_params = len(list(model.parameters()))
     for _ in range(2):  # no optimizer step between the two rollouts

@@ -24,6 +24,9 @@ import torch
 pytest.importorskip("transformers")
 vllm = pytest.importorskip("vllm")
 
+from test_llm_train import BASE as HF_BASE  # noqa: E402
+from test_llm_train import max_change, strip_timing  # noqa: E402
+
 from llm import rollout  # noqa: E402
 from llm.checkpoint import model_state  # noqa: E402
 from llm.model import tiny_model, tiny_tokenizer  # noqa: E402
@@ -149,10 +152,9 @@ def test_seeded_sampling(setup):
 
 # -- llm.train --rollout-backend vllm --------------------------------------------------------------
 
-BASE = dict(model="tiny", task="parity", task_knobs={"length": 2}, lr=1e-2, prompts_per_step=4,
-            group_size=4, max_new_tokens=8, progress=False, save_model=False,
-            device=DEVICE.type, rollout_backend="vllm", rollout_is="truncate",
-            vllm_enforce_eager=True)  # fmt: skip
+# test_llm_train's runs, sampled by vLLM
+BASE = {**HF_BASE, "device": DEVICE.type, "rollout_backend": "vllm", "rollout_is": "truncate",
+        "vllm_enforce_eager": True}  # fmt: skip
 
 
 def config(tmp_path: pathlib.Path, name: str, **kw) -> TrainConfig:
@@ -167,15 +169,12 @@ def test_train_with_vllm_and_resume(tmp_path):
         assert all(math.isfinite(v) for v in row.values()), row
         assert row["rollout_kl_k3"] < 1e-6 and abs(row["rollout_is_mean"] - 1) < 1e-3
     assert "eval_pass@1" in full[-1]
-    init = tiny_model(len(tiny_tokenizer()), 0).state_dict()
     state = model_state(str(tmp_path / "full"))
-    assert max((state[k] - init[k]).abs().max().item() for k in init) > 0
+    assert max_change(state) > 0
     # a resumed run pushes the restored weights before its first rollout: same run, bit for bit
     first = train(config(tmp_path, "part", checkpoint_every=1, **kw), stop_after=2)
     rest = train(config(tmp_path, "part", resume=True, **kw))
-    timing = ("tokens_per_s", "step_time")
-    strip = [{k: v for k, v in r.items() if k not in timing} for r in full]
-    assert [{k: v for k, v in r.items() if k not in timing} for r in first + rest] == strip
+    assert strip_timing(first + rest) == strip_timing(full)
     part = model_state(str(tmp_path / "part"))
     assert all(torch.equal(state[k], part[k]) for k in state)
 
@@ -195,8 +194,7 @@ def test_two_processes_equal_one_with_vllm(tmp_path, fsdp):
     run([*ARGS, *VLLM_ARGS, "--out", str(tmp_path / "two"), *(["--fsdp"] if fsdp else [])], nproc=2)
     single, double = model_state(str(tmp_path / "one")), model_state(str(tmp_path / "two"))
     assert_same_params(single, double)
-    init = tiny_model(len(tiny_tokenizer()), 0).state_dict()
-    assert max((double[k] - init[k]).abs().max().item() for k in init) > 0
+    assert max_change(double) > 0
     rows = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
             for d in ("one", "two")]  # fmt: skip
     assert [r["reward"] for r in rows[0]] == [r["reward"] for r in rows[1]]
