@@ -1,4 +1,4 @@
-"""Reduce a per-token loss ``[B, T]`` to a scalar, in the four modes of spec §5 (verl's names).
+"""Reduce a per-token loss ``[B, T]`` to a scalar, in verl's four modes (docs/objectives.md §7).
 
 =========================== ===================================================================
 mode                        scalar
@@ -37,23 +37,35 @@ def aggregate(
     num_seqs: Tensor | float | None = None,
     max_len: float | None = None,
     groups: int | None = None,
+    validate: bool = True,
 ) -> Tensor:
     """Aggregate a per-token loss.
 
     Args:
         loss: ``[B, T]`` per-token loss (e.g. ``ObjectiveOutput.loss``).
-        mask: ``[B, T]`` 1 for valid tokens.
+        mask: ``[B, T]`` 1 for valid tokens, 0 for padding (bool, or a number dtype holding only
+            0 and 1).
         mode: one of :data:`AGGREGATION_MODES`.
-        num_tokens: global number of valid tokens (token-mean), for micro-batching.
-        num_seqs: global number of non-empty sequences (seq-mean-*), for micro-batching.
-        max_len: the constant L of ``seq-mean-token-sum-norm`` (default: T, as verl).
+        num_tokens: global number of valid tokens (token-mean), for micro-batching; ``> 0``.
+        num_seqs: global number of non-empty sequences (seq-mean-*), for micro-batching; ``> 0``.
+        max_len: the constant L of ``seq-mean-token-sum-norm`` (default: T, as verl): the
+            longest a sequence may be, so no sequence may hold more than L valid tokens (checked
+            under ``validate``; all-padding columns beyond L are harmless).
         groups: split the rows into this many equal consecutive blocks (e.g. independent seeds
             trained in one batch), aggregate each block with its own counts and return the sum,
             so each block's gradient is that of its own aggregate. ``num_tokens`` / ``num_seqs``
             then count per block (a number, or a ``[groups]`` tensor).
+        validate: check the values of ``mask`` (only 0/1, not empty), of tensor counts (> 0)
+            and ``max_len`` against the longest sequence, as the objectives check their inputs:
+            one device->host read. With ``validate=False`` nothing reads the device (a nonzero
+            mask entry counts as valid; an empty mask gives 0), for hot loops whose inputs are
+            known to be clean. Python-number arguments are always checked.
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"mode must be one of {list(AGGREGATION_MODES)}, got {mode!r}")
+    for name, x in (("loss", loss), ("mask", mask)):
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if loss.dim() != 2:
         raise ValueError(f"loss must have shape [B, T], got {tuple(loss.shape)}")
     if mask.shape != loss.shape:
@@ -63,6 +75,15 @@ def aggregate(
     G = 1 if groups is None else groups
     if isinstance(G, bool) or not isinstance(G, int) or G < 1 or loss.shape[0] % G:
         raise ValueError(f"groups must be a positive divisor of B={loss.shape[0]}, got {groups!r}")
+    if max_len is not None:
+        if isinstance(max_len, bool) or not isinstance(max_len, int | float):
+            raise ValueError(f"max_len must be a number, got {max_len!r}")
+        if not max_len > 0:  # also refuses NaN
+            raise ValueError(f"max_len must be positive, got {max_len}")
+    counts = {"num_tokens": num_tokens, "num_seqs": num_seqs}
+    tensors = {k: v for k, v in counts.items() if _check_count(k, v, G) is not None}
+    if validate:
+        _check_mask_and_counts(mask, tensors, max_len)
     mask = mask if mask.dtype == torch.bool else mask != 0
     masked = torch.where(mask, loss, 0.0)  # also keeps NaN/inf on padding out of the gradient
     masked, mask = masked.view(G, -1, loss.shape[1]), mask.view(G, -1, loss.shape[1])
@@ -80,9 +101,57 @@ def aggregate(
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
     elif mode == "seq-mean-token-sum-norm":
-        length = loss.shape[-1] if max_len is None else max_len
-        if length <= 0:
-            raise ValueError(f"max_len must be positive, got {length}")
-        per_seq = per_seq / length
+        per_seq = per_seq / (loss.shape[-1] if max_len is None else max_len)
     n = count(num_seqs, torch.count_nonzero(lengths, dim=-1))
     return (per_seq.sum(-1) / n.clamp(min=1)).sum()
+
+
+def _check_count(name: str, value: Tensor | float | None, groups: int) -> Tensor | None:
+    """Check a global count: a number > 0 (checked here), or a tensor of one value or ``groups``
+    values (returned, for the value check under ``validate``)."""
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        if value.numel() not in (1, groups) or value.dim() > 1:
+            raise ValueError(
+                f"{name} must be a number or a tensor of 1 or groups={groups} values, "
+                f"got shape {tuple(value.shape)}"
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number or a tensor, got {value!r}")
+    if not value > 0:  # also refuses NaN
+        raise ValueError(f"{name} must be positive, got {value}")
+    return None
+
+
+def _check_mask_and_counts(mask: Tensor, counts: dict[str, Tensor], max_len: float | None) -> None:
+    """One device->host read: the mask holds only 0/1 and is not empty, every count is > 0, no
+    sequence is longer than ``max_len``."""
+    with torch.no_grad():
+        ok = mask.any()
+        if mask.dtype != torch.bool:
+            ok = ok & ((mask == 0) | (mask == 1)).all()
+        for c in counts.values():
+            ok = ok & (c.to(device=mask.device) > 0).all()
+        if max_len is not None:
+            longest = torch.count_nonzero(mask, dim=-1).max()
+            ok = ok & (longest <= max_len)
+        if bool(ok):
+            return
+        if mask.dtype != torch.bool:
+            bad = mask[(mask != 0) & (mask != 1)]
+            if bad.numel():
+                raise ValueError(
+                    "mask must hold only 0 and 1 (or be bool), got values "
+                    f"{bad.unique()[:5].tolist()}"
+                )
+        if not bool(mask.any()):
+            raise ValueError("mask is empty: no valid token to aggregate over")
+        for name, c in counts.items():
+            if not bool((c > 0).all()):
+                raise ValueError(f"{name} must be positive, got {c.tolist()}")
+        raise ValueError(
+            f"max_len must be at least the longest sequence ({int(longest)} valid tokens), "
+            f"got {max_len}"
+        )

@@ -35,7 +35,8 @@ and ``w = 0`` on padding. Conventions, matched to the frameworks:
 - **Mask mode keeps the ratio** on the kept tokens/sequences and zeroes the others (TRL's
   ``masked_fill(ratio < C_min | ratio > C_max, 0)``, verl's IcePop ``"lower_upper"`` threshold);
   it is not the 0/1 indicator. Bounds are inclusive in both.
-- The ``±20`` clamp of the log ratio before ``exp`` is verl's ``SAFETY_BOUND``; TRL applies no such
+- The ``±20`` clamp of the log ratio before ``exp`` (:data:`sandbox.objectives.LOG_RATIO_CLAMP`,
+  the objectives' clamp) is verl's ``SAFETY_BOUND``; TRL applies no such
   clamp (``exp`` may overflow to ``inf``, which truncation then clips and masking drops). The two
   agree whenever ``|log rho| <= 20`` or ``c_max < e^20``.
 - ``c_min = 0`` (the default) is "no lower bound": TRL's ``vllm_importance_sampling_clip_min=None``
@@ -70,11 +71,12 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["IS_LEVELS", "IS_MODES", "SAFETY_BOUND", "rollout_is_weights"]
+from .objectives import LOG_RATIO_CLAMP
+
+__all__ = ["IS_LEVELS", "IS_MODES", "rollout_is_weights"]
 
 IS_MODES = ("truncate", "mask")
 IS_LEVELS = ("token", "sequence")
-SAFETY_BOUND = 20.0  # |log rho| clamp before exp (verl's SAFETY_BOUND)
 
 
 def rollout_is_weights(
@@ -123,12 +125,12 @@ def rollout_is_weights(
         valid = mask.bool()
         delta = (logp_old.detach().float() - logp_rollout.detach().float()).nan_to_num(0.0)
         delta = torch.where(valid, delta, 0.0)
-        log_rho_tok = delta.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        log_rho_tok = delta.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         if level == "token":
             log_rho = log_rho_tok
             units = valid  # one unit per valid token
         else:
-            log_rho = delta.sum(-1, keepdim=True).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+            log_rho = delta.sum(-1, keepdim=True).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
             log_rho = log_rho.expand_as(delta)
             units = valid.any(-1, keepdim=True)  # one unit per non-empty sequence
         rho = torch.exp(log_rho)

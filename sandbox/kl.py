@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .objectives.base import LOG_RATIO_CLAMP
+from .objectives import LOG_RATIO_CLAMP
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 

@@ -62,8 +62,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sandbox.objectives import Objective, log_ratio
-from sandbox.objectives.base import dead_zone
+from sandbox.objectives import Objective, dead_zone, log_ratio
 
 from .softmax import log_softmax
 

@@ -90,8 +90,7 @@ from torch import Tensor
 
 from envs.reasoning.tasks import MAX_ENUMERATION_LEN
 from sandbox.aggregate import AGGREGATION_MODES
-from sandbox.objectives import Objective
-from sandbox.objectives.base import LOG_RATIO_CLAMP
+from sandbox.objectives import LOG_RATIO_CLAMP, Objective
 from sandbox.policies import TinyTransformer
 
 from .bandit import (

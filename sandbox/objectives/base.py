@@ -9,27 +9,38 @@ and returns an :class:`ObjectiveOutput` with a per-token ``loss`` ``[B, T]`` (0 
 the realised gradient coefficient ``coef = -dloss/dlogp`` (detached) and a dict of 0-d metric
 tensors. Objectives never call ``.item()`` and never touch global RNG.
 
-Notation (spec §0): ``log_ratio = clamp(logp - logp_old, -20, 20)`` (:func:`log_ratio`, the one
-clamp), ``r = exp(log_ratio)``, ``l = 1 - eps_low``, ``u = 1 + eps_high``. The hard-clip dead zone is
-``Z_hi = {A > 0, r > u}`` and ``Z_lo = {A < 0, r < l}``. The clamp is a true clamp, as in verl: a
-token whose raw log-ratio lies outside ±20 gets no gradient through ``r`` (its ``coef`` reports 0).
+Notation (docs/objectives.md §1): ``log_ratio = clamp(logp - logp_old, -20, 20)``
+(:func:`log_ratio`, the one clamp, :data:`LOG_RATIO_CLAMP`), ``r = exp(log_ratio)``,
+``l = 1 - eps_low``, ``u = 1 + eps_high``. The hard-clip dead zone is ``Z_hi = {A > 0, r > u}`` and
+``Z_lo = {A < 0, r < l}``. The clamp is a true clamp, as in verl: a token whose raw log-ratio lies
+outside ±20 gets no gradient through ``r`` (its ``coef`` reports 0).
+
+A call has three stages: :func:`check_inputs` (shapes, devices, dtypes: Python only, no device
+read), :func:`check_values` (finite values, a 0/1 mask that is not empty: one device->host read,
+skipped with ``validate=False``) and :meth:`Objective.draw` (the random draws of stochastic rules,
+from ``generator``), all eager; then :meth:`Objective.forward`, a pure function of tensors that
+``torch.compile(fullgraph=True)`` captures whole (see :meth:`Objective.compile`).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import types
 from collections.abc import Callable
-from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
 LOG_RATIO_CLAMP = 20.0
+"""Bound on ``|logp - logp_old|`` before ``exp`` (docs/objectives.md §1), for the objectives, the
+KL estimators and the rollout correction alike: ``exp(20) ~ 4.9e8`` stays finite in float32 and
+bf16. verl uses the same bound (its ``SAFETY_BOUND``)."""
+
 Zone = tuple[Tensor, Tensor]  # (Z_lo, Z_hi) boolean masks
 CoefFn = Callable[[], Tensor]  # the realised coef, computed on demand
-"""Bound on |logp - logp_old| (spec §0). exp(20) ~ 4.9e8 stays finite in float32 and bf16."""
+_T = TypeVar("_T")
 
 
 class ObjectiveOutput:
@@ -152,45 +163,68 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+class lazy(Generic[_T]):
+    """``functools.cached_property`` without its lock, which ``torch.compile`` cannot trace (Python
+    3.11): computed on first access, then stored on the instance."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self.fn, self.name = fn, fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __get__(self, obj: Any, cls: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 class Batch:
-    """Validated inputs with masked positions neutralised.
+    """The inputs in the compute dtype (``>= float32``), with masked positions neutralised.
 
     ``raw_lr = logp - logp_old`` (unclamped, carries the graph) and ``adv`` are 0 at masked
     positions, so padding contributes neither loss nor gradient, whatever garbage (NaN, ±inf) it
-    holds; ``logp`` (sanitised the same way) is built only for the rules that need it.
+    holds; ``logp`` (sanitised the same way) and the other derived tensors are built only for the
+    rules that need them. ``mask`` may be ``None`` (every token valid) or of any dtype (nonzero is
+    valid; :func:`check_values` insists on 0/1).
     """
 
-    def __init__(self, logp: Tensor, logp_old: Tensor, raw_lr: Tensor, adv: Tensor, mask: Tensor):
+    def __init__(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None) -> None:
+        dtype = torch.promote_types(logp.dtype, torch.float32)  # compute in >= fp32 (bf16 inputs)
+        if mask is None:
+            mask = torch.ones_like(logp, dtype=torch.bool)
+        elif mask.dtype != torch.bool:
+            mask = mask != 0
+        logp, logp_old = logp.to(dtype), logp_old.detach().to(dtype)
         self._logp_in, self._logp_old_in = logp, logp_old
-        self.raw_lr = raw_lr  # [B, T], 0 where masked, carries the graph
-        self.adv = adv  # [B, T], detached, 0 where masked
+        self.raw_lr = torch.where(mask, logp - logp_old, 0.0)  # [B, T], 0 where masked, graph
+        self.adv = torch.where(mask, adv.detach().to(dtype), 0.0)  # [B, T], broadcast from [B, 1]
         self.mask = mask  # [B, T] bool
-        self.n_valid = torch.count_nonzero(mask).to(raw_lr.dtype)  # 0-d, no int64 copy
+        self.n_valid = torch.count_nonzero(mask).to(dtype)  # 0-d, no int64 copy
 
-    @cached_property
+    @lazy
     def maskf(self) -> Tensor:
         """``[B, T]`` the mask in the compute dtype."""
         return self.mask.to(self.raw_lr.dtype)
 
-    @cached_property
+    @lazy
     def logp(self) -> Tensor:
         """``[B, T]`` log pi_theta, 0 where masked (carries the graph)."""
         return torch.where(self.mask, self._logp_in, 0.0)
 
-    @cached_property
+    @lazy
     def logp_old(self) -> Tensor:
         return torch.where(self.mask, self._logp_old_in, 0.0)
 
-    @cached_property
+    @lazy
     def neg_adv(self) -> Tensor:
         return -self.adv
 
-    @cached_property
+    @lazy
     def adv_pos(self) -> Tensor:
         """``A > 0`` (False on padding)."""
         return self.adv > 0
 
-    @cached_property
+    @lazy
     def adv_neg(self) -> Tensor:
         """``A < 0`` (False on padding)."""
         return self.adv < 0
@@ -202,14 +236,13 @@ def _check_tensor(name: str, x: Any) -> Tensor:
     return x
 
 
-def prepare_batch(
-    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, *, validate: bool = True
-) -> Batch:
-    """Check shapes, devices and values, broadcast ``adv`` and neutralise masked positions.
+def check_inputs(
+    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Check types, shapes and devices (Python only: no device read, free in a hot loop).
 
-    ``validate=True`` also checks that valid positions are finite and that the mask is not empty;
-    these checks read one boolean back from the device, so a GPU hot loop may pass
-    ``validate=False`` once its inputs are known to be clean.
+    Returns the inputs with ``adv`` as ``[B, T]`` or ``[B, 1]``: an ``adv`` of shape ``[B]`` is
+    read as ``[B, 1]`` (one advantage per sequence, broadcast over its tokens).
     """
     _check_tensor("logp", logp)
     _check_tensor("logp_old", logp_old)
@@ -224,38 +257,58 @@ def prepare_batch(
     if adv.dim() == 1 and adv.shape[0] == B:
         adv = adv[:, None]
     if adv.dim() != 2 or adv.shape[0] != B or adv.shape[1] not in (1, T):
-        raise ValueError(f"adv must have shape [B, T] or [B, 1] = {(B, T)}, got {tuple(adv.shape)}")
-    if mask is None:
-        mask = torch.ones_like(logp, dtype=torch.bool)
-    _check_tensor("mask", mask)
-    if mask.shape != logp.shape:
-        raise ValueError(f"mask must have the shape of logp {(B, T)}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"adv must have shape [B, T], [B, 1] or [B] with (B, T) = {(B, T)}, "
+            f"got {tuple(adv.shape)}"
+        )
+    if mask is not None:
+        _check_tensor("mask", mask)
+        if mask.shape != logp.shape:
+            raise ValueError(f"mask must have the shape of logp {(B, T)}, got {tuple(mask.shape)}")
     for name, x in (("logp_old", logp_old), ("adv", adv), ("mask", mask)):
-        if x.device != logp.device:
+        if x is not None and x.device != logp.device:
             raise ValueError(f"{name} is on {x.device} but logp is on {logp.device}")
     if not logp.is_floating_point():
         raise ValueError(f"logp must be a floating-point tensor, got {logp.dtype}")
+    return logp, logp_old, adv, mask
 
-    dtype = torch.promote_types(logp.dtype, torch.float32)  # compute in >= fp32 (bf16 inputs)
-    mask = mask if mask.dtype == torch.bool else mask != 0
-    logp, logp_old = logp.to(dtype), logp_old.detach().to(dtype)
-    raw_lr = torch.where(mask, logp - logp_old, 0.0)  # no gradient (and no NaN) through padding
-    adv = torch.where(mask, adv.detach().to(dtype), 0.0)  # broadcasts [B, 1] to [B, T]
-    b = Batch(logp, logp_old, raw_lr, adv, mask)
-    if validate:
-        # One reduction and one device->host read: a NaN/Inf at a valid position makes the sum
-        # non-finite (masked positions are already 0); the message is worked out only on failure.
-        ok = torch.isfinite(raw_lr.detach().sum() + adv.sum()) & (b.n_valid > 0)
+
+def check_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None) -> None:
+    """Raise a ``ValueError`` naming the argument unless the mask holds only 0 and 1 (or is bool),
+    is not empty, and ``logp``, ``logp_old`` and ``adv`` are finite at its valid positions.
+
+    One reduction and one device->host read; the message is worked out only on failure. A hot loop
+    whose inputs are known to be clean skips it (``validate=False``).
+    """
+    with torch.no_grad():
+        dtype = torch.promote_types(logp.dtype, torch.float32)
+        if mask is None:
+            valid, ok = torch.ones_like(logp, dtype=torch.bool), True
+        elif mask.dtype == torch.bool:
+            valid, ok = mask, True
+        else:
+            valid, ok = mask != 0, ((mask == 0) | (mask == 1)).all()
+        # a NaN/Inf at a valid position makes the sum non-finite (masked positions are 0)
+        total = torch.where(valid, logp.detach() - logp_old.detach(), 0.0).sum(dtype=dtype)
+        total = total + torch.where(valid, adv.detach(), 0.0).sum(dtype=dtype)
+        ok = torch.isfinite(total) & valid.any() & ok
         if not bool(ok):
-            _raise_bad_values(logp, logp_old, adv, mask)
-    return b
+            _raise_bad_values(logp.detach(), logp_old.detach(), adv.detach(), mask, valid)
 
 
-def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor) -> None:
-    if not bool(mask.any()):
+def _raise_bad_values(
+    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, valid: Tensor
+) -> None:
+    if mask is not None and mask.dtype != torch.bool:
+        bad = mask[(mask != 0) & (mask != 1)]
+        if bad.numel():
+            raise ValueError(
+                f"mask must hold only 0 and 1 (or be bool), got values {bad.unique()[:5].tolist()}"
+            )
+    if not bool(valid.any()):
         raise ValueError("mask is empty: no valid token to compute a loss on")
-    for name, x in (("logp", logp.detach()), ("logp_old", logp_old), ("adv", adv)):
-        if bool((~torch.isfinite(x) & mask).any()):
+    for name, x in (("logp", logp), ("logp_old", logp_old), ("adv", adv)):
+        if bool((~torch.isfinite(x) & valid).any()):
             raise ValueError(f"{name} contains NaN or Inf at valid (mask == 1) positions")
     raise ValueError("logp - logp_old is not finite at a valid position (e.g. -inf - -inf)")
 
@@ -266,7 +319,8 @@ def _raise_bad_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor)
 
 
 def log_ratio(logp: Tensor, logp_old: Tensor) -> Tensor:
-    """``clamp(logp - logp_old, ±20)``: the one log-ratio every objective uses (spec §0)."""
+    """``clamp(logp - logp_old, ±20)``: the one log-ratio every objective uses (docs/objectives.md
+    §1)."""
     return (logp - logp_old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
@@ -344,12 +398,16 @@ def clip_metrics(z_lo: Tensor, z_hi: Tensor, b: Batch) -> dict[str, Tensor]:
 class Objective:
     """Base class. Subclasses set the class attributes, validate parameters in ``__init__`` (keyword
     arguments with the paper's defaults) and implement :meth:`compute` (and, where a closed form
-    exists, :meth:`expected_coef`).
+    exists, :meth:`expected_coef`; where the rule is random, :meth:`draw`).
 
     Class attributes:
         name: registry name (set by :func:`register_objective`).
         level: ``"token"`` or ``"sequence"`` (the importance ratio the clip acts on).
         stochastic: whether ``coef`` depends on random draws (then ``expected_coef`` is its mean).
+        batch_statistic: whether a token's loss depends on the other tokens of the batch through
+            a batch-wide statistic (Clip-Cov, KL-Cov rank tokens by covariance), so that the
+            result changes when a batch is split or several independent batches (seeds) are
+            stacked into one call: trainers call such objectives once per independent batch.
         aggregation: the aggregation mode the paper uses (a recommendation; drivers may override).
         paper: arXiv id of the source.
     """
@@ -360,8 +418,12 @@ class Objective:
     #: ``-sg(w) * A * logp`` losses, which the ±20 clamp cannot cut.
     through_ratio: ClassVar[bool] = True
     stochastic: ClassVar[bool] = False
+    batch_statistic: ClassVar[bool] = False
     aggregation: ClassVar[str] = "token-mean"
     paper: ClassVar[str] = ""
+    #: ``(loss_and_metrics, coef)`` compiled kernels, set by :meth:`compile`; ``None``: eager.
+    _kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+    _compile_options: dict[str, Any] | None = None
 
     # -- parameters ---------------------------------------------------------------------------------
     @classmethod
@@ -381,7 +443,8 @@ class Objective:
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
-        return f"{type(self).__name__}({args})"
+        compiled = "" if self._kernels is None else ", compiled"
+        return f"{type(self).__name__}({args}{compiled})"
 
     # -- call -----------------------------------------------------------------------------------------
     def __call__(
@@ -399,23 +462,85 @@ class Objective:
         Args:
             logp: ``[B, T]`` log pi_theta of the sampled tokens (carries the graph).
             logp_old: ``[B, T]`` log-probs under the sampling policy (no gradient flows into it).
-            adv: ``[B, T]`` or ``[B, 1]`` advantages (no gradient flows into it).
-            mask: ``[B, T]`` 1 for real tokens; ``None`` means every token is valid.
-            generator: the only source of randomness for stochastic objectives. ``None`` uses a
-                generator owned by the objective, seeded by its ``seed`` (never the global RNG).
-            validate: check values (finite, non-empty mask); costs one device->host read.
+            adv: ``[B, T]``, ``[B, 1]`` or ``[B]`` advantages (``[B]`` is read as ``[B, 1]``: one
+                per sequence); no gradient flows into it.
+            mask: ``[B, T]`` 1 for real tokens, 0 for padding (bool, or a number dtype holding
+                only 0 and 1); ``None`` means every token is valid.
+            generator: the only source of randomness for stochastic objectives (a
+                ``torch.Generator`` on the tensors' device). ``None`` uses a generator owned by
+                the objective, seeded by its ``seed`` (never the global RNG).
+            validate: check values (mask holds only 0/1 and is not empty, finite inputs at valid
+                positions); costs one device->host read. With ``validate=False`` nothing reads
+                the device: a nonzero mask entry counts as valid, an empty mask gives 0.
         """
-        b = prepare_batch(logp, logp_old, adv, mask, validate=validate)
-        # Every rule gives loss = coef = 0 on padding (adv and raw_lr are 0 there; tested).
-        loss, coef, metrics = self.compute(b, generator)
-        return ObjectiveOutput(loss, coef, metrics)
+        logp, logp_old, adv, mask = check_inputs(logp, logp_old, adv, mask)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        if validate:
+            check_values(logp, logp_old, adv, mask)
+        noise = self.draw(logp, generator)
+        if self._kernels is None:
+            return ObjectiveOutput(*self.forward(logp, logp_old, adv, mask, noise))
+        loss_and_metrics, coef = self._kernels
+        loss, metrics = loss_and_metrics(logp, logp_old, adv, mask, noise)
+        args = (logp.detach(), logp_old, adv, mask, noise)
+        return ObjectiveOutput(loss, lambda: coef(*args), metrics)
+
+    def forward(
+        self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        """The tensor computation of a call, on checked inputs and this call's draws ``noise``:
+        ``(loss, coef function, metrics)``. No host sync, no Python branch on tensor values, no
+        data-dependent shape: ``torch.compile(fullgraph=True)`` captures it whole."""
+        return self.compute(Batch(logp, logp_old, adv, mask), noise)
 
     def compute(
-        self, b: Batch, generator: torch.Generator | None
+        self, b: Batch, noise: Tensor | None
     ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:  # pragma: no cover - abstract
         """``(loss, coef, metrics)``; ``coef`` is a tensor or a zero-argument function giving it."""
         raise NotImplementedError
 
+    # -- compilation ----------------------------------------------------------------------------------
+    def compile(self, **options: Any) -> Objective:
+        """Run this objective's tensor computation (:meth:`forward`) through
+        ``torch.compile(fullgraph=True, **options)``; returns ``self``.
+
+        The input checks (and, with ``validate=True``, the value check and its one host read)
+        and the random draws of stochastic objectives stay eager, outside the compiled region
+        (a ``torch.Generator`` cannot be traced): the compiled kernel receives the uniforms drawn
+        from ``generator`` exactly as the eager path draws them, so compiled and eager calls give
+        the same values for the same generator state. ``out.coef`` is a second compiled kernel,
+        run only when read. ``options`` go to :func:`torch.compile` (``backend``, ``mode``,
+        ``dynamic``, ...). Shapes that change from call to call (micro-batches of different
+        lengths) make torch recompile once and then treat them as dynamic.
+        """
+        self._compile_options = dict(options)
+        self._kernels = (
+            torch.compile(_own_code(self._loss_and_metrics), fullgraph=True, **options),
+            torch.compile(_own_code(self._coef), fullgraph=True, **options),
+        )
+        return self
+
+    def _loss_and_metrics(self, *args: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, _, metrics = self.forward(*args)
+        return loss, metrics
+
+    def _coef(self, *args: Tensor | None) -> Tensor:
+        coef = self.forward(*args)[1]
+        return coef() if callable(coef) else coef
+
+    def __getstate__(self) -> dict[str, Any]:
+        # compiled kernels do not pickle (multiprocessing workers): rebuilt on unpickling
+        state = dict(self.__dict__)
+        state.pop("_kernels", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._compile_options is not None:
+            self.compile(**self._compile_options)
+
+    # -- closed forms ---------------------------------------------------------------------------------
     def clamp_passes(self, raw_log_ratio: Tensor) -> Tensor:
         """Bool: where the ±20 log-ratio clamp lets this rule's gradient through. Everywhere for
         sequence-level rules (their clamp is on a detached value) and for rules whose loss does
@@ -433,16 +558,30 @@ class Objective:
             return False
         return True
 
-    def expected_coef(self, ratio: Tensor, adv: Tensor) -> Tensor:
+    def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         """Closed-form ``E[coef | r, A]`` over the objective's own randomness.
 
         ``ratio`` is the ratio the rule acts on (the token ratio, or the sequence ratio s_i for
-        sequence-level rules); any broadcastable shapes. Raises ``NotImplementedError`` for rules
-        that depend on batch statistics (clip_cov, kl_cov).
+        sequence-level rules); numbers or tensors of broadcastable shapes (else ``ValueError``).
+        Raises ``NotImplementedError`` for rules that depend on batch statistics (clip_cov,
+        kl_cov).
         """
         raise NotImplementedError(f"{self.name} has no closed-form expected coefficient")
 
     # -- randomness -----------------------------------------------------------------------------------
+    def draw(self, logp: Tensor, generator: torch.Generator | None) -> Tensor | None:
+        """This call's random draws (eager, from ``generator``), handed to :meth:`forward` as
+        ``noise``: ``None`` for deterministic rules. Stochastic rules draw i.i.d. U(0, 1) in the
+        compute dtype, so that the compiled and the eager path see the same numbers."""
+        return None
+
+    def _uniform(
+        self, shape: tuple[int, ...], logp: Tensor, generator: torch.Generator | None
+    ) -> Tensor:
+        gen = self._generator(generator, logp.device)
+        dtype = torch.promote_types(logp.dtype, torch.float32)
+        return torch.rand(shape, generator=gen, device=logp.device, dtype=dtype)
+
     def _generator(
         self, generator: torch.Generator | None, device: torch.device
     ) -> torch.Generator:
@@ -461,13 +600,35 @@ class Objective:
         return own[key]
 
 
+def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` rebound to a copy of its function with a code object of its own.
+
+    ``torch.compile`` keeps its compiled graphs, and its limit of 8 recompilations, per code
+    object; every objective instance runs the same methods, so without this the ninth compiled
+    objective of a process (a sweep over rules) would fail under ``fullgraph=True``."""
+    fn = method.__func__
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{method.__self__.name}")
+    own = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    return types.MethodType(own, method.__self__)
+
+
 def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, Tensor]:
     """Broadcast ``ratio`` and ``adv`` (numbers or tensors) to tensors of a common float dtype."""
+    for name, x in (("ratio", ratio), ("adv", adv)):
+        if isinstance(x, bool) or not isinstance(x, Tensor | int | float):
+            raise ValueError(f"{name} must be a number or a torch.Tensor, got {type(x).__name__}")
     # Python numbers become float64 (the closed forms are cheap; keep them exact).
     ratio = ratio if isinstance(ratio, Tensor) else torch.tensor(ratio, dtype=torch.float64)
     adv = adv if isinstance(adv, Tensor) else torch.tensor(adv, dtype=torch.float64)
     dtype = torch.promote_types(torch.promote_types(ratio.dtype, adv.dtype), torch.float32)
-    ratio, adv = torch.broadcast_tensors(ratio.to(dtype), adv.to(device=ratio.device, dtype=dtype))
+    try:
+        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"ratio {tuple(ratio.shape)} and adv {tuple(adv.shape)} must have broadcastable shapes"
+        ) from None
+    ratio = ratio.to(dtype).expand(shape)
+    adv = adv.to(device=ratio.device, dtype=dtype).expand(shape)
     if bool((ratio <= 0).any()):
         raise ValueError("ratio must be positive")
     return ratio, adv
@@ -500,19 +661,18 @@ class RatioObjective(Objective):
         return z if z is not None else dead_zone(ratio, adv, *self.bounds())
 
     def realise(
-        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, generator: torch.Generator | None
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
     ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         """``(loss, coef, extra metrics)`` for this call; ``coef`` (before the clamp's cut-off) is
-        a function of detached tensors, evaluated only if ``out.coef`` is read."""
+        a function of detached tensors, evaluated only if ``out.coef`` is read. ``noise`` holds
+        this call's draws (:meth:`Objective.draw`)."""
         return self.surrogate(r, rd, b, z), lambda: b.adv * self.weight(rd, b.adv, z), {}
 
     def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         ratio, adv = as_tensor_pair(ratio, adv)
         return adv * self.weight(ratio, adv)
 
-    def compute(
-        self, b: Batch, generator: torch.Generator | None
-    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+    def compute(self, b: Batch, noise: Tensor | None) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         token_lr = b.raw_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # = log_ratio(logp, logp_old)
         sequence = self.level == "sequence"
         lr = sequence_log_ratio(b) if sequence else token_lr  # the sequence clamp is detached
@@ -522,7 +682,7 @@ class RatioObjective(Objective):
         z = None
         if bounds is not None:  # dead_zone(rd, b.adv, *bounds), with the batch's sign masks
             z = (b.adv_neg & (rd < bounds[0]), b.adv_pos & (rd > bounds[1]))
-        loss, coef, extra = self.realise(r, rd, b, z, generator)
+        loss, coef, extra = self.realise(r, rd, b, z, noise)
         if self.through_ratio and not sequence:
             realised, raw = coef, b.raw_lr.detach()
 

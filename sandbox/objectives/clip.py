@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .base import (
     Batch,
+    CoefFn,
     RatioObjective,
     Zone,
     check_range,
@@ -28,7 +29,8 @@ class Unclipped(RatioObjective):
 
     Paper: the off-policy policy-gradient estimator (e.g. Degris et al. 2012, arXiv 1205.4839).
 
-    Deviations: the log-ratio is clamped to ±20 (spec §0); beyond it the gradient is 0.
+    Deviations: the log-ratio is clamped to ±20 (docs/objectives.md §1); beyond it the gradient is
+    0.
     """
 
     paper = "1205.4839"
@@ -97,16 +99,11 @@ class PPOClip(RatioObjective):
         dead, _ = self._dead(ratio, adv, z)
         return torch.where(dead, 0.0, ratio)
 
-    def surrogate(self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None) -> Tensor:
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         # The PPO min-form max(-A r, -A clip(r, l, u)) (then min with -c A for A < 0) equals -A r
         # off the dead region and a constant on it: -A u on Z_hi, -A l on Z_lo, -A c on dual.
-        dead, dual = self._dead(rd, b.adv, z)
-        frozen = rd.clamp(*self.bounds())
-        if dual is not None:
-            frozen = torch.where(dual, self.clip_c, frozen)
-        return b.neg_adv * torch.where(dead, frozen, r)
-
-    def realise(self, r, rd, b, z, generator):
         dead, dual = self._dead(rd, b.adv, z)
         frozen = rd.clamp(*self.bounds())
         extra = {}
@@ -151,7 +148,8 @@ class GSPO(PPOClip):
 
 
 def atr_bounds(delta: float) -> tuple[float, float]:
-    """The ratio interval where KL3 ``k3(w) = w - 1 - log w`` stays <= delta (spec §4).
+    """The ratio interval where KL3 ``k3(w) = w - 1 - log w`` stays <= delta (ATR-GRPO, arXiv
+    2602.05494; docs/objectives.md §5).
 
     ``l = -W_0(-exp(-(1+delta)))`` and ``u = -W_{-1}(-exp(-(1+delta)))``: solving ``w - log w = 1 +
     delta`` gives ``w = -W(-e^{-(1+delta)})`` on the two real branches of Lambert W.
@@ -200,8 +198,10 @@ class ATR(PPOClip):
             return torch.where((ratio >= low) & (ratio <= high), ratio, 0.0)
         return super().weight(ratio, adv, z)
 
-    def realise(self, r, rd, b, z, generator):
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         if self.two_sided:
             loss = b.neg_adv * r.clamp(*self.bounds())
             return loss, lambda: b.adv * self.weight(rd, b.adv), {}
-        return super().realise(r, rd, b, z, generator)
+        return super().realise(r, rd, b, z, noise)

@@ -16,7 +16,9 @@ from torch import Tensor
 
 from .base import (
     Batch,
+    CoefFn,
     RatioObjective,
+    Zone,
     check_range,
     register_objective,
     valid_share,
@@ -59,24 +61,29 @@ class ClipCov(PPOClip):
     Gradient weight (coef = g * A):
 
         A > 0:  g = 0 on Z_hi or if picked, else r
-        A < 0:  g = 0 on Z_lo, if picked, or if r > c (dual clip), else r
+        A < 0:  g = 0 on Z_lo or if picked, else r   (and 0 if r > c, only when clip_c is set)
 
-    Paper: arXiv 2505.22617 (ratio 2e-4, lb 1, ub 5; the authors' recipe sets eps_low = eps_high = 1
-    — the lower clip off, the upper bound at r = 2 — and dual clip c = 10, the defaults here). verl ``clip_cov`` uses eps 0.2 and no dual clip
-    (preset ``clip_cov_verl``). No ``expected_coef``: the pick depends on the whole batch.
+    Paper: arXiv 2505.22617 (ratio 2e-4, lb 1, ub 5; the authors' recipe sets eps_low =
+    eps_high = 1 — the lower clip off, the upper bound at r = 2 — the defaults here). No dual clip
+    by default: the authors' ``compute_policy_loss_clip_cov`` (PRIME-RL/Entropy-Mechanism-of-RL)
+    never applies ``clip_ratio_c``, nor does verl's ``clip_cov``, so a token with A < 0 and a large
+    r keeps its gradient ``-A r`` there and here; ``clip_c`` adds PPO's dual clip on request.
+    verl ``clip_cov`` uses eps 0.2 (preset ``clip_cov_verl``). No ``expected_coef``: the pick
+    depends on the whole batch (``batch_statistic``).
 
     Deviations: the random subset is drawn by ranking i.i.d. uniforms from ``generator``
     (verl: ``torch.randperm`` on the global RNG), the same distribution over subsets.
     """
 
     stochastic = True
+    batch_statistic = True
     paper = "2505.22617"
 
     def __init__(
         self,
         eps_low: float = 1.0,
         eps_high: float = 1.0,
-        clip_c: float | None = 10.0,
+        clip_c: float | None = None,
         clip_cov_ratio: float = 2e-4,
         clip_cov_lb: float = 1.0,
         clip_cov_ub: float = 5.0,
@@ -93,17 +100,21 @@ class ClipCov(PPOClip):
             )
         self.seed = int(seed)
 
-    def expected_coef(self, ratio, adv):
+    def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         raise NotImplementedError("clip_cov depends on batch statistics: no closed form")
 
-    def realise(self, r, rd, b, z, generator):
-        loss, coef, extra = super().realise(r, rd, b, z, generator)
+    def draw(self, logp: Tensor, generator: torch.Generator | None) -> Tensor:
+        """One uniform key per token; the picked tokens are the eligible ones with the top keys."""
+        return self._uniform(tuple(logp.shape), logp, generator)
+
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        loss, coef, extra = super().realise(r, rd, b, z, noise)
         cov = token_covariance(b)
         z_lo, z_hi = z
         eligible = b.mask & ~(z_lo | z_hi) & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
-        gen = self._generator(generator, rd.device)
-        keys = torch.rand(rd.shape, generator=gen, device=rd.device, dtype=rd.dtype)
-        picked = pick_top(keys, eligible, self.clip_cov_ratio, b.n_valid)
+        picked = pick_top(noise, eligible, self.clip_cov_ratio, b.n_valid)
         extra["clip_cov_frac"] = valid_share(picked, b)
         return torch.where(picked, 0.0, loss), lambda: torch.where(picked, 0.0, coef()), extra
 
@@ -128,16 +139,19 @@ class KLCov(RatioObjective):
     Deviations: the log-ratio is clamped to ±20 (verl does not clamp it for kl_cov).
     """
 
+    batch_statistic = True
     paper = "2505.22617"
 
     def __init__(self, kl_cov_ratio: float = 2e-3, ppo_kl_coef: float = 1.0) -> None:
         self.kl_cov_ratio = check_range("kl_cov_ratio", kl_cov_ratio, 0.0, 1.0, low_open=True)
         self.ppo_kl_coef = check_range("ppo_kl_coef", ppo_kl_coef, 0.0)
 
-    def expected_coef(self, ratio, adv):
+    def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         raise NotImplementedError("kl_cov depends on batch statistics: no closed form")
 
-    def realise(self, r, rd, b, z, generator):
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         picked = pick_top(token_covariance(b), b.mask, self.kl_cov_ratio, b.n_valid)
         lr = torch.log(r)
         loss = b.neg_adv * r + torch.where(picked, self.ppo_kl_coef * lr.abs(), 0.0)

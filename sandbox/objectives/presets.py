@@ -58,7 +58,7 @@ PRESETS: dict[str, Preset] = {
         "nsr",
         {"level": "token", "eps_low": 0.2, "eps_high": 0.28, "noise": "band", "sigma": 0.1},
         aggregation="token-mean",
-        source="arXiv 2605.22703 (boundary-local reading, spec §2)",
+        source="arXiv 2605.22703 (boundary-local reading, docs/objectives.md §4)",
     ),
     "nsr_decay_dapo": Preset(
         "nsr_decay",
@@ -99,7 +99,7 @@ PRESETS: dict[str, Preset] = {
     ),
     "clip_cov_verl": Preset(
         "clip_cov",
-        {"eps_low": 0.2, "eps_high": 0.2, "clip_c": None, "clip_cov_ratio": 2e-4},
+        {"eps_low": 0.2, "eps_high": 0.2, "clip_cov_ratio": 2e-4},  # no dual clip, as verl's
         source="verl loss_mode=clip_cov defaults",
     ),
     "kl_cov_verl": Preset(

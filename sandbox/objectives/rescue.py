@@ -7,6 +7,7 @@ from torch import Tensor
 
 from .base import (
     Batch,
+    CoefFn,
     RatioObjective,
     Zone,
     check_choice,
@@ -21,7 +22,7 @@ BASE_EPS = {"token": (0.2, 0.28), "sequence": (3e-4, 4e-4)}
 
 
 class _NSRBase(RatioObjective):
-    """Shared parameters and the rescue probability p(r) of spec §2."""
+    """Shared parameters and the rescue probability p(r) (docs/objectives.md §4)."""
 
     def __init__(
         self,
@@ -80,8 +81,8 @@ class NSR(_NSRBase):
         loss_t = keep (-A r) + (1 - keep) (-A sg(clip(r, l, u)))
 
     The rescue test checks only the violated boundary ("the perturbed ratio crosses back"): the
-    spec's stated probabilities (p = u/r and r/l for uniform noise) are those of this one-sided
-    reading; the literal two-sided test ``r xi in [l, u]`` would give (u - l)/r on Z_hi instead.
+    probabilities this library works from (p = u/r and r/l for uniform noise, docs/objectives.md
+    §4) are those of this one-sided reading; the literal two-sided test ``r xi in [l, u]`` would give (u - l)/r on Z_hi instead.
 
     Noise laws (``noise``):
       * ``"uniform"`` (parameter-free): Z_hi rescued iff ``r xi <= u``, xi ~ U(0, 1), so p = u / r;
@@ -98,7 +99,7 @@ class NSR(_NSRBase):
     In expectation NSR is the implicit gradient decay of :class:`NSRDecay` (same ``expected_coef``).
 
     Paper: arXiv 2605.22703 (plug-in on DAPO at token level, on GSPO at sequence level). [open] The
-    exact noise law is not known; both readings of spec §2 are offered. Defaults: eps from the base
+    exact noise law is not known; both readings are offered (docs/objectives.md §4). Defaults: eps from the base
     rule of the level (token: DAPO 0.2 / 0.28; sequence: GSPO 3e-4 / 4e-4), ``noise="uniform"``.
 
     Metrics: ``rescue_frac`` (rescued share of Z), ``rescue_low_frac`` / ``rescue_high_frac`` (of
@@ -122,10 +123,15 @@ class NSR(_NSRBase):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
 
-    def realise(self, r, rd, b: Batch, z, generator):
-        gen = self._generator(generator, rd.device)
-        shape = (rd.shape[0], 1) if self.level == "sequence" else rd.shape
-        u01 = torch.rand(shape, generator=gen, device=rd.device, dtype=rd.dtype)
+    def draw(self, logp: Tensor, generator: torch.Generator | None) -> Tensor:
+        """xi's uniform source: one U(0, 1) per token (per sequence at level "sequence")."""
+        shape = (logp.shape[0], 1) if self.level == "sequence" else tuple(logp.shape)
+        return self._uniform(shape, logp, generator)
+
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        u01 = noise
         low, high = self.bounds()
         if self.noise == "uniform":
             rescued_hi = rd * u01 <= high

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .base import (
     Batch,
+    CoefFn,
     RatioObjective,
     Zone,
     check_range,
@@ -82,8 +83,10 @@ class CEGPPO(RatioObjective):
             g = torch.where(dual, 0.0, g)
         return g
 
-    def realise(self, r, rd, b, z, generator):
-        loss, coef, extra = super().realise(r, rd, b, z, generator)
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        loss, coef, extra = super().realise(r, rd, b, z, noise)
         if (dual := self._dual(rd, b.adv)) is not None:
             extra["dual_clip_frac"] = valid_share(dual, b)
         return loss, coef, extra
@@ -153,7 +156,9 @@ class CISPO(RatioObjective):
     def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
         return ratio.clamp(self.lower, self.upper)
 
-    def realise(self, r, rd, b, z, generator):
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         coef = b.adv * self.weight(rd, b.adv)
         return -coef * b.logp, lambda: coef, {}
 
@@ -187,7 +192,9 @@ class SAPO(RatioObjective):
         s = torch.sigmoid(self._tau(adv) * (ratio - 1.0))
         return 4.0 * ratio * s * (1.0 - s)
 
-    def realise(self, r, rd, b, z, generator):
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         pos = b.adv_pos
         tau = torch.where(pos, b.adv.new_tensor(self.tau_pos), b.adv.new_tensor(self.tau_neg))
         gate = torch.sigmoid(tau * (r - 1.0))
@@ -225,6 +232,10 @@ class DGPO(RatioObjective):
     eps 0.2 / 0.2. Reported Avg@32 on six math benchmarks: 1.5B 48.4 -> 52.7, 7B 58.9 -> 62.0.
 
     Deviations: computed in log space (``log r + n (sg(log r) - log l)``) so no power overflows.
+    The ±20 log-ratio clamp (docs/objectives.md §1) zeroes the gradient of a token whose raw
+    ``|log r|`` exceeds 20 (its coef is 0), as for every token-level rule; the authors' code
+    clamps nothing there and keeps ``g = u^(1/m) r^((m-1)/m)`` on such a Z_hi token (and
+    ``r^(n+1) / l^n``, vanishingly small, on Z_lo).
     """
 
     paper = "2603.14389"
