@@ -360,6 +360,9 @@ class Objective:
     #: ``-sg(w) * A * logp`` losses, which the ±20 clamp cannot cut.
     through_ratio: ClassVar[bool] = True
     stochastic: ClassVar[bool] = False
+    #: Whether the loss of a token depends on the other tokens of the batch (Clip-Cov, KL-Cov
+    #: select tokens by batch covariance): trainers of independent seeds call it once per seed.
+    batch_statistic: ClassVar[bool] = False
     aggregation: ClassVar[str] = "token-mean"
     paper: ClassVar[str] = ""
 

@@ -70,6 +70,7 @@ class ClipCov(PPOClip):
     """
 
     stochastic = True
+    batch_statistic = True
     paper = "2505.22617"
 
     def __init__(
@@ -128,6 +129,7 @@ class KLCov(RatioObjective):
     Deviations: the log-ratio is clamped to ±20 (verl does not clamp it for kl_cov).
     """
 
+    batch_statistic = True
     paper = "2505.22617"
 
     def __init__(self, kl_cov_ratio: float = 2e-3, ppo_kl_coef: float = 1.0) -> None:
