@@ -79,9 +79,10 @@ def load(
     return int(state["step"])
 
 
-def saved_config(out: str) -> dict[str, Any]:
-    state = torch.load(path_in(out), map_location="cpu", weights_only=True)
-    return json.loads(state["config"])
+def saved_step_and_config(out: str) -> tuple[int, dict[str, Any]]:
+    """The step and the settings (as JSON values) a checkpoint was written with."""
+    state = torch.load(path_in(out), map_location="cpu", weights_only=True, mmap=True)
+    return int(state["step"]), json.loads(state["config"])
 
 
 def model_state(out: str) -> dict[str, torch.Tensor]:

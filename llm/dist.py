@@ -37,7 +37,14 @@ def init(device: str, backend: str) -> tuple[DistInfo, torch.device]:
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no visible GPU"
+        raise ValueError(f"--device {device}: CUDA is not available (torch {torch.__version__}, "
+                         f"{build}); use --device cpu or auto")  # fmt: skip
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
@@ -56,12 +63,16 @@ def wrap(
     if not info.enabled:
         return model
     if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # an explicit mesh on this process's device: FSDP2's default mesh is on the accelerator
+        # whenever one exists, which breaks a CPU (gloo) run on a GPU host
+        mesh = init_device_mesh(device.type, (info.world,))
         for module in model.modules():
             if type(module).__name__.endswith("DecoderLayer"):
-                fully_shard(module)
-        fully_shard(model)
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

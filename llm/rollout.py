@@ -51,7 +51,7 @@ def encode_prompts(
     return [tokenizer(p)["input_ids"] for p in prompts]
 
 
-def left_pad(
+def stack_left_padded(
     rows: list[list[int]] | list[Tensor], pad_id: int, length: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """``[n, L]`` left-padded ids and their attention mask."""
@@ -112,7 +112,7 @@ def generate(
     prompts, masks, completions, logps = [], [], [], []
     for start in range(0, len(prompt_ids), prompts_per_call):
         chunk = prompt_ids[start : start + prompts_per_call]
-        ids, mask = left_pad([r for r in chunk for _ in range(group_size)], pad)
+        ids, mask = stack_left_padded([r for r in chunk for _ in range(group_size)], pad)
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(derive_seed(*seed_keys, first_index + start))

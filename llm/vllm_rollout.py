@@ -46,7 +46,7 @@ from torch import Tensor
 
 from llm import dist
 from llm.model import TINY
-from llm.rollout import derive_seed, left_pad, pad_right, rollout_batch
+from llm.rollout import derive_seed, pad_right, rollout_batch, stack_left_padded
 
 
 def _free_port() -> int:
@@ -229,7 +229,9 @@ class VLLMRollout:
                     logps.append(torch.tensor(lp, dtype=torch.float32))
         Tc = max(max((len(r) for r in rows), default=1), 1)
         pad = self.tokenizer.pad_token_id
-        prompt, prompt_mask = left_pad([p for p in prompt_ids for _ in range(group_size)], pad)
+        prompt, prompt_mask = stack_left_padded(
+            [p for p in prompt_ids for _ in range(group_size)], pad
+        )
         return rollout_batch(
             prompt, prompt_mask, torch.stack([pad_right(r, Tc, pad) for r in rows]), self.tokenizer,
             torch.stack([pad_right(x, Tc, 0.0) for x in logps]) if return_logp else None,

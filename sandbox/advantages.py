@@ -26,6 +26,9 @@ from torch import Tensor
 
 ADVANTAGE_METHODS: dict[str, Callable[[Tensor, float], Tensor]] = {}
 
+#: Methods that normalise over the whole batch rather than within a group.
+BATCH_ADVANTAGE_METHODS: frozenset[str] = frozenset({"batch_std"})
+
 
 def _register(name: str):
     def wrap(fn: Callable[[Tensor, float], Tensor]) -> Callable[[Tensor, float], Tensor]:
@@ -98,6 +101,16 @@ def compute_advantages(
         raise ValueError(f"group_size must be >= 2 for method {method!r}")
     adv = ADVANTAGE_METHODS[method](grouped.detach(), eps)
     return adv.reshape(rewards.shape)
+
+
+def seed_advantages(rewards: Tensor, group_size: int, method: str = "grpo") -> Tensor:
+    """Advantages of ``[S, N]`` rewards of S independent seeds (groups of ``group_size``
+    consecutive rows within each seed): one call for all groups of all seeds, or one per seed for
+    a method of :data:`BATCH_ADVANTAGE_METHODS`, so no seed's advantages see another's rewards."""
+    if method in BATCH_ADVANTAGE_METHODS:
+        return torch.stack([compute_advantages(r, group_size, method=method) for r in rewards])
+    grouped = rewards.reshape(-1, group_size)
+    return compute_advantages(grouped, group_size, method=method).view(rewards.shape)
 
 
 def zero_variance_groups(rewards: Tensor, group_size: int | None = None) -> Tensor:

@@ -26,6 +26,7 @@ ARGS = [
     "--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--steps", "2", "--lr", "1e-2",
     "--prompts-per-step", "4", "--group-size", "4", "--epochs", "2", "--minibatches", "2",
     "--max-new-tokens", "16", "--no-progress", "--no-save-model", "--device", "cpu",
+    "--prompts-per-call", "1",  # a prompt's samples independent of the world size
 ]  # fmt: skip
 
 

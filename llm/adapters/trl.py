@@ -24,6 +24,7 @@ micro-batch, ``_compute_loss``:
 4. adds ``beta * k3`` to the reference model (:func:`sandbox.kl.k3`, TRL's estimator; times the
    importance ratio with ``use_bias_correction_kl``);
 5. reduces with :func:`sandbox.aggregate.aggregate` and TRL's normaliser for that mode
+   (steps 2-5 are one call of :class:`sandbox.loss.PolicyLoss`, the project's one loss assembly)
    (:func:`trl_normalisers`), including the gradient-accumulation scaling, so a sandbox run and a
    TRL run with the matching ``loss_type`` take the same optimiser steps;
 6. logs TRL's ``entropy``, ``kl`` and ``clip_ratio/{low,high,region}_mean`` and every sandbox metric
@@ -60,6 +61,7 @@ Supported TRL: :data:`SUPPORTED_TRL`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Mapping
@@ -72,8 +74,7 @@ from packaging.specifiers import SpecifierSet
 from torch import Tensor
 from trl import GRPOTrainer
 
-from sandbox.aggregate import AGGREGATION_MODES, aggregate
-from sandbox.kl import k3
+from sandbox.loss import PolicyLoss
 from sandbox.objectives import Objective, get_objective, log_ratio
 
 __all__ = [
@@ -257,11 +258,9 @@ class SandboxGRPOTrainer(GRPOTrainer):
         else:
             spec = ObjectiveSpec(objective, dict(objective_params or {}), aggregation or "")
         self.objective = spec.build()
-        self.aggregation = spec.aggregation or self.objective.aggregation
-        if self.aggregation not in AGGREGATION_MODES:
-            raise ValueError(
-                f"aggregation must be one of {list(AGGREGATION_MODES)}, got {self.aggregation!r}"
-            )
+        # the one loss assembly: objective x TRL's weights + beta * k3, aggregated as TRL does
+        self.loss_fn = PolicyLoss(self.objective, spec.aggregation or None, kl_coef=self.beta)
+        self.aggregation = self.loss_fn.mode
         if self.args.importance_sampling_level == "sequence" and self.objective.level == "token":
             raise ValueError(
                 f"importance_sampling_level='sequence' but objective {spec.objective!r} is "
@@ -315,59 +314,42 @@ class SandboxGRPOTrainer(GRPOTrainer):
             **{key: inputs.get(key) for key in _MODEL_INPUT_KEYS},
         )
         advantages = inputs["advantages"]
-        if advantages.dim() == 1:
+        if advantages.dim() == 1:  # [B, 1], as TRL's own mask helpers expect
             advantages = advantages.unsqueeze(1)
         old_logps = inputs.get("old_per_token_logps")
         old_logps = per_token_logps.detach() if old_logps is None else old_logps
 
-        # validate=False: no host sync, and an all-padding micro-batch gives 0 as in TRL.
-        out = self.objective(
-            per_token_logps,
-            old_logps,
-            advantages,
-            mask,
-            generator=self._objective_rng(per_token_logps.device),
-            validate=False,
-        )
-        per_token_loss = out.loss
-        for weight in self._loss_weights(
-            inputs, per_token_logps, old_logps, advantages, mask, entropies
-        ):
-            per_token_loss = per_token_loss * weight
-        per_token_kl = None
-        if self.beta != 0.0:
-            per_token_kl = k3(per_token_logps, inputs["ref_per_token_logps"])
-            if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * self._importance_weight(
-                    per_token_logps, old_logps, mask
-                )
-            per_token_loss = per_token_loss + self.beta * per_token_kl
-
         training = self.model.training
         mode = "train" if training else "eval"
-        loss = aggregate(
-            per_token_loss,
-            mask,
-            self.aggregation,
+        kl_on = self.beta != 0.0
+        if self.loss_fn.kl_coef != self.beta:  # TRL reads self.beta at every step; so do we
+            self.loss_fn = dataclasses.replace(self.loss_fn, kl_coef=self.beta)
+        # validate=False: no host sync, and an all-padding micro-batch gives 0 as in TRL.
+        out = self.loss_fn(
+            per_token_logps, old_logps, advantages, mask,
+            logp_ref=inputs["ref_per_token_logps"] if kl_on else None,
+            weights=self._loss_weights(inputs, per_token_logps, old_logps, advantages, mask,
+                                       entropies),
+            kl_weight=self._importance_weight(per_token_logps, old_logps, mask)
+            if kl_on and self.args.use_bias_correction_kl else None,
+            generator=self._objective_rng(per_token_logps.device), validate=False,
             **trl_normalisers(
-                self.aggregation,
-                loss_type=self.args.loss_type,
-                mask=mask,
-                training=training,
+                self.aggregation, loss_type=self.args.loss_type, mask=mask, training=training,
                 grad_accum=self.current_gradient_accumulation_steps,
                 num_items_in_batch=inputs.get("num_items_in_batch"),
                 num_processes=self.accelerator.num_processes,
                 steps_per_generation=self.args.steps_per_generation,
                 max_completion_length=self.max_completion_length,
             ),
-        )
+        )  # fmt: skip
+        loss = out.loss
         if getattr(self, "aux_loss_enabled", False):
             ga = self.current_gradient_accumulation_steps if training else 1
             loss = loss + self.router_aux_loss_coef * aux_loss / ga
             self._metrics[mode]["aux_loss"].append(
                 self.accelerator.gather_for_metrics(aux_loss).mean().item()
             )
-        self._log_objective_metrics(mode, out.metrics, mask, entropies, per_token_kl)
+        self._log_objective_metrics(mode, out.metrics, mask, entropies)
         return loss
 
     def _loss_weights(self, inputs, logps, old_logps, advantages, mask, entropies) -> list[Tensor]:
@@ -407,7 +389,6 @@ class SandboxGRPOTrainer(GRPOTrainer):
         metrics: dict[str, Tensor],
         mask: Tensor,
         entropies: Tensor,
-        per_token_kl: Tensor | None,
     ) -> None:
         """Append TRL's and the sandbox's metrics to ``self._metrics[mode]``.
 
@@ -419,9 +400,10 @@ class SandboxGRPOTrainer(GRPOTrainer):
             n = maskf.sum()
             names = ["entropy"]
             sums = [(entropies.float() * maskf).sum()]
-            if per_token_kl is not None:
+            metrics = dict(metrics)
+            if "kl_ref_k3" in metrics:  # TRL's "kl": k3 (x the ratio with use_bias_correction_kl)
                 names.append("kl")
-                sums.append((per_token_kl.detach().float() * maskf).sum())
+                sums.append(metrics.pop("kl_ref_k3").float() * n)
             if "clip_low_frac" in metrics and "clip_high_frac" in metrics:
                 low, high = metrics["clip_low_frac"].float(), metrics["clip_high_frac"].float()
                 names += ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]

@@ -13,7 +13,6 @@ True
 from __future__ import annotations
 
 from .bandit import (
-    BATCH_STATISTIC_OBJECTIVES,
     BanditRun,
     BanditStep,
     BanditTask,
@@ -29,7 +28,6 @@ from .bandit import (
 from .sequence import SequenceBatch, SequenceTrainConfig, SequenceTrainer, train_sequence
 
 __all__ = [
-    "BATCH_STATISTIC_OBJECTIVES",
     "BanditRun",
     "BanditStep",
     "BanditTask",

@@ -43,7 +43,7 @@ passed to :func:`sandbox.aggregate.aggregate` as the global counts, so the sum o
 per-seed aggregates is one call), SGD and Adam act elementwise, and
 
 * objectives that depend on batch statistics (``clip_cov``, ``kl_cov``: covariance ranking over the
-  batch, :data:`BATCH_STATISTIC_OBJECTIVES`) are called once per seed in a Python loop, so each sees
+  batch, ``objective.batch_statistic``) are called once per seed in a Python loop, so each sees
   only its own seed's batch (slower: S calls per update);
 * the ``batch_std`` advantage (std over the whole batch) is computed per seed in a Python loop;
   the other advantage methods normalise within a group, so one call covers all seeds.
@@ -92,12 +92,12 @@ from torch import Tensor
 from tqdm import tqdm
 
 from envs.bandit import BanditModel, ContextualBanditModel
-from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages
-from sandbox.aggregate import AGGREGATION_MODES, aggregate
+from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
+from sandbox.aggregate import AGGREGATION_MODES
+from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.objectives import Objective, get_objective
 
 __all__ = [
-    "BATCH_STATISTIC_OBJECTIVES",
     "BanditRun",
     "BanditStep",
     "BanditTask",
@@ -110,13 +110,6 @@ __all__ = [
     "sample_rollout",
     "train_bandit",
 ]
-
-#: Registry names of objectives whose loss depends on statistics of the whole batch; the trainer
-#: calls them once per seed so that seeds stay independent.
-BATCH_STATISTIC_OBJECTIVES: frozenset[str] = frozenset({"clip_cov", "kl_cov"})
-
-#: Advantage methods that normalise over the whole batch rather than within a group.
-BATCH_ADVANTAGE_METHODS: frozenset[str] = frozenset({"batch_std"})
 
 #: Optimizers acting elementwise on the logits (so seeds stay independent), by config name.
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
@@ -397,10 +390,7 @@ def sample_rollout(
         )
         rewards = task.mean_rewards.view(-1)[index] + task.noise_std * noise
 
-    if advantage in BATCH_ADVANTAGE_METHODS:  # normalised over the whole batch: per seed
-        adv = torch.stack([compute_advantages(r, G, method=advantage) for r in rewards])
-    else:  # within-group normalisation: one call for all S * P' groups
-        adv = compute_advantages(rewards.view(-1, G), G, method=advantage).view(S, -1)
+    adv = seed_advantages(rewards, G, advantage)
     logp_old = log_pi.view(S, P * K).gather(1, index)
     return Rollout(index=index, rewards=rewards, logp_old=logp_old, adv=adv)
 
@@ -437,46 +427,22 @@ def make_optimizer(name: str, params: list[Tensor], lr: float) -> torch.optim.Op
 
 
 def _objective_loss(
-    objective: Objective,
+    loss_fn: PolicyLoss,
     logp: Tensor,
     rollout_mb: tuple[Tensor, Tensor],
     mask: Tensor,
-    aggregation: str,
-    per_seed: bool,
     generator: torch.Generator,
     validate: bool,
-) -> tuple[Tensor, dict[str, Tensor], bool]:
-    """Sum over seeds of each seed's aggregated loss, and the metrics ([S] if per seed)."""
+) -> LossOutput:
+    """Sum over seeds of each seed's aggregated loss (:class:`sandbox.loss.PolicyLoss` with
+    ``groups=S`` and the per-seed count n; T = 1), and the metrics (``[S]`` for a
+    batch-statistic objective, which sees one seed's samples per call)."""
     logp_old, adv = rollout_mb
     S, n = logp.shape
-    if not per_seed:
-        # One call on all seeds' samples; passing the per-seed count n as the global count makes
-        # the aggregate the sum over seeds of each seed's own aggregate (all modes, T = 1).
-        out = objective(
-            logp.reshape(S * n, 1),
-            logp_old.reshape(S * n, 1),
-            adv.reshape(S * n, 1),
-            mask,
-            generator=generator,
-            validate=validate,
-        )
-        loss = aggregate(out.loss, mask, aggregation, num_tokens=n, num_seqs=n)
-        return loss, out.metrics, False
-    # Batch-statistic objectives (clip_cov, kl_cov): one call per seed on that seed's batch only.
-    losses, metrics = [], []
-    for s in range(S):
-        out = objective(
-            logp[s, :, None],
-            logp_old[s, :, None],
-            adv[s, :, None],
-            mask[:n],
-            generator=generator,
-            validate=validate,
-        )
-        losses.append(aggregate(out.loss, mask[:n], aggregation, num_tokens=n, num_seqs=n))
-        metrics.append(out.metrics)
-    stacked = {k: torch.stack([m[k] for m in metrics]) for k in metrics[0]}
-    return torch.stack(losses).sum(), stacked, True
+    return loss_fn(
+        logp.reshape(S * n, 1), logp_old.reshape(S * n, 1), adv.reshape(S * n, 1), mask,
+        generator=generator, validate=validate, num_tokens=n, num_seqs=n, groups=S,
+    )  # fmt: skip
 
 
 def bandit_update(
@@ -516,7 +482,7 @@ def bandit_update(
     if N % minibatches:
         raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
     n = N // minibatches
-    per_seed = objective.name in BATCH_STATISTIC_OBJECTIVES
+    loss_fn = PolicyLoss(objective, aggregation)
     mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
     metric_sum: Tensor | None = None
     names: tuple[str, ...] = ()
@@ -531,18 +497,16 @@ def bandit_update(
                 rows = perm[mb * n : (mb + 1) * n]
                 index, logp_old, adv = index[:, rows], logp_old[:, rows], adv[:, rows]
             logp = torch.log_softmax(logits, -1).view(S, P * K).gather(1, index)
-            loss, metrics, seeded = _objective_loss(
-                objective, logp, (logp_old, adv), mask, aggregation, per_seed, generator, validate
-            )
+            out = _objective_loss(loss_fn, logp, (logp_old, adv), mask, generator, validate)
             optimizer.zero_grad(set_to_none=False)
-            loss.backward()
+            out.loss.backward()
             grad_norm += logits.grad.detach().view(S, -1).norm(dim=1)
             optimizer.step()
 
             if metric_sum is None:
-                names = tuple(metrics)
-            values = torch.stack([metrics[k].detach() for k in names])
-            values = values if seeded else values[:, None]
+                names = tuple(out.metrics)
+            values = torch.stack([out.metrics[k].detach() for k in names])
+            values = values if values.dim() == 2 else values[:, None]  # [M, S] or pooled [M, 1]
             metric_sum = values if metric_sum is None else metric_sum + values
     updates = epochs * minibatches
     return UpdateStats(names, metric_sum / updates, grad_norm / updates)

@@ -9,9 +9,9 @@ GSPO, NSR at token vs sequence level) differ here. One step, for every seed::
     reward    the task's verifier on the decoded completion (1 or 0)
     advantage sandbox.advantages per group
     update    mu epochs x minibatches: logp = policy(completion | prompt)
-              out = objective(logp, logp_old, A, mask)         (sandbox.objectives)
-              loss = aggregate(out.loss, mask, mode, groups=S) (+ kl_coef * k3 to the initial
-              model, - entropy_coef * entropy) -> backward -> per-seed grad clip -> Adam step
+              loss = PolicyLoss(objective)(logp, logp_old, A, mask, groups=S)  (sandbox.loss:
+              the objective, aggregated per seed, + kl_coef * k3 to the initial model
+              - entropy_coef * entropy) -> backward -> per-seed grad clip -> Adam step
     log       pass rate, entropy, completion length, gradient norm, the objective's metrics
 
 The S seeds are S independent models (:class:`~sandbox.policies.TinyTransformer`'s ensemble
@@ -47,13 +47,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from envs.reasoning import available_tasks, make_task
-from sandbox.advantages import ADVANTAGE_METHODS, compute_advantages
-from sandbox.aggregate import AGGREGATION_MODES, aggregate
-from sandbox.kl import k3
+from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
+from sandbox.aggregate import AGGREGATION_MODES
+from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.objectives import Objective, get_objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
-
-from .bandit import BATCH_ADVANTAGE_METHODS, BATCH_STATISTIC_OBJECTIVES
 
 SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_frac")
 
@@ -187,7 +185,9 @@ class SequenceTrainer:
         self.device = torch.device(config.device)
         self.task = make_task(config.task, **config.task_knobs)
         self.objective = config.build_objective()
-        self.aggregation = config.aggregation or self.objective.aggregation
+        self.loss_fn = PolicyLoss(self.objective, config.aggregation, kl_coef=config.kl_coef,
+                                  entropy_coef=config.entropy_coef)  # fmt: skip
+        self.aggregation = self.loss_fn.mode
         S = config.seeds
         self.model = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
         self.model.to(self.device)
@@ -238,7 +238,7 @@ class SequenceTrainer:
     def rollout(self) -> SequenceBatch:
         """Sample prompts and completions for every seed, score and advantage them."""
         cfg = self.config
-        S, G = cfg.seeds, cfg.group_size
+        G = cfg.group_size
         prompt, prompt_mask, answers = self._prompts()  # answers: one per row, [S * N]
         completion, completion_mask = self.model.generate(
             prompt, prompt_mask, max_new_tokens=self.max_new_tokens,
@@ -246,10 +246,7 @@ class SequenceTrainer:
             generator=self.generator, temperature=cfg.temperature, allowed=self.allowed,
         )  # fmt: skip
         rewards = self._rewards(completion, completion_mask, answers)
-        if cfg.advantage in BATCH_ADVANTAGE_METHODS:  # batch statistics: each seed its own
-            adv = torch.stack([compute_advantages(r, G, method=cfg.advantage) for r in rewards])
-        else:
-            adv = compute_advantages(rewards.reshape(-1, G), method=cfg.advantage).view(S, -1)
+        adv = seed_advantages(rewards, G, cfg.advantage)
         logp_old, entropy = self.model.completion_logp(
             prompt, prompt_mask, completion, completion_mask, self.allowed
         )
@@ -262,41 +259,26 @@ class SequenceTrainer:
                              logp_old, logp_ref, entropy)  # fmt: skip
 
     # -- update -----------------------------------------------------------------------------------
-    def _loss(self, batch: SequenceBatch, rows: Tensor, validate: bool):
-        cfg = self.config
-        S, n = cfg.seeds, rows.numel()
+    def _loss(self, batch: SequenceBatch, rows: Tensor, validate: bool) -> LossOutput:
+        """The loss of minibatch ``rows`` for all seeds: :class:`sandbox.loss.PolicyLoss` with
+        ``groups=S`` (each seed aggregated over its own rows; a batch-statistic objective is
+        called once per seed, its metrics then averaged over seeds)."""
+        S, n = self.config.seeds, rows.numel()
         prompt, pmask = batch.prompt[:, rows], batch.prompt_mask[:, rows]
         comp, cmask = batch.completion[:, rows], batch.completion_mask[:, rows]
         logp, entropy = self.model.completion_logp(prompt, pmask, comp, cmask, self.allowed)
-        Tc = comp.shape[-1]
-        L = self.max_new_tokens  # Dr. GRPO's constant: the budget, not this batch's padded width
-        flat = (logp.reshape(S * n, Tc), batch.logp_old[:, rows].reshape(S * n, Tc),
-                batch.adv[:, rows].reshape(S * n, 1), cmask.reshape(S * n, Tc))  # fmt: skip
-        if self.objective.name in BATCH_STATISTIC_OBJECTIVES:
-            losses, metrics = [], []
-            for s in range(S):  # batch statistics must come from this seed's rows only
-                sl = slice(s * n, (s + 1) * n)
-                out = self.objective(*(x[sl] for x in flat), generator=self.generator,
-                                     validate=validate)  # fmt: skip
-                losses.append(aggregate(out.loss, flat[3][sl], self.aggregation, max_len=L))
-                metrics.append(out.metrics)
-            loss = torch.stack(losses).sum()
-            metrics = {k: torch.stack([m[k] for m in metrics]).mean() for k in metrics[0]}
-        else:
-            out = self.objective(*flat, generator=self.generator, validate=validate)
-            loss = aggregate(out.loss, flat[3], self.aggregation, groups=S, max_len=L)
-            metrics = out.metrics
-        if batch.logp_ref is not None:
-            kl = k3(flat[0], batch.logp_ref[:, rows].reshape(S * n, Tc))
-            loss = loss + cfg.kl_coef * aggregate(
-                kl, flat[3], self.aggregation, groups=S, max_len=L
-            )
-        if cfg.entropy_coef > 0:
-            ent = entropy.reshape(S * n, Tc)
-            loss = loss - cfg.entropy_coef * aggregate(
-                ent, flat[3], self.aggregation, groups=S, max_len=L
-            )
-        return loss, metrics
+
+        def flat(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.reshape(S * n, -1)
+
+        out = self.loss_fn(
+            flat(logp), flat(batch.logp_old[:, rows]), flat(batch.adv[:, rows]), flat(cmask),
+            logp_ref=None if batch.logp_ref is None else flat(batch.logp_ref[:, rows]),
+            entropy=flat(entropy) if self.config.entropy_coef > 0 else None,
+            generator=self.generator, validate=validate, groups=S,
+            max_len=self.max_new_tokens,  # Dr. GRPO's L: the budget, not this batch's width
+        )  # fmt: skip
+        return LossOutput(out.loss, {k: v.mean() for k, v in out.metrics.items()})
 
     def update(self, batch: SequenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """mu epochs x minibatches of optimizer steps on one rollout; returns the per-seed
@@ -310,12 +292,12 @@ class SequenceTrainer:
             perm = torch.randperm(N, generator=self.generator, device=self.device)
             for mb in range(cfg.minibatches):
                 rows = perm[mb * n : (mb + 1) * n]
-                loss, metrics = self._loss(batch, rows, validate=self.steps_done == 0)
+                out = self._loss(batch, rows, validate=self.steps_done == 0)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                out.loss.backward()
                 grad_norm += clip_grad_norm_per_model(self.model, cfg.max_grad_norm)
                 self.optimizer.step()
-                for k, v in metrics.items():
+                for k, v in out.metrics.items():
                     sums[k] = sums.get(k, 0.0) + v.detach().float()
         updates = cfg.epochs * cfg.minibatches
         return grad_norm / updates, {k: v / updates for k, v in sums.items()}
@@ -329,12 +311,12 @@ class SequenceTrainer:
         cmask = batch.completion_mask.float()
         groups = batch.rewards.view(S, -1, G)
         return {
+            **metrics,  # the rollout's entropy below, not the update's, is the entropy column
             "reward": batch.rewards.mean(-1),
             "entropy": (batch.entropy * cmask).sum((1, 2)) / cmask.sum((1, 2)),
             "completion_len": cmask.sum(-1).mean(-1),
             "grad_norm": grad_norm,
             "zero_var_frac": (groups == groups[..., :1]).all(-1).float().mean(-1),
-            **metrics,
         }
 
 

@@ -1,0 +1,292 @@
+"""Every setting of an :mod:`llm.train` run, one line each, and the checks made before any compute.
+
+``python -m llm.train --help`` is generated from :class:`TrainConfig` (:mod:`sandbox.configs`);
+``--config run.yaml`` (or ``.toml``) sets the same fields by name and flags override the file.
+Every run writes the settings it ran with to ``OUT/config.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import sandbox.objectives as registry
+from envs.reasoning import make_task
+from llm import checkpoint
+from llm.data import VERIFIERS
+from sandbox.advantages import ADVANTAGE_METHODS
+from sandbox.aggregate import AGGREGATION_MODES
+from sandbox.configs import arg, flag
+from sandbox.correction import IS_LEVELS
+from sandbox.loss import ROLLOUT_IS_CHOICES
+
+
+def objective_choices() -> list[str]:
+    """Every name ``--objective`` accepts: the registry's objectives, then its presets."""
+    return registry.available_objectives() + registry.available_presets()
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a run; ``python -m llm.train --help`` is generated from these fields."""
+
+    # -- what to train on ---------------------------------------------------------------------------
+    model: str = arg("tiny", "HF model id, local dir, or an alias: tiny (built in code)")
+    task: str | None = arg(None, "envs.reasoning task (default: mod_arith unless --data)")
+    task_knobs: dict[str, Any] = arg({}, "task knobs, key=value ...")
+    data: str | None = arg(None, "JSONL/parquet file with 'prompt' and 'answer' columns")
+    eval_data: str | None = arg(None, "held-out file (default: rows held out of --data)")
+    verifier: str = arg("auto", "reward rule", choices=VERIFIERS)
+    # -- the loss (sandbox.loss.PolicyLoss) -------------------------------------------------------
+    objective: str = arg("dapo", "sandbox objective or preset")
+    objective_params: dict[str, Any] = arg({}, "objective hyperparameters, key=value ...")
+    aggregation: str | None = arg(None, "override the objective's own", choices=AGGREGATION_MODES)
+    advantage: str = arg("grpo", "sandbox.advantages method", choices=tuple(ADVANTAGE_METHODS))
+    kl_coef: float = arg(0.0, "k3 KL to the initial model (0: no reference model)")
+    entropy_coef: float = arg(0.0, "entropy bonus (0: off)")
+    drop_zero_variance: bool = arg(False, "drop groups with equal rewards (DAPO dynamic sampling)")
+    mask_truncated: bool = arg(False, "no loss on completions without EOS (DAPO overlong filter)")
+    rollout_is: str = arg("none", "weight pi_old/pi_rollout", choices=ROLLOUT_IS_CHOICES)
+    rollout_is_level: str = arg("token", "that ratio per token or per sequence", choices=IS_LEVELS)
+    rollout_is_min: float = arg(0.0, "lower bound C_min of the ratio (0: none)")
+    rollout_is_max: float = arg(2.0, "upper bound C_max of the ratio")
+    # -- batch shape ------------------------------------------------------------------------------
+    steps: int = arg(100, "rollout + update steps")
+    prompts_per_step: int = arg(8, "prompts per step, all ranks together")
+    group_size: int = arg(8, "G: completions per prompt")
+    epochs: int = arg(1, "mu: passes over each rollout")
+    minibatches: int = arg(1, "optimizer steps per epoch (must divide the step's completions)")
+    grad_accum: int = arg(1, "micro-batches per rank per optimizer step")
+    max_new_tokens: int = arg(32, "completion budget (also Dr. GRPO's L)")
+    max_prompt_len: int | None = arg(None, "longest prompt (default: context - max_new_tokens)")
+    temperature: float = arg(1.0, "sampling temperature (log-probs use the same)")
+    prompts_per_call: int | None = arg(None, "prompts per generate (default: all; 1: see README)")
+    logp_chunk: int = arg(1024, "tokens per LM-head chunk in the log-probs (no [B, T, V] logits)")
+    rollout_backend: str = arg("hf", "HF generate or colocated vLLM", choices=("hf", "vllm"))
+    vllm_gpu_memory_utilization: float = arg(0.3, "vLLM: GPU memory share (weights + KV cache)")
+    vllm_sleep: bool = arg(False, "vLLM: release its memory between rollouts (CUDA)")
+    vllm_enforce_eager: bool = arg(False, "vLLM: no CUDA graphs (faster start, slower decode)")
+    chat_template: str = arg("auto", "the tokenizer's chat template", choices=("auto", "on", "off"))
+    system_prompt: str | None = arg(None, "system message with the chat template")
+    # -- optimisation -----------------------------------------------------------------------------
+    lr: float = arg(1e-6, "AdamW learning rate")
+    lr_schedule: str = arg("constant", "after warmup", choices=("constant", "linear", "cosine"))
+    warmup_steps: int = arg(0, "linear warmup steps")
+    weight_decay: float = arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = arg(1.0, "gradient-norm clipping")
+    lora_r: int = arg(0, "LoRA rank through peft (0: full fine-tuning)")
+    lora_alpha: float = arg(32.0, "LoRA alpha")
+    lora_target: str = arg("all-linear", "peft target_modules")
+    gradient_checkpointing: bool = arg(True, "recompute activations in backward (TRL's default)")
+    bf16: bool = arg(True, "bf16 autocast on CUDA (ignored on CPU)")
+    dtype: str = arg("float32", "parameter dtype", choices=("float32", "bfloat16"))
+    # -- model loading ----------------------------------------------------------------------------
+    pad_token: str | None = arg(None, "pad token for tokenizers without one")
+    offline: bool = arg(False, "local_files_only (also with HF_HUB_OFFLINE=1)")
+    trust_remote_code: bool = arg(False, "allow model code from the Hub")
+    # -- evaluation, logging, checkpoints ---------------------------------------------------------
+    eval_every: int = arg(0, "evaluate at step 0 and every N steps (0: never)")
+    eval_prompts: int = arg(16, "held-out prompts per evaluation")
+    eval_k: int = arg(4, "samples per eval prompt (pass@1 and pass@k)")
+    out: str = arg("runs/llm", "output directory")
+    checkpoint_every: int = arg(0, "checkpoint every N steps (always at the end)")
+    resume: bool = arg(False, "continue from OUT/checkpoint.pt (which must exist)")
+    allow_config_change: bool = arg(False, "with --resume: accept changed settings")
+    save_model: bool = arg(True, "save_pretrained the final model to OUT/model")
+    report_to: list[str] = arg([], "tensorboard and/or wandb")
+    wandb_project: str = arg("clip-sandbox", "W&B project")
+    progress: bool = arg(True, "progress bar")
+    # -- where and how it runs --------------------------------------------------------------------
+    seed: int = arg(0, "seed of the model (tiny), prompts, sampling")
+    device: str = arg("auto", "auto (cuda if available), cpu or cuda")
+    backend: str = arg("auto", "torch.distributed backend (auto: nccl on CUDA, else gloo)")
+    fsdp: bool = arg(False, "FSDP2 instead of DDP (under torchrun)")
+
+    def validate(self, world: int = 1) -> None:
+        """Cheap checks, before anything is loaded; ``ValueError`` naming the field."""
+        self._check_objective()
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "group_size",
+            "epochs",
+            "minibatches",
+            "grad_accum",
+            "max_new_tokens",
+            "eval_k",
+            "logp_chunk",
+        ):
+            _check(name, getattr(self, name), "an integer >= 1", _is_int, 1)
+        if self.prompts_per_call is not None:
+            _check("prompts_per_call", self.prompts_per_call, "an integer >= 1", _is_int, 1)
+        for name in ("lr", "temperature", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
+        for name in (
+            "kl_coef",
+            "entropy_coef",
+            "weight_decay",
+            "lora_r",
+            "warmup_steps",
+            "eval_every",
+            "checkpoint_every",
+            "eval_prompts",
+        ):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.rollout_is_min <= self.rollout_is_max or not self.rollout_is_max > 0:
+            raise ValueError(
+                f"--rollout-is-min {self.rollout_is_min} and --rollout-is-max "
+                f"{self.rollout_is_max} need 0 <= min <= max and max > 0"
+            )
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(
+                "--vllm-gpu-memory-utilization must be in (0, 1], got "
+                f"{self.vllm_gpu_memory_utilization}"
+            )
+        self._check_combinations(world)
+        for f in fields(self):
+            choices, value = f.metadata.get("choices"), getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                raise ValueError(f"{flag(f.name)} must be one of {list(choices)}, got {value!r}")
+
+    def _check_objective(self) -> None:
+        if self.objective not in objective_choices():
+            raise ValueError(
+                f"unknown --objective {self.objective!r}; objectives: "
+                f"{', '.join(registry.available_objectives())}; presets: "
+                f"{', '.join(registry.available_presets())}"
+            )
+        try:
+            registry.get_objective(self.objective, **self.objective_params)
+        except ValueError as exc:
+            raise ValueError(f"--objective {self.objective} --objective-params: {exc}") from None
+
+    def _check_combinations(self, world: int) -> None:
+        """Settings that are valid alone but not together (nothing is silently ignored)."""
+        if self.rollout_backend == "vllm" and self.fsdp and self.lora_r > 0:
+            raise ValueError("--rollout-backend vllm does not support --fsdp with --lora-r > 0")
+        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
+            raise ValueError(f"--group-size must be >= 2 for --advantage {self.advantage}")
+        if self.prompts_per_step % world:
+            raise ValueError(
+                f"--prompts-per-step {self.prompts_per_step} must be divisible by "
+                f"the {world} processes"
+            )
+        rows = self.prompts_per_step * self.group_size
+        if rows % self.minibatches:
+            raise ValueError(
+                f"--minibatches {self.minibatches} must divide the step's "
+                f"{rows} completions (--prompts-per-step x --group-size)"
+            )
+        if self.fsdp and world == 1:
+            raise ValueError(
+                "--fsdp shards over several processes: launch with torchrun "
+                "--nproc_per_node N (one process has nothing to shard)"
+            )
+        if self.eval_data is not None and not self.eval_every:
+            raise ValueError("--eval-data is only read with --eval-every N > 0")
+        for name in self.report_to:
+            if name not in ("tensorboard", "wandb"):
+                raise ValueError(f"--report-to accepts tensorboard and wandb, got {name!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, value: Any, what: str, kind: Any, low: int) -> None:
+    if not kind(value) or value < low:
+        raise ValueError(f"{flag(name)} must be {what}, got {value!r}")
+
+
+# Settings a resumed run may change: how long it runs and how it reports, not what it computes.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "steps",
+        "resume",
+        "allow_config_change",
+        "out",
+        "checkpoint_every",
+        "eval_every",
+        "eval_prompts",
+        "eval_k",
+        "save_model",
+        "report_to",
+        "wandb_project",
+        "progress",
+        "device",
+        "backend",
+        "offline",
+        "logp_chunk",
+    }
+)
+
+
+def as_json(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings as JSON values, with the task's knobs resolved (defaults filled in), so that
+    ``--task-knobs modulus=7`` and the default ``modulus`` are the same setting."""
+    values = asdict(cfg)
+    if cfg.data is None:
+        with contextlib.suppress(ValueError):  # a bad task or knob is reported by llm.data
+            values["task_knobs"] = make_task(cfg.task or "mod_arith", **cfg.task_knobs).knobs
+    return json.loads(json.dumps(values, sort_keys=True, default=str))
+
+
+def check_resume(cfg: TrainConfig, now: dict[str, Any]) -> None:
+    """Before a ``--resume``: the checkpoint must exist, be behind ``--steps``, and have the same
+    settings (``now``, from :func:`as_json`) except :data:`RESUMABLE_CHANGES`."""
+    path = checkpoint.path_in(cfg.out)
+    if not os.path.exists(path):
+        raise ValueError(
+            f"--resume: no checkpoint at {path} (check --out; drop --resume to start a new run)"
+        )
+    done, saved = checkpoint.saved_step_and_config(cfg.out)
+    if done >= cfg.steps:
+        raise ValueError(
+            f"--resume: {path} is at step {done}, not before --steps {cfg.steps}: "
+            "nothing to do (raise --steps to train further)"
+        )
+    if cfg.allow_config_change:
+        return
+    changed = [
+        f"{flag(k)} {saved.get(k)!r} -> {now[k]!r}"
+        for k in sorted(now)
+        if k not in RESUMABLE_CHANGES and k in saved and saved[k] != now[k]
+    ]
+    if _held_out(saved) != _held_out(now):
+        changed.append(
+            f"rows of --data held out for eval {_held_out(saved)} -> {_held_out(now)} "
+            "(--eval-every/--eval-prompts without --eval-data)"
+        )
+    if changed:
+        raise ValueError(
+            f"--resume: these settings differ from {path}'s: {'; '.join(changed)}. Resume with "
+            "the same settings, pass --allow-config-change to continue anyway, or a new --out"
+        )
+
+
+def _held_out(c: dict[str, Any]) -> int:
+    """Rows of ``--data`` held out of training for evaluation."""
+    held = c.get("eval_data") is None and c.get("data") is not None and c.get("eval_every")
+    return c.get("eval_prompts", 0) if held else 0
+
+
+def check_optional(cfg: TrainConfig) -> None:
+    """The optional packages the settings need, with the extra that installs each."""
+    needs = {
+        "tensorboard": ("tensorboard" in cfg.report_to, "tracking"),
+        "wandb": ("wandb" in cfg.report_to, "tracking"),
+        "peft": (cfg.lora_r > 0, "llm"),
+    }
+    for module, (needed, extra) in needs.items():
+        if needed:
+            try:
+                __import__(module)
+            except ImportError:
+                raise ValueError(
+                    f"{module} is not installed: pip install 'clip-sandbox[{extra}]'"
+                ) from None

@@ -1,0 +1,196 @@
+"""Config dataclasses -> command lines and config files, one line per setting.
+
+A run's settings are one dataclass whose fields are declared with :func:`arg`::
+
+    @dataclass
+    class TrainConfig:
+        model: str = arg("tiny", "HF model id, local dir, or an alias")
+        steps: int = arg(100, "rollout + update steps")
+        report_to: list[str] = arg([], "tensorboard and/or wandb")
+
+:func:`add_arguments` turns the fields into argparse flags (``--report-to``; booleans as
+``--flag/--no-flag``; ``dict`` fields as ``key=value`` pairs; ``choices`` checked by argparse),
+each help text followed by its default once. :func:`parse_config` adds ``--config FILE``
+(``.yaml``/``.yml`` read with ``yaml.safe_load``, ``.toml`` with ``tomllib``): the file sets the
+same fields by name (``report_to: [tensorboard]``), and flags given on the command line override
+it. An unknown key or a value of the wrong type is a ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import dataclasses
+import os
+import pathlib
+import re
+import tomllib
+import types
+import typing
+from typing import Any
+
+_MISSING = dataclasses.MISSING
+
+
+def arg(default: Any, help: str, *, choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field with its help text (and choices) on one line; mutable defaults are
+    copied per instance."""
+    metadata = {"help": help, "choices": choices}
+    if isinstance(default, list | dict | set):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag(name: str) -> str:
+    """``field_name`` -> ``--field-name``."""
+    return "--" + name.replace("_", "-")
+
+
+def literal(text: str) -> Any:
+    """A command-line value as a Python literal (numbers, lists, True/None), else the string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def key_values(items: list[str], name: str) -> dict[str, Any]:
+    """``["a=1", "b-c=x"]`` -> ``{"a": 1, "b_c": "x"}``; ``ValueError`` naming ``name``."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{name} takes key=value pairs, got {item!r}")
+        out[key.replace("-", "_")] = literal(value)
+    return out
+
+
+def _base_type(kind: Any) -> Any:
+    """``int | None`` -> ``int``; ``list[str]`` -> ``list``."""
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return typing.get_origin(kind) or kind
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not _MISSING else f.default
+
+
+def _help(f: dataclasses.Field, default: Any) -> str:
+    text = f.metadata.get("help", "")
+    if default is None or default in ([], {}) or isinstance(default, bool):
+        return text  # booleans show as --x/--no-x; None/empty: the help text says what happens
+    return f"{text} (default: {default})"
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, extra_help: dict[str, str] | None = None
+) -> None:
+    """One flag per field of dataclass ``cls``; ``extra_help`` appends text to a field's help."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind, default = _base_type(hints[f.name]), _default(f)
+        help_ = _help(f, default) + (extra_help or {}).get(f.name, "")
+        if kind is bool:
+            parser.add_argument(
+                flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_
+            )
+        elif kind in (list, dict):
+            parser.add_argument(flag(f.name), nargs="*", default=default, help=help_)
+        else:
+            parser.add_argument(flag(f.name), type=kind, default=default, help=help_,
+                                choices=f.metadata.get("choices"))  # fmt: skip
+
+
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def _yaml_floats(value: Any) -> Any:
+    """PyYAML (YAML 1.1) reads ``1e-4`` as a string; read it as the float it means."""
+    if isinstance(value, str) and _FLOAT.match(value):
+        return float(value)
+    if isinstance(value, list):
+        return [_yaml_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _yaml_floats(v) for k, v in value.items()}
+    return value
+
+
+def read_mapping(path: str | os.PathLike[str], what: str = "config file") -> dict[str, Any]:
+    """The mapping in a ``.toml``, ``.yaml`` or ``.yml`` file (``yaml.safe_load``, ``tomllib``);
+    ``ValueError`` naming the file for a missing file, bad syntax or a non-mapping."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what} not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: invalid TOML: {exc}") from None
+    elif suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = _yaml_floats(yaml.safe_load(path.read_text()))
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: invalid YAML: {exc}") from None
+    else:
+        raise ValueError(f"{what} {path}: expected a .toml, .yaml or .yml file")
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a {what} is a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_file(path: str, cls: type) -> dict[str, Any]:
+    """The settings in a YAML or TOML file, checked against the fields of ``cls``."""
+    data = read_mapping(path)
+    return check_types({k.replace("-", "_"): v for k, v in data.items()}, cls, f"--config {path}")
+
+
+def check_types(values: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
+    """``values`` if every key is a field of ``cls`` with a value of the field's type."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key, value in values.items():
+        if key not in names:
+            raise ValueError(f"{where}: unknown setting {key!r}; settings: {', '.join(names)}")
+        kind = _base_type(hints[key])
+        ok = value is None or (
+            isinstance(value, int | float) and not isinstance(value, bool)
+            if kind is float
+            else isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        )
+        if not ok:
+            raise ValueError(f"{where}: {key} must be {kind.__name__}, got {value!r}")
+    return values
+
+
+def parse_config(
+    cls: type,
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str,
+    extra_help: dict[str, str] | None = None,
+) -> Any:
+    """An instance of dataclass ``cls`` from ``--config FILE`` and command-line flags (flags win).
+    ``dict`` fields take ``key=value`` pairs on the command line."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of settings; "
+                        "flags given here override it")  # fmt: skip
+    add_arguments(parser, cls, extra_help=extra_help)
+    if known.config:
+        parser.set_defaults(**load_file(known.config, cls))
+    ns = vars(parser.parse_args(argv))
+    ns.pop("config")
+    hints = typing.get_type_hints(cls)
+    for name, value in ns.items():
+        if _base_type(hints[name]) is dict and isinstance(value, list):
+            ns[name] = key_values(value, flag(name))
+    return cls(**ns)

@@ -1,0 +1,216 @@
+r"""The one loss assembly: objective -> importance weights -> aggregate -> + KL -> - entropy.
+
+Every trainer in the project (the bandit and sequence trainers in :mod:`sandbox.train`, the LLM
+driver :mod:`llm.train`) and both framework adapters (:mod:`llm.adapters.trl`,
+:mod:`llm.adapters.verl`) turn per-token log-probs into the scalar they call ``backward`` on
+here, and nowhere else::
+
+    out       = objective(logp, logp_old, adv, mask)                  # sandbox.objectives
+    w         = sg(rho)  [* caller's extra weights]                   # sandbox.correction (opt.)
+    per_token = w * out.loss
+              + kl_coef * kl_weight * KL_k3(pi || pi_ref)            # sandbox.kl (optional)
+              - entropy_coef * H(pi)                                  # (optional)
+    loss      = aggregate(per_token, mask, mode, num_tokens, num_seqs, max_len, groups)
+
+``aggregate`` is linear in the per-token loss for a fixed mask and fixed counts, so adding the
+terms before one ``aggregate`` equals aggregating each term with the same counts and adding the
+scalars (what verl and TRL write as ``pg_loss + beta * kl_loss - entropy_coef * entropy_loss``),
+in one reduction instead of three. The importance weight multiplies the objective's loss only:
+the KL and entropy terms are not policy-gradient surrogates of the rollout's samples.
+
+Micro-batching: pass the *global* counts of the whole minibatch (``num_tokens``, ``num_seqs``),
+and the sum over micro-batches of ``loss`` equals the full-minibatch loss exactly (see
+:mod:`sandbox.aggregate`). ``groups=S`` aggregates ``S`` equal consecutive blocks of rows (e.g.
+independent seeds) each with its own counts and sums them; an objective whose output depends on
+batch statistics (``objective.batch_statistic``: Clip-Cov, KL-Cov) is then called once per block,
+so a block's selection never sees another block's tokens.
+
+Metrics (0-d tensors, or ``[groups]`` for a per-block objective's own metrics; detached, no host
+sync): the objective's, the correction's (``rollout_is_*``, ``rollout_kl_k3``), ``kl_ref_k3``
+(mean over valid tokens of the KL term, times ``kl_weight`` when given) and ``entropy`` (mean
+over valid tokens) when given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .aggregate import AGGREGATION_MODES, aggregate
+from .correction import IS_LEVELS, IS_MODES, rollout_is_weights
+from .kl import KL_ESTIMATORS, kl_divergence
+from .objectives.base import Objective
+
+ROLLOUT_IS_CHOICES = ("none", *IS_MODES)
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The scalar to call ``backward`` on, and the step's metrics (0-d tensors, detached)."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor]
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over ``mask != 0`` (detached; 0 for an empty mask)."""
+    valid = mask != 0
+    return torch.where(valid, x.detach(), 0.0).sum() / valid.sum().clamp(min=1)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The per-micro-batch loss of a policy-gradient step, configured once per run.
+
+    Args:
+        objective: from :func:`sandbox.objectives.get_objective`.
+        aggregation: a mode of :func:`sandbox.aggregate.aggregate` (default: the objective's).
+        kl_coef: coefficient of the KL to the reference policy (0: no KL term).
+        kl_estimator: ``"k3"`` (default; verl's ``low_var_kl``, TRL's ``per_token_kl``), ``"k1"``,
+            ``"k2"`` (:func:`sandbox.kl.kl_divergence`).
+        entropy_coef: coefficient of the entropy bonus (0: none); needs ``entropy`` with gradient.
+        rollout_is: ``"none"``, ``"truncate"`` (TIS) or ``"mask"`` (MIS): weight the objective's
+            loss by ``pi_old / pi_rollout`` (:func:`sandbox.correction.rollout_is_weights`);
+            needs ``rollout_logp``.
+        rollout_is_level, rollout_is_min, rollout_is_max: that weight's level and bounds.
+    """
+
+    objective: Objective
+    aggregation: str | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    rollout_is: str = "none"
+    rollout_is_level: str = "token"
+    rollout_is_min: float = 0.0
+    rollout_is_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.objective, Objective):
+            raise ValueError(
+                f"objective must be a sandbox Objective (get_objective), got {self.objective!r}"
+            )
+        if self.aggregation is not None and self.aggregation not in AGGREGATION_MODES:
+            raise ValueError(
+                f"aggregation must be one of {list(AGGREGATION_MODES)}, got {self.aggregation!r}"
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"kl_estimator must be one of {list(KL_ESTIMATORS)}, got {self.kl_estimator!r}"
+            )
+        for name in ("kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if self.rollout_is not in ROLLOUT_IS_CHOICES:
+            raise ValueError(
+                f"rollout_is must be one of {list(ROLLOUT_IS_CHOICES)}, got {self.rollout_is!r}"
+            )
+        if self.rollout_is_level not in IS_LEVELS:
+            raise ValueError(
+                f"rollout_is_level must be one of {list(IS_LEVELS)}, got {self.rollout_is_level!r}"
+            )
+
+    @property
+    def mode(self) -> str:
+        """The aggregation mode in use."""
+        return self.aggregation or self.objective.aggregation
+
+    def __call__(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        *,
+        logp_ref: Tensor | None = None,
+        rollout_logp: Tensor | None = None,
+        entropy: Tensor | None = None,
+        weights: Sequence[Tensor] = (),
+        kl_weight: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        validate: bool = True,
+        num_tokens: Tensor | float | None = None,
+        num_seqs: Tensor | float | None = None,
+        max_len: float | None = None,
+        groups: int | None = None,
+    ) -> LossOutput:
+        """The loss of one (micro-)batch.
+
+        Args:
+            logp, logp_old, adv, mask: the objective's inputs (``[B, T]``; ``adv`` ``[B, 1]``).
+            logp_ref: ``[B, T]`` reference log-probs; required when ``kl_coef > 0``.
+            rollout_logp: ``[B, T]`` the sampler's log-probs; required with ``rollout_is``.
+            entropy: ``[B, T]`` per-token entropy (with gradient for the bonus); reported as the
+                ``entropy`` metric when given, required when ``entropy_coef > 0``.
+            weights: extra detached ``[B, T]`` factors of the objective's loss, applied after
+                the rollout weight (e.g. TRL's off-policy and entropy masks).
+            kl_weight: ``[B, T]`` factor of the KL term (TRL's ``use_bias_correction_kl``).
+            generator: the objective's randomness.
+            validate: let the objective check its inputs (one host sync); trainers validate
+                their first step only.
+            num_tokens, num_seqs, max_len, groups: :func:`sandbox.aggregate.aggregate`'s counts.
+        """
+        if self.kl_coef > 0 and logp_ref is None:
+            raise ValueError("logp_ref is required when kl_coef > 0")
+        if self.entropy_coef > 0 and entropy is None:
+            raise ValueError("entropy is required when entropy_coef > 0")
+        if self.rollout_is != "none" and rollout_logp is None:
+            raise ValueError(f"rollout_logp is required with rollout_is={self.rollout_is!r}")
+        per_token, metrics = self._objective(logp, logp_old, adv, mask, generator, validate, groups)
+        if self.rollout_is != "none":  # sg(rho), rho = pi_old / pi_rollout
+            w, is_metrics = rollout_is_weights(
+                logp_old, rollout_logp, mask, mode=self.rollout_is, level=self.rollout_is_level,
+                cmin=self.rollout_is_min, cmax=self.rollout_is_max,
+            )  # fmt: skip
+            per_token = per_token * w
+            metrics.update(is_metrics)
+        for w in weights:
+            per_token = per_token * w
+        if logp_ref is not None:
+            kl = kl_divergence(logp, logp_ref, self.kl_estimator)
+            kl = kl if kl_weight is None else kl * kl_weight
+            metrics[f"kl_ref_{self.kl_estimator}"] = masked_mean(kl, mask)
+            if self.kl_coef > 0:
+                per_token = per_token + self.kl_coef * kl
+        if entropy is not None:
+            metrics["entropy"] = masked_mean(entropy, mask)
+            if self.entropy_coef > 0:
+                per_token = per_token - self.entropy_coef * entropy
+        loss = aggregate(
+            per_token, mask, self.mode, num_tokens=num_tokens, num_seqs=num_seqs,
+            max_len=max_len, groups=groups,
+        )  # fmt: skip
+        return LossOutput(loss, metrics)
+
+    def _objective(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        generator: torch.Generator | None,
+        validate: bool,
+        groups: int | None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The objective's per-token loss and metrics; once per block of rows for a
+        batch-statistic objective with ``groups > 1`` (its metrics then ``[groups]``)."""
+        if adv.dim() == 1:
+            adv = adv[:, None]
+        if not (self.objective.batch_statistic and groups and groups > 1):
+            out = self.objective(logp, logp_old, adv, mask, generator=generator, validate=validate)
+            return out.loss, dict(out.metrics)
+        if logp.shape[0] % groups:
+            raise ValueError(f"groups must divide the batch of {logp.shape[0]} rows, got {groups}")
+        n = logp.shape[0] // groups
+        losses, metrics = [], []
+        for g in range(groups):
+            rows = slice(g * n, (g + 1) * n)
+            out = self.objective(logp[rows], logp_old[rows], adv[rows], mask[rows],
+                                 generator=generator, validate=validate)  # fmt: skip
+            losses.append(out.loss)
+            metrics.append(out.metrics)
+        return torch.cat(losses), {k: torch.stack([m[k] for m in metrics]) for k in metrics[0]}
