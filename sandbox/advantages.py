@@ -1,4 +1,4 @@
-"""Advantage estimators for group-sampled rollouts (spec §5).
+"""Advantage estimators for group-sampled rollouts (docs/objectives.md §7).
 
 Rewards come as ``[num_groups, G]`` (G completions per prompt) or flat ``[num_groups * G]`` with
 ``group_size=G`` (groups contiguous); the result has the input's shape.

@@ -2,8 +2,8 @@
 
 ``weight_table`` evaluates each objective's closed-form gradient weight ``g(r, A) = E[coef] / A``
 on a ratio grid, for A > 0 and A < 0, together with the probability-gradient weight
-``W * pi_old = g / r`` (spec §0); ``autograd_check`` confirms, on the same grid, that autograd of
-each loss equals its realised coefficient. ``clip-sandbox demo`` runs both.
+``W * pi_old = g / r`` (docs/objectives.md §1); ``autograd_check`` confirms, on the same grid,
+that autograd of each loss equals its realised coefficient. ``clip-sandbox demo`` runs both.
 """
 
 from __future__ import annotations

@@ -417,7 +417,7 @@ def test_verl_gspo_clamps_sequence_log_ratio_at_10():
 
 def test_verl_kl_cov_does_not_clamp_the_log_ratio():
     """verl's kl_cov (and clip_cov) use exp(log_prob - old_log_prob) unclamped; the sandbox clamps
-    the log-ratio at ±20 (spec §0)."""
+    the log-ratio at ±20 (docs/objectives.md §1)."""
     logp = torch.tensor([[5.0, -1.0, -2.0, -3.0]], dtype=F64)
     old = torch.tensor([[-20.0, -1.0, -2.0, -3.0]], dtype=F64)  # log r = 25 on the first token
     adv = torch.full((1, 4), -1.0, dtype=F64)

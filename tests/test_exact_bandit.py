@@ -158,7 +158,7 @@ def test_group_advantage_table_matches_compute_advantages(method, group_size):
 
 
 # ---------------------------------------------------------------------------------------------
-# On-policy reduction to REINFORCE (spec §6.1)
+# On-policy reduction to REINFORCE (docs/objectives.md §10.1)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -313,7 +313,7 @@ def test_monte_carlo_finite_group(name, method, group_size):
 
 
 # ---------------------------------------------------------------------------------------------
-# NSR: stochastic rescue and deterministic decay (spec §6.5)
+# NSR: stochastic rescue and deterministic decay (docs/objectives.md §10.5)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -376,7 +376,7 @@ def test_nsr_exact_mean_and_variance(params, advantage):
 
 
 # ---------------------------------------------------------------------------------------------
-# Entropy–covariance law (spec §6.8)
+# Entropy–covariance law (docs/objectives.md §10.8)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -487,7 +487,8 @@ def test_transformer_monte_carlo_converges_to_exact():
 @pytest.mark.parametrize("name", EXACT_NAMES)
 def test_transformer_on_policy_is_reinforce(name):
     """Old = current: every rule's exact gradient is ``sum_p w_p sum_y pi(y) A(y) norm(y) sum_t
-    grad log pi(y_t)`` (spec §6.1), here built by hand from the enumeration, in float64."""
+    grad log pi(y_t)`` (docs/objectives.md §10.1), here built by hand from the enumeration, in
+    float64."""
     policy, _, task = transformer_pair(seed=1)
     obj = get_objective(name)
     T = 3

@@ -162,8 +162,33 @@ def test_clip_cov_picks_only_eligible_tokens():
     assert seen == {0, 2}  # both candidates get picked across seeds
 
 
+def test_clip_cov_has_no_dual_clip_by_default():
+    """The authors' compute_policy_loss_clip_cov (and verl's clip_cov) never apply clip_ratio_c:
+    A = -1, r = e^3 = 20.09 > u = 2 keeps the min-form gradient coef = A r = -20.09 (a dual clip
+    at c = 10 would give 0). One token: Cov = 0 < lb = 1, so it is never picked."""
+    for name in ("clip_cov", "clip_cov_verl"):
+        obj = get_objective(name)
+        assert obj.clip_c is None
+        loss, coef, m = one_token(obj, 3.0, -1.0)
+        assert loss == pytest.approx(math.exp(3.0), abs=1e-12)
+        assert coef == pytest.approx(-math.exp(3.0), abs=1e-12)
+        assert "dual_clip_frac" not in m
+    # the dual clip stays available: c = 10 < r zeroes the gradient, the loss is -c A = 10
+    loss, coef, m = one_token(get_objective("clip_cov", clip_c=10.0), 3.0, -1.0)
+    assert (loss, coef) == (pytest.approx(10.0, abs=1e-12), 0.0)
+    assert m["dual_clip_frac"].item() == 1.0
+
+
+def test_dgpo_clamp_zeroes_the_gradient_beyond_twenty():
+    """DGPO's docstring: beyond |log r| = 20 the clamp cuts the gradient (the authors' code, which
+    does not clamp, would keep g = u^(1/m) r^((m-1)/m) on Z_hi)."""
+    obj = get_objective("dgpo")  # u = 1.2, m = 2
+    assert one_token(obj, 19.0, 1.0)[1] == pytest.approx(math.sqrt(1.2 * math.exp(19.0)))
+    assert one_token(obj, 21.0, 1.0)[1] == 0.0
+
+
 # ---------------------------------------------------------------------------------------------
-# DGPO (spec §3, §6.6)
+# DGPO (docs/objectives.md §6, §10.6)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -204,7 +229,7 @@ def test_gppo_and_cispo_weights_diverge_as_pi_old_vanishes():
 
 
 # ---------------------------------------------------------------------------------------------
-# ATR (spec §4, §6.7)
+# ATR (docs/objectives.md §5, §10.7)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -241,7 +266,7 @@ def test_atr_two_sided_also_clips_the_other_side():
 
 
 # ---------------------------------------------------------------------------------------------
-# GSPO: the GSPO-token form has the per-sequence gradient (spec §1, design "GSPO-token form")
+# GSPO: the GSPO-token form has the per-sequence gradient (docs/objectives.md §3)
 # ---------------------------------------------------------------------------------------------
 
 

@@ -7,8 +7,8 @@
 
 Everything here calls the objectives of :mod:`sandbox.objectives` through their
 ``expected_coef``; no clip rule is written twice. See :mod:`sandbox.exact.bandit` for the
-equations (spec §6.3–6.5), :mod:`sandbox.exact.sequences` for the same sums over every
-completion of an enumerable reasoning task (tabular and tiny-transformer policies),
+equations (docs/objectives.md §10.3–10.5), :mod:`sandbox.exact.sequences` for the same sums over
+every completion of an enumerable reasoning task (tabular and tiny-transformer policies),
 :mod:`sandbox.exact.flow` for the deterministic dynamics and
 :mod:`sandbox.exact.softmax` for the entropy–covariance law (§6.8).
 """

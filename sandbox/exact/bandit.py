@@ -1,7 +1,7 @@
 r"""Exact expected gradients of clipped policy-gradient objectives on softmax bandits.
 
-Setting (spec §6.3): a K-armed bandit, a softmax policy ``pi = softmax(z)`` and data sampled from
-``pi_old = softmax(z_old)``. For a token-level objective with gradient coefficient
+Setting (docs/objectives.md §10.3): a K-armed bandit, a softmax policy ``pi = softmax(z)`` and
+data sampled from ``pi_old = softmax(z_old)``. For a token-level objective with gradient coefficient
 ``coef = -dloss/dlogp`` (the contract of :mod:`sandbox.objectives`), one sampled arm ``a`` with
 advantage ``A`` contributes ``coef(r_a, A) * grad_z log pi(a) = coef(r_a, A) (e_a - pi)``, with
 ``r_a = pi(a) / pi_old(a)``. Its expectation over the arm, the reward and the objective's own
@@ -27,9 +27,10 @@ rloo           ``G/(G-1) (R - k/G)``                              (leave-one-out
 The group options need binary rewards. Given the member's own reward R, the other G - 1 members'
 rewards are i.i.d. Bernoulli(p_bar) with ``p_bar = sum_a pi_old(a) p_a`` (their arms integrated
 out), so ``k = R + J`` with ``J ~ Binomial(G - 1, p_bar)`` and the expectation is a sum over J
-(spec §6.4; no Monte Carlo). By exchangeability of the G members, this single-member expectation
-is also the expectation of the per-group estimator ``(1/G) sum_i coef_i (e_{a_i} - pi)`` (and of
-a token-mean over many groups). Groups with zero variance (k = 0 or G) contribute nothing.
+(docs/objectives.md §10.4; no Monte Carlo). By exchangeability of the G members, this
+single-member expectation is also the expectation of the per-group estimator
+``(1/G) sum_i coef_i (e_{a_i} - pi)`` (and of a token-mean over many groups). Groups with zero
+variance (k = 0 or G) contribute nothing.
 
 Rewards (argument ``rewards [..., K]``):
 
@@ -397,7 +398,8 @@ def bandit_gradient(
     group_size: int | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
-    r"""Exact expected ascent direction dJ/dz of an objective on a softmax bandit (spec §6.3–6.4).
+    r"""Exact expected ascent direction dJ/dz of an objective on a softmax bandit
+    (docs/objectives.md §10.3–10.4).
 
     ``dJ/dz = sum_a pi_old(a) E[coef(r_a, A) | a] (e_a - pi)``, ``pi = softmax(logits)``,
     ``pi_old = softmax(old_logits)``, ``r_a = pi(a) / pi_old(a)``, ``E[coef | r, A]`` from
@@ -500,7 +502,8 @@ def expected_clip_fractions(
 
     ``E[clip_low_frac] = sum_a pi_old(a) P(A < 0 | a) 1[r_a < l]`` and
     ``E[clip_high_frac] = sum_a pi_old(a) P(A > 0 | a) 1[r_a > u]`` with ``(l, u) = obj.bounds()``
-    (spec §0; the metrics the objectives report, in expectation). Identically 0 on-policy.
+    (docs/objectives.md §1; the metrics the objectives report, in expectation). Identically 0
+    on-policy.
     Arguments as :func:`bandit_gradient`; raises ``ValueError`` if ``obj`` has no ``bounds()``.
 
     Returns:
@@ -551,7 +554,7 @@ def nsr_gradient_variance(
 
     One sample: arm ``a ~ pi_old``, reward R (and the group's other successes J for the group
     advantages), gradient ``x = coef (e_a - pi)``. With ``c = E[coef | r, A]`` (equal for both
-    arms, spec §6.5) and ``(δ_ab - pi_b)^2 = δ_ab (1 - 2 pi_b) + pi_b^2``::
+    arms, docs/objectives.md §10.5) and ``(δ_ab - pi_b)^2 = δ_ab (1 - 2 pi_b) + pi_b^2``::
 
         E[x_b]   = pi_old(b) c_b - pi_b sum_a pi_old(a) c_a
         E[x_b^2] = pi_old(b) M_b (1 - 2 pi_b) + pi_b^2 sum_a pi_old(a) M_a,  M_a = E[coef^2 | a]

@@ -1,4 +1,5 @@
-r"""Exact expected gradients of clipped objectives over enumerable token sequences (spec §6.3-4).
+r"""Exact expected gradients of clipped objectives over enumerable token sequences
+(docs/objectives.md §10.3-10.4).
 
 Setting: an enumerable task (:class:`envs.reasoning.BitsTask`: prompts ``p`` and, for a maximum
 completion length ``T = max_len``, every complete sequence ``y`` over the completion tokens

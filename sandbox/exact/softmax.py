@@ -59,8 +59,9 @@ def entropy_covariance_prediction(logits: Tensor, dz: Tensor) -> Tensor:
     ``H(z + dz) - H(z) ≈ -Cov_{a~pi}(log pi(a), dz_a)
                        = -sum_a pi(a) (log pi(a) - E_pi[log pi]) (dz_a - E_pi[dz])``
 
-    (from ``dH/dz_b = -pi(b) (log pi(b) - E_pi[log pi])``; spec §6.8). Vanilla policy gradient has
-    ``dz = eta * pi ⊙ A``, natural policy gradient ``dz = eta * A``; the error is O(|dz|^2).
+    (from ``dH/dz_b = -pi(b) (log pi(b) - E_pi[log pi])``; docs/objectives.md §10.8). Vanilla
+    policy gradient has ``dz = eta * pi ⊙ A``, natural policy gradient ``dz = eta * A``; the error
+    is O(|dz|^2).
 
     Args:
         logits: ``[..., K]`` the current logits z.
