@@ -202,6 +202,11 @@ class Batch:
         self.n_valid = torch.count_nonzero(mask).to(dtype)  # 0-d, no int64 copy
 
     @lazy
+    def n(self) -> Tensor:
+        """0-d ``max(n_valid, 1)``: the denominator of every mean over valid tokens."""
+        return self.n_valid.clamp(min=1)
+
+    @lazy
     def maskf(self) -> Tensor:
         """``[B, T]`` the mask in the compute dtype."""
         return self.mask.to(self.raw_lr.dtype)
@@ -331,7 +336,7 @@ def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
 
 def valid_share(flags: Tensor, b: Batch) -> Tensor:
     """Share of valid tokens where ``flags`` (bool, False on padding) holds."""
-    return torch.count_nonzero(flags).to(b.n_valid.dtype) / b.n_valid.clamp(min=1)
+    return torch.count_nonzero(flags).to(b.n_valid.dtype) / b.n
 
 
 def sequence_log_ratio(b: Batch) -> Tensor:
@@ -364,24 +369,23 @@ def ratio_metrics(
     default ``lr``; 0 on padding), which estimates KL(pi_old || pi)."""
     with torch.no_grad():
         lr, r = lr.detach(), r.detach()
-        n = b.n_valid.clamp(min=1)
+        n = b.n
         n_pad = b.mask.numel() - b.n_valid
         if token_lr is None:  # token level: lr = 0 and r = 1 on padding, plain sums suffice
-            token_lr = lr
             ratio_sum = token_ratio_sum = r.sum() - n_pad
-            lr_mean = lr.sum() / n
+            lr_sum = token_lr_sum = lr.sum()  # one pass, for the mean and for k3
         else:
-            token_lr = token_lr.detach()
             ratio_sum = (r * b.maskf).sum()
-            token_ratio_sum = token_lr.exp().sum() - n_pad
-            lr_mean = (lr * b.maskf).sum() / n
+            token_ratio_sum = token_lr.detach().exp().sum() - n_pad
+            lr_sum, token_lr_sum = (lr * b.maskf).sum(), token_lr.detach().sum()
+        lr_mean = lr_sum / n
         # One pass for both extremes: padding takes the valid mean, which lies between them.
         lo, hi = torch.aminmax(torch.where(b.mask, lr, lr_mean))
         return {
             "ratio_mean": ratio_sum / n,
             "ratio_max": hi.exp(),
             "ratio_min": lo.exp(),
-            "kl_k3": (token_ratio_sum - token_lr.sum()) / n - 1,
+            "kl_k3": (token_ratio_sum - token_lr_sum) / n - 1,
         }
 
 

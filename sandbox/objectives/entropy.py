@@ -31,7 +31,7 @@ def token_covariance(b: Batch) -> Tensor:
 
     Meaningless on padding: callers restrict their choice to ``b.mask``."""
     logp = b.logp.detach()  # 0 on padding, as adv: plain sums are masked sums
-    n = b.n_valid.clamp(min=1)
+    n = b.n
     return (b.adv - b.adv.sum() / n) * (logp - logp.sum() / n)
 
 
