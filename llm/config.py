@@ -105,8 +105,9 @@ class TrainConfig:
     backend: str = arg("auto", "torch.distributed backend (auto: nccl on CUDA, else gloo)")
     fsdp: bool = arg(False, "FSDP2 instead of DDP (under torchrun)")
 
-    def validate(self, world: int = 1) -> None:
-        """Cheap checks, before anything is loaded; ``ValueError`` naming the field."""
+    def validate(self, world: int = 1, launched: bool | None = None) -> None:
+        """Cheap checks, before anything is loaded; ``ValueError`` naming the field. ``world``:
+        the number of processes; ``launched``: started by torchrun (default: ``world > 1``)."""
         self._check_objective()
         for name in (
             "steps",
@@ -147,7 +148,7 @@ class TrainConfig:
                 "--vllm-gpu-memory-utilization must be in (0, 1], got "
                 f"{self.vllm_gpu_memory_utilization}"
             )
-        self._check_combinations(world)
+        self._check_combinations(world, world > 1 if launched is None else launched)
         for f in fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value is not None and value not in choices:
@@ -165,7 +166,7 @@ class TrainConfig:
         except ValueError as exc:
             raise ValueError(f"--objective {self.objective} --objective-params: {exc}") from None
 
-    def _check_combinations(self, world: int) -> None:
+    def _check_combinations(self, world: int, launched: bool) -> None:
         """Settings that are valid alone but not together (nothing is silently ignored)."""
         if self.rollout_backend == "vllm" and self.fsdp and self.lora_r > 0:
             raise ValueError("--rollout-backend vllm does not support --fsdp with --lora-r > 0")
@@ -182,7 +183,7 @@ class TrainConfig:
                 f"--minibatches {self.minibatches} must divide the step's "
                 f"{rows} completions (--prompts-per-step x --group-size)"
             )
-        if self.fsdp and world == 1:
+        if self.fsdp and not launched:
             raise ValueError(
                 "--fsdp shards over several processes: launch with torchrun "
                 "--nproc_per_node N (one process has nothing to shard)"

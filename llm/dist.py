@@ -21,6 +21,7 @@ class DistInfo:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    launched: bool = False  # started by torchrun (a process group exists, even of one process)
 
     @property
     def main(self) -> bool:
@@ -33,6 +34,7 @@ class DistInfo:
 
 def init(device: str, backend: str) -> tuple[DistInfo, torch.device]:
     """Join the process group if launched by torchrun; pick this process's device."""
+    launched = "WORLD_SIZE" in os.environ
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":
@@ -48,21 +50,20 @@ def init(device: str, backend: str) -> tuple[DistInfo, torch.device]:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
-    if world > 1 and not dist.is_initialized():
+    if launched and not dist.is_initialized():
         if backend == "auto":
             backend = "nccl" if dev.type == "cuda" else "gloo"
         kwargs = {"device_id": dev} if dev.type == "cuda" else {}
         dist.init_process_group(backend=backend, **kwargs)
-    return DistInfo(rank, world, local), dev
+    return DistInfo(rank, world, local, launched), dev
 
 
 def wrap(
     model: torch.nn.Module, info: DistInfo, device: torch.device, fsdp: bool
 ) -> torch.nn.Module:
-    """DDP (default) or FSDP2 (``fully_shard`` per decoder layer, then the root)."""
-    if not info.enabled:
-        return model
-    if fsdp:
+    """DDP (default) or FSDP2 (``fully_shard`` per decoder layer, then the root); FSDP2 also in a
+    one-process torchrun group, DDP only with several processes."""
+    if fsdp and info.launched:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -73,6 +74,8 @@ def wrap(
             if type(module).__name__.endswith("DecoderLayer"):
                 fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        return model
+    if not info.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
 

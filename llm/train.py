@@ -204,8 +204,7 @@ def load(cfg: TrainConfig) -> tuple[PromptSource, Any, torch.nn.Module, bool, in
 def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
     """Checks, data, model (+ vLLM engine, LoRA, checkpointing, reference), DDP/FSDP wrapping,
     optimizer, and the checkpoint to resume from."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cfg.validate(world)
+    cfg.validate(int(os.environ.get("WORLD_SIZE", "1")), launched="WORLD_SIZE" in os.environ)
     check_optional(cfg)
     settings = as_json(cfg)
     ckpt_exists = os.path.exists(checkpoint.path_in(cfg.out))
@@ -241,8 +240,12 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.gradient_checkpointing:  # transformers 5 renamed it; 4.x has only the old name
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     reference = None
     if cfg.kl_coef > 0 and cfg.lora_r == 0:  # with LoRA the reference is the adapter-free model
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -518,7 +521,7 @@ def micro_step(
     Gradients are synchronised across ranks on the last micro-batch of a minibatch (``sync``)."""
     cfg, info, policy = run.cfg, run.info, run.policy
     mask = sub["loss_mask"] * (0 if empty else 1)
-    if info.enabled and cfg.fsdp:
+    if info.launched and cfg.fsdp:
         policy.set_requires_gradient_sync(sync)
     no_sync = info.enabled and not cfg.fsdp and not sync
     with policy.no_sync() if no_sync else contextlib.nullcontext():

@@ -36,7 +36,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(args: list[str], nproc: int | None = None) -> None:
+def run(args: list[str], nproc: int | None = None, backend: str = "gloo") -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
     if nproc is None:
@@ -44,7 +44,7 @@ def run(args: list[str], nproc: int | None = None) -> None:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
                "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               "-m", "llm.train", *args, "--backend", "gloo"]  # fmt: skip
+               "-m", "llm.train", *args, "--backend", backend]  # fmt: skip
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired:
@@ -84,3 +84,12 @@ def test_two_processes_equal_one(one_process, tmp_path, fsdp):
         [line.split('"reward": ')[1].split(",")[0] for line in t.splitlines()] for t in lines
     ]
     assert rewards[0] == rewards[1] and len(rewards[0]) == 2
+
+
+def test_fsdp_in_a_one_process_group_equals_one_process(one_process, tmp_path):
+    """torchrun --nproc_per_node 1 --fsdp shards over a group of one (FSDP2's code path on one
+    device, as on a single GPU) and matches the plain run; the CPU run builds its mesh on the CPU
+    (FSDP2's default mesh is on the accelerator whenever one exists)."""
+    out = tmp_path / "fsdp1"
+    run([*ARGS, "--grad-accum", "2", "--fsdp", "--out", str(out)], nproc=1)
+    assert_same_params(model_state(str(one_process)), model_state(str(out)))

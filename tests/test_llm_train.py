@@ -148,6 +148,146 @@ def test_sigterm_writes_a_checkpoint(tmp_path):
     assert state["step"] == steps >= 1
 
 
+def _start_and_wait_for_a_step(out, extra=()):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "llm.train", "--model", "tiny", "--steps", "10000", "--lr", "1e-3",
+           "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
+           "--no-progress", "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics, deadline = out / "metrics.jsonl", time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n")):
+        time.sleep(0.2)
+    return proc, metrics
+
+
+def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
+    """SIGINT (Ctrl-C) is treated like SIGTERM: the step finishes, a checkpoint is written, exit
+    130; --resume then continues from the checkpoint's step."""
+    out = tmp_path / "int"
+    proc, metrics = _start_and_wait_for_a_step(out)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "SIGINT: checkpoint written" in err.decode() and "Traceback" not in err.decode()
+    steps = len(metrics.read_text().splitlines())
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == steps >= 1
+    rows = train(TrainConfig(model="tiny", steps=steps + 1, lr=1e-3, prompts_per_step=2,
+                             group_size=2, max_new_tokens=4, progress=False, device="cpu",
+                             save_model=False, out=str(out), resume=True))  # fmt: skip
+    assert [r["step"] for r in rows] == [steps + 1]
+
+
+def test_second_ctrl_c_aborts_at_once(tmp_path):
+    """Two Ctrl-C: the second raises KeyboardInterrupt in the middle of the step (no waiting)."""
+    out = tmp_path / "int2"
+    proc, _ = _start_and_wait_for_a_step(out, ["--prompts-per-step", "64", "--group-size", "8",
+                                               "--max-new-tokens", "32"])  # fmt: skip
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err.decode()
+
+
+def test_resume_without_a_checkpoint_or_with_nothing_left_fails(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"--resume: no checkpoint at .*typo.*check --out"):
+        train(config(tmp_path, "typo", steps=1, resume=True))
+    assert not (tmp_path / "typo" / "metrics.jsonl").exists()
+    train(config(tmp_path, steps=2))
+    with pytest.raises(ValueError, match=r"is at step 2, not before --steps 1: nothing to do"):
+        train(config(tmp_path, steps=1, resume=True))
+    with pytest.raises(SystemExit) as exc:  # and from the command line: exit status 2
+        main(["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--steps", "2",
+              "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "8",
+              "--prompts-per-call", "1", "--lr", "1e-2", "--no-save-model", "--no-progress",
+              "--device", "cpu", "--out", str(tmp_path / "run"), "--resume"])  # fmt: skip
+    assert exc.value.code == 2 and "nothing to do" in capsys.readouterr().err
+
+
+def test_resume_accepts_a_task_knob_given_at_its_default(tmp_path):
+    train(config(tmp_path, steps=1, task="mod_arith", task_knobs={}))
+    rows = train(config(tmp_path, steps=2, resume=True, task="mod_arith",
+                        task_knobs={"modulus": 7}))  # fmt: skip
+    assert [r["step"] for r in rows] == [2]
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["task_knobs"]["modulus"] == 7 and saved["steps"] == 2
+
+
+def test_config_file_and_flags(tmp_path, capsys):
+    """--config sets the same fields; flags override it; OUT/config.json records the run."""
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("objective: gspo\nlr: 1e-3\ntask_knobs: {length: 2}\nreport_to: []\n")
+    cfg = parse_args(["--config", str(yaml_file), "--lr", "0.5"])
+    assert (cfg.objective, cfg.lr, cfg.task_knobs) == ("gspo", 0.5, {"length": 2})
+    toml_file = tmp_path / "run.toml"
+    toml_file.write_text('objective = "nsr_dapo"\nsteps = 3\nobjective_params = {sigma = 0.2}\n')
+    cfg = parse_args(["--config", str(toml_file)])
+    assert (cfg.objective, cfg.steps, cfg.objective_params) == ("nsr_dapo", 3, {"sigma": 0.2})
+    for text, match in [("stepz: 3\n", "unknown setting 'stepz'"),
+                        ("steps: three\n", "steps must be int"), ("- 1\n", "mapping")]:  # fmt: skip
+        yaml_file.write_text(text)
+        with pytest.raises(ValueError, match=match):
+            parse_args(["--config", str(yaml_file)])
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"expected a \.toml, \.yaml or \.yml"):
+        parse_args(["--config", str(tmp_path / "run.json")])
+    with pytest.raises(ValueError, match="config file not found"):
+        parse_args(["--config", str(tmp_path / "missing.yaml")])
+    out = tmp_path / "cfg"
+    train(config(tmp_path, "cfg", steps=1, objective="gspo"))
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["objective"] == "gspo" and saved["steps"] == 1
+    assert saved["task_knobs"] == {"length": 2, "mode": "parity"}  # resolved: the defaults too
+
+
+def test_help_shows_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("(default: 100)") == 1  # --steps
+    for flag in ("--task", "--eval-data", "--prompts-per-call"):
+        entry = text.split(flag, 1)[1].split(" --", 1)[0]
+        assert entry.count("default") <= 1, entry
+
+
+def test_default_rollout_is_one_batched_generate(tmp_path, monkeypatch):
+    from llm import rollout
+
+    calls = []
+    real = rollout.generate
+
+    def spy(*args, **kw):
+        calls.append(kw["prompts_per_call"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rollout, "generate", spy)
+    train(TrainConfig(**{**BASE, "prompts_per_call": None, "steps": 1, "out": str(tmp_path / "b")}))
+    assert calls == [BASE["prompts_per_step"]]  # all the rank's prompts in one call
+    assert TrainConfig().prompts_per_call is None and TrainConfig().gradient_checkpointing
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--fsdp"], "--fsdp shards over several processes: launch with torchrun"),
+        (["--eval-data", "x.jsonl"], "--eval-data is only read with --eval-every"),
+        (["--prompts-per-step", "2", "--group-size", "2", "--minibatches", "3"],
+         "--minibatches 3 must divide the step's 4 completions"),
+        (["--report-to", "wandb"], None),
+    ],
+)  # fmt: skip
+def test_flags_that_would_be_ignored_are_refused(tmp_path, capsys, monkeypatch, args, match):
+    if match is None:  # a missing tracker names the extra that installs it
+        monkeypatch.setitem(sys.modules, "wandb", None)
+        match = r"wandb is not installed: pip install 'clip-sandbox\[tracking\]'"
+    _bad(tmp_path, capsys, args, match)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_line(tmp_path, capsys):
+    _bad(tmp_path, capsys, ["--device", "cuda"], r"--device cuda: CUDA is not available")
+
+
 def test_gradient_accumulation_keeps_the_update(tmp_path):
     """1 vs 4 micro-batches per optimizer step: the same minibatch gradient up to float32
     summation order. Adam divides by each coordinate's RMS, which amplifies that rounding in
