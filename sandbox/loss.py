@@ -42,7 +42,7 @@ from torch import Tensor
 from .aggregate import AGGREGATION_MODES, aggregate
 from .correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .kl import KL_ESTIMATORS, kl_divergence
-from .objectives.base import Objective
+from .objectives import Objective
 
 ROLLOUT_IS_CHOICES = ("none", *IS_MODES)
 
@@ -182,7 +182,7 @@ class PolicyLoss:
                 per_token = per_token - self.entropy_coef * entropy
         loss = aggregate(
             per_token, mask, self.mode, num_tokens=num_tokens, num_seqs=num_seqs,
-            max_len=max_len, groups=groups,
+            max_len=max_len, groups=groups, validate=validate,
         )  # fmt: skip
         return LossOutput(loss, metrics)
 

@@ -179,3 +179,18 @@ def test_bad_input_names_the_argument(kwargs, call, match):
 def test_objective_must_be_an_objective():
     with pytest.raises(ValueError, match="objective"):
         PolicyLoss("dapo")  # type: ignore[arg-type]
+
+
+def test_an_all_padding_micro_batch_gives_zero_without_validation():
+    """llm.train runs a stand-in micro-batch with an all-zero mask on a rank that has no rows
+    (every rank must call backward): with validate=False the loss is 0 and backward works."""
+    x = batch()
+    x["logp"].requires_grad_(True)
+    fn = PolicyLoss(get_objective("dapo"), kl_coef=0.1, entropy_coef=0.01)
+    zero = torch.zeros_like(x["mask"])
+    out = fn(x["logp"], x["logp_old"], x["adv"], zero, logp_ref=x["logp_ref"],
+             entropy=x["entropy"], validate=False, num_tokens=10.0, num_seqs=3.0)  # fmt: skip
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and torch.count_nonzero(x["logp"].grad) == 0
+    with pytest.raises(ValueError, match="mask"):
+        fn(x["logp"], x["logp_old"], x["adv"], zero, logp_ref=x["logp_ref"], entropy=x["entropy"])

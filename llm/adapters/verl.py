@@ -165,6 +165,11 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+#: verl fields that verl's own loss of the same name never reads: clip_cov's verl loss has no dual
+#: clip (``clip_ratio_c`` unused), so sandbox_clip_cov does not take it from the config either.
+VERL_UNUSED: dict[str, frozenset[str]] = {"clip_cov": frozenset({"clip_c"})}
+
+
 def resolve_params(name: str, config: Any) -> dict[str, Any]:
     """The keyword arguments for ``get_objective(name, ...)`` under verl actor config ``config``.
 
@@ -173,7 +178,8 @@ def resolve_params(name: str, config: Any) -> dict[str, Any]:
     objectives) is offset by the distributed rank.
     """
     preset = PRESETS.get(name)
-    accepted = objective_class(preset.objective if preset else name).param_names()
+    base = preset.objective if preset else name
+    accepted = set(objective_class(base).param_names()) - VERL_UNUSED.get(base, frozenset())
     params: dict[str, Any] = {}
     for key, source in VERL_SOURCES.items():
         if key in accepted and (value := source(config)) is not None:
