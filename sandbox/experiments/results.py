@@ -48,13 +48,34 @@ def read_parts(parts_dir: str | Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
 
+#: Columns a tidy results frame needs (figures and tables group by them).
+RESULT_COLUMNS = ("setting", "objective", "kind", "step", "expected_reward")
+#: Columns of a final-score table (``summary.csv``).
+SCORE_COLUMNS = ("setting", "objective", "final_reward")
+
+
+def is_score_table(frame: pd.DataFrame) -> bool:
+    """True for a final-score table (``summary.csv``) rather than per-step results."""
+    return set(SCORE_COLUMNS) <= set(frame.columns) and "step" not in frame.columns
+
+
 def load_results(path: str | Path) -> pd.DataFrame:
-    """A results folder (``results.parquet`` or its ``parts/``) or a parquet/CSV file."""
+    """A results folder (``results.parquet`` or its ``parts/``) or a parquet/CSV file: tidy
+    per-step results, or a final-score table (``summary.csv``, see :func:`is_score_table`).
+    Anything else is a ``ValueError`` naming the file and what to pass."""
     path = Path(path)
     if path.is_dir():
         if (path / "results.parquet").exists():
             return pd.read_parquet(path / "results.parquet")
         return read_parts(path / "parts")
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    return pd.read_parquet(path)
+    try:
+        frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"results: cannot read {path} as CSV or parquet: {exc}") from exc
+    missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
+    if missing and not is_score_table(frame):
+        raise ValueError(
+            f"results: {path} has no column(s) {missing}; pass a run folder, its "
+            "results.parquet, or its summary.csv"
+        )
+    return frame
