@@ -50,7 +50,7 @@ from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, tr
 
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .pool import imap_unordered
-from .results import part_name, write_parquet_atomic
+from .results import part_name, remove_temp_files, write_parquet_atomic
 
 
 def default_objectives() -> list[str]:
@@ -399,6 +399,7 @@ def run_compare(
     parts = out_dir / "parts"
     check_resume(config, out_dir, force)
     parts.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(parts)
     (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
     wanted, todo = plan_jobs(config, parts, force)
     done = sum((parts / name).exists() for name in wanted) if not force else 0

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
+TMP_SUFFIX = ".tmp"
 
 
 def part_name(*fields: object) -> str:
@@ -26,18 +27,27 @@ def write_parquet_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
     """Write ``frame`` to ``path`` so that readers only ever see a complete file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
-    try:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:  # from here on an exception (Ctrl-C, SIGTERM in the driver) removes the temp file
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def remove_temp_files(folder: str | Path) -> int:
+    """Delete temp files a killed writer (SIGKILL, power loss) left in ``folder``; returns how
+    many. Only the writer of a run folder calls it, before writing."""
+    stale = list(Path(folder).glob(f".*{TMP_SUFFIX}"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def read_parts(parts_dir: str | Path) -> pd.DataFrame:

@@ -77,7 +77,7 @@ from .compare import (
 )
 from .plots import final_scores, format_scores, render_all
 from .pool import imap_unordered
-from .results import part_name, write_parquet_atomic
+from .results import part_name, remove_temp_files, write_parquet_atomic
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
 #: sweep owns: ``objectives`` come from the grid, ``seed`` may be a list of base seeds).
@@ -725,6 +725,7 @@ def run_sweep(
     parts = out_dir / "parts"
     _check_resume(plan, out_dir, force)
     parts.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(parts)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
     runs = plan.runs()
     todo = [r for r in runs if force or not (parts / r.part).exists()]
