@@ -71,6 +71,10 @@ def _interrupted(err: KeyboardInterrupt, where: str) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    if args.workers != 1:  # the pool's forkserver imports torch while this process does too
+        from sandbox.experiments.pool import start_forkserver
+
+        start_forkserver()
     from sandbox.experiments.compare import (
         CompareConfig,
         check_name,
@@ -130,6 +134,10 @@ def _tour(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    if args.workers != 1 and args.backend == "local" and not args.dry_run:
+        from sandbox.experiments.pool import start_forkserver
+
+        start_forkserver()
     from sandbox.experiments.compare import check_name
     from sandbox.experiments.sweep import describe_plan, load_sweep, main, with_overrides
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
+import torch
 
 from sandbox.experiments import CompareConfig, run_compare
 
@@ -121,3 +122,19 @@ def test_sigterm_stops_a_sweep_without_orphans(tmp_path):
     assert 1 <= len(done) < 16 and "run the same command again to resume" in err
     for path in done:  # sampled 4 seeds x 40 steps + the exact flow's 40 rows
         assert len(pd.read_parquet(path)) == 4 * 40 + 40
+
+
+def test_pool_never_forks_the_driver_even_after_autograd_ran(tmp_path):
+    """Issue 12: forking a process whose autograd engine has started fails on GPU hosts. The pool
+    takes its workers from a forkserver; a comparison after a backward pass in this process runs
+    and gives the same numbers as in-process."""
+    from sandbox.experiments import pool
+
+    assert pool._context().get_start_method() == "forkserver"
+    x = torch.ones(3, requires_grad=True)
+    (x * 2).sum().backward()  # autograd has run in the driver
+    config = CompareConfig(objectives=["dapo", "gspo"], settings=["needle"], seeds=2, steps=3,
+                           prompts_per_batch=2, minibatches=2)  # fmt: skip
+    pooled, _ = run_compare(config, tmp_path / "p", workers=2, progress=False, figures=False)
+    alone, _ = run_compare(config, tmp_path / "a", workers=1, progress=False, figures=False)
+    pd.testing.assert_frame_equal(pooled, alone)
