@@ -44,7 +44,7 @@ def test_line_plots_cap_the_lines_with_distinct_colours_and_say_so(tmp_path, cap
     colours = {tuple(np.round(matplotlib.colors.to_rgb(line.get_color()), 6)) for line in lines}
     assert len(colours) == 12
     assert len(ax.get_legend().get_texts()) == 12
-    assert "12 of 29 objectives" in captured[0]._suptitle.get_text()
+    assert "12 of 29 objectives (clip-sandbox plot --highlight" in captured[0]._suptitle.get_text()
     # a named selection wins; a few objectives are all drawn
     assert plots.pick_lines(results, ["rule03", "rule01"]) == ["rule03", "rule01"]
     assert plots.pick_lines(_results(5)) == [f"rule{i:02d}" for i in range(5)]

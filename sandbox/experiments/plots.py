@@ -210,7 +210,11 @@ def plot_curves(
 
 def _subset_note(results: pd.DataFrame, shown: list[str]) -> str:
     total = results["objective"].nunique()
-    return "" if len(shown) >= total else f"\n{len(shown)} of {total} objectives (see --highlight)"
+    return (
+        ""
+        if len(shown) >= total
+        else f"\n{len(shown)} of {total} objectives (clip-sandbox plot --highlight picks others)"
+    )
 
 
 def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
@@ -297,7 +301,8 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
         ax.set_title(setting)
         ax.set_xlabel("final expected reward")
     if "exact_final_reward" in scores and scores["exact_final_reward"].notna().any():
-        axes[0][0].legend(loc="lower right")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles[:1], labels[:1], loc="upper right", frameon=False)  # off the panels
     fig.suptitle("Final score (mean over seeds, 95% CI; x = exact flow)")
     fig.tight_layout()
     out = _save(fig, Path(path))
