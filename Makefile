@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 # CPU build of torch for the venv; users with GPUs install their CUDA build first (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-vllm lint format install bench clean
+.PHONY: demo test test-vllm lint format install bench notebooks clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The default comparison; prints its own wall time (the install before it is not counted).
 demo: install
-	$(VENV)/bin/clip-sandbox compare
+	@$(PY) -c "import subprocess, sys, time; t = time.perf_counter(); \
+	rc = subprocess.call(['$(VENV)/bin/clip-sandbox', 'compare']); \
+	print(f'make demo: clip-sandbox compare took {time.perf_counter() - t:.0f} s (wall, install not counted)'); \
+	sys.exit(rc)"
+
+# JupyterLab on notebooks/ (installs the notebooks extra: jupyterlab, nbconvert).
+notebooks: install
+	$(PY) -m pip install -q -e ".[notebooks]"
+	$(VENV)/bin/jupyter lab notebooks/
 
 test: install
 	$(PY) -m ruff check .

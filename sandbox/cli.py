@@ -1,32 +1,46 @@
 """``clip-sandbox``: the command line.
 
-clip-sandbox objectives          # the registry: objectives and presets with their parameters
-clip-sandbox weights [--ratios]  # gradient weight g(r) of objectives at chosen ratios
-clip-sandbox demo [--out DIR]    # the objectives tour: tables, an autograd check and a figure
+clip-sandbox objectives [--kind]   # the registry: objectives and presets with their parameters
+clip-sandbox weights [--ratios]    # gradient weight g(r) of objectives at chosen ratios
+clip-sandbox tour [--out DIR]      # the objectives tour: tables, an autograd check and a figure
+clip-sandbox compare               # every rule on the bandit suite, sampled and exact (make demo)
+clip-sandbox sweep FILE            # a grid of objectives x parameters x settings x seeds
+clip-sandbox plot RESULTS          # the standard figures and the score table from any results
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
-import pandas as pd
+#: Width of the text tables (``objectives``).
+WIDTH = 100
+
+
+def format_registry(entries: list[dict], width: int = WIDTH) -> str:
+    """The registry as text no wider than ``width``: one line per entry with its short fields,
+    then its parameters and [paper], indented and wrapped."""
+    columns = ("name", "kind", "objective", "level", "stochastic", "aggregation")
+    rows = [[str(e[c]) for c in columns] for e in entries]
+    sizes = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(n) for c, n in zip(columns, sizes, strict=True)).rstrip()]
+    for entry, row in zip(entries, rows, strict=True):
+        lines.append("  ".join(v.ljust(n) for v, n in zip(row, sizes, strict=True)).rstrip())
+        params = ", ".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in entry["params"].items()
+        )
+        text = f"{params or '(no parameters)'}  [{entry.get('paper') or '-'}]"
+        lines += textwrap.wrap(text, width, initial_indent="    ", subsequent_indent="      ")
+    return "\n".join(lines)
 
 
 def _objectives(args: argparse.Namespace) -> int:
     from sandbox.objectives import describe
 
-    table = pd.DataFrame(describe())
-    table["params"] = table["params"].map(
-        lambda p: ", ".join(
-            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in p.items()
-        )
-    )
-    if args.kind != "all":
-        table = table[table["kind"] == args.kind]
-    with pd.option_context("display.max_colwidth", 90, "display.width", 250):
-        print(table.to_string(index=False))
+    entries = [e for e in describe() if args.kind in ("all", e["kind"])]
+    print(format_registry(entries))
     return 0
 
 
@@ -45,18 +59,44 @@ def _weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupted(err: KeyboardInterrupt, where: str) -> int:
+    """The resume hint after Ctrl-C or SIGTERM; exit status 128 + signal number."""
+    from sandbox.experiments.pool import Terminated
+
+    signum = err.signum if isinstance(err, Terminated) else 2
+    name = "SIGTERM" if signum == 15 else ("SIGINT" if signum == 2 else f"signal {signum}")
+    print(f"\ninterrupted ({name}): {where}; run the same command again to resume",
+          file=sys.stderr)  # fmt: skip
+    return 128 + signum
+
+
 def _compare(args: argparse.Namespace) -> int:
-    from sandbox.experiments.compare import CompareConfig, main
+    if args.workers != 1:  # the pool's forkserver imports torch while this process does too
+        from sandbox.experiments.pool import start_forkserver
+
+        start_forkserver()
+    from sandbox.experiments.compare import (
+        CompareConfig,
+        check_name,
+        main,
+        parse_objective_params,
+        progress_line,
+    )
 
     overrides = {
         name: getattr(args, name)
         for name in CompareConfig.help()
         if getattr(args, name, None) is not None
     }
+    if "objective_params" in overrides:
+        overrides["objective_params"] = parse_objective_params(overrides["objective_params"])
     config = CompareConfig(**overrides)
     name = args.name or ("default" if config.suite == "bandit" else config.suite)
-    out = Path(args.out) / name
-    main(config, out, workers=args.workers, force=args.force, progress=not args.no_progress)
+    out = Path(args.out) / check_name(name)
+    try:
+        main(config, out, workers=args.workers, force=args.force, progress=not args.no_progress)
+    except KeyboardInterrupt as err:
+        return _interrupted(err, progress_line(config, out))
     return 0
 
 
@@ -94,10 +134,15 @@ def _tour(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from sandbox.experiments.sweep import describe_plan, load_sweep, main
+    if args.workers != 1 and args.backend == "local" and not args.dry_run:
+        from sandbox.experiments.pool import start_forkserver
 
-    plan = load_sweep(args.file)
-    out = Path(args.out) / (args.name or plan.name)
+        start_forkserver()
+    from sandbox.experiments.compare import check_name
+    from sandbox.experiments.sweep import describe_plan, load_sweep, main, with_overrides
+
+    plan = with_overrides(load_sweep(args.file), seeds=args.seeds, steps=args.steps)
+    out = Path(args.out) / check_name(args.name or plan.name)
     if args.dry_run:
         print(describe_plan(plan, out))
         return 0
@@ -109,15 +154,14 @@ def _sweep(args: argparse.Namespace) -> int:
     except ImportError as err:  # --backend ray without Ray installed
         print(f"clip-sandbox: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: {describe_plan(plan, out).splitlines()[-1].strip()}; run the same "
-              "command again to resume", file=sys.stderr)  # fmt: skip
-        return 130
+    except KeyboardInterrupt as err:
+        return _interrupted(err, describe_plan(plan, out).splitlines()[-1].strip())
     return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
     from sandbox.experiments import final_scores, format_scores, load_results, render_all
+    from sandbox.experiments.results import is_score_table
 
     source = Path(args.results)
     if not source.exists():
@@ -126,6 +170,15 @@ def _plot(args: argparse.Namespace) -> int:
         results = load_results(source)
     except FileNotFoundError as err:
         raise ValueError(f"results: {err} (expected results.parquet or parts/)") from err
+    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    if is_score_table(results):  # summary.csv: the final scores only
+        from sandbox.experiments.plots import plot_final_scores
+
+        path = plot_final_scores(results, out / "final_scores.png")
+        print(format_scores(results))
+        print(f"\n{source} holds final scores only: wrote {path}; pass results.parquet (or its "
+              "folder) for the curves")  # fmt: skip
+        return 0
     if args.highlight:
         unknown = sorted(set(args.highlight) - set(results["objective"]))
         if unknown:
@@ -133,55 +186,96 @@ def _plot(args: argparse.Namespace) -> int:
                 f"highlight: unknown objective(s) {unknown}; in these results: "
                 f"{sorted(results['objective'].unique())}"
             )
-    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
     paths = render_all(results, out, args.highlight)
     print(format_scores(final_scores(results)))
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
     return 0
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--workers 0`` is an error, not a silent default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "all objectives and presets"
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+#: Metavars and choices of compare's flags (the rest use the field's type).
+_METAVARS = {"objectives": "NAME", "settings": "SETTING", "objective_params": "[NAME:]KEY=VALUE"}
+_CHOICES = {"suite": ("bandit", "reasoning"), "optimizer": ("sgd", "adam")}
+
+
 def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags generated from :class:`CompareConfig`'s fields (defaults stay in the dataclass)."""
+    """Flags generated from :class:`CompareConfig`'s fields (defaults stay in the dataclass;
+    a per-suite default is shown once when the suites agree)."""
     from dataclasses import MISSING, fields
 
-    from sandbox.experiments.compare import CompareConfig
+    from sandbox.experiments.compare import SUITE_DEFAULTS, CompareConfig
 
     p.add_argument(
         "--name", default=None, help="run name: results go to OUT/NAME (default: the suite's)"
     )
-    p.add_argument("--out", default="runs", help="output root folder")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: min(cpus, 4))")
+    p.add_argument("--out", default="runs", help="output root folder (default: runs)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes (default: min(cpus, 4); 1 runs in this process)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="recompute finished runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    from sandbox.experiments.compare import SUITE_DEFAULTS
-
     for f in fields(CompareConfig):
         default = f.default_factory() if f.default is MISSING else f.default
         flag = "--" + f.name.replace("_", "-")
+        kwargs: dict = {"dest": f.name, "default": None, "metavar": _METAVARS.get(f.name)}
+        if f.name == "objective_params":
+            p.add_argument(flag, nargs="+", help=f.metadata["help"], **kwargs)
+            continue
         if default is None:  # per-suite default
             per_suite = {s: d.get(f.name) for s, d in SUITE_DEFAULTS.items()}
-            shown = "; ".join(f"{s}: {'all' if v is None else v}" for s, v in per_suite.items())
-            sample = next((v for v in per_suite.values() if v is not None), "")
+            values = list(per_suite.values())
+            if all(v == values[0] for v in values):
+                shown = _shown(values[0])
+            else:
+                shown = "; ".join(f"{s}: {_shown(v)}" for s, v in per_suite.items())
+            sample = next((v for v in values if v is not None), "")
         else:
-            shown, sample = default, default
-        help_text = f"{f.metadata.get('help', '')} (default: {shown})"
+            shown, sample = _shown(default), default
+        kwargs["help"] = f"{f.metadata.get('help', '')} (default: {shown})"
+        if f.name in _CHOICES:
+            kwargs.update(choices=_CHOICES[f.name], metavar=None)
         if isinstance(sample, list) or f.name == "objectives":
-            p.add_argument(flag, dest=f.name, nargs="+", default=None, help=help_text)
+            p.add_argument(flag, nargs="+", **kwargs)
         else:
-            p.add_argument(flag, dest=f.name, type=type(sample), default=None, help=help_text)
+            p.add_argument(flag, type=type(sample), **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clip-sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("objectives", help="list objectives and presets with their parameters")
-    p.add_argument("--kind", choices=("all", "objective", "preset"), default="all")
+    p.add_argument("--kind", choices=("all", "objective", "preset"), default="all",
+                   help="registered objectives (paper defaults), named presets, or all (default)")  # fmt: skip
     p.set_defaults(func=_objectives)
     p = sub.add_parser("weights", help="gradient weight g(r) of objectives at given ratios")
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.2, 1.5, 3.0])
-    p.add_argument("--objectives", nargs="+", default=None, help="names or presets")
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.2, 1.5, 3.0],
+                   metavar="R", help="ratios r = pi / pi_old to evaluate g(r) at "
+                   "(default: 0.5 0.8 1.0 1.2 1.5 3.0)")  # fmt: skip
+    p.add_argument("--objectives", nargs="+", default=None, metavar="NAME",
+                   help="names or presets (default: the tour's selection)")  # fmt: skip
     p.set_defaults(func=_weights)
-    p = sub.add_parser("compare", help="compare objectives on the bandit suite (make demo)")
+    p = sub.add_parser(
+        "compare", help="compare objectives on the bandit (or reasoning) suite (make demo)",
+        description="Every objective on a suite of settings: sampled runs over seeds and, on "
+        "bandits, the exact expected-gradient flow. Steps are 1-based (step s: the s-th rollout "
+        "+ update round), as in llm.train. A rerun with the same --name resumes; other settings "
+        "are refused (use another --name or --force).",
+    )  # fmt: skip
     _add_compare_arguments(p)
     p.set_defaults(func=_compare)
     p = sub.add_parser(
@@ -195,8 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None,
                    help="Ray cluster address (e.g. auto or ray://host:10001); default: start a "
                    "local Ray instance with --workers CPUs")  # fmt: skip
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=positive_int, default=None,
                    help="processes (local: default min(cpus, 4)) or CPUs of a local Ray instance")  # fmt: skip
+    p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
+                   help="override the file's seeds per run (a smoke run: --seeds 2 --steps 5)")  # fmt: skip
+    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
+                   help="override the file's training steps")  # fmt: skip
     p.add_argument("--force", action="store_true", help="recompute finished runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
@@ -208,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="objectives (variant labels) drawn in the line plots (default: all)")  # fmt: skip
     p.set_defaults(func=_plot)
     p = sub.add_parser("tour", help="the objectives tour (tables, autograd check, figure)")
-    p.add_argument("--out", default="runs/tour", help="output folder")
+    p.add_argument("--out", default="runs/tour",
+                   help="folder for gradient_weights.csv/.png and autograd_check.csv "
+                   "(default: runs/tour)")  # fmt: skip
     p.set_defaults(func=_tour)
     return parser
 

@@ -1,4 +1,5 @@
 import pandas as pd
+import pytest
 
 from sandbox.cli import main
 from sandbox.objectives import available_objectives, available_presets
@@ -26,3 +27,36 @@ def test_tour_writes_tables_and_figure(tmp_path, capsys):
 def test_bad_name_is_a_clear_error(capsys):
     assert main(["weights", "--objectives", "nope"]) == 2
     assert "unknown objective 'nope'" in capsys.readouterr().err
+
+
+def _help(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def test_every_flag_has_help_and_compare_shows_each_default_once(capsys):
+    text = " ".join(_help(capsys, "compare").split())  # argparse wraps lines
+    assert text.count("(default:") == text.count("(default: ") >= 13
+    assert "(default: 2)" in text  # epochs: the same in both suites, shown once
+    assert "bandit: 2; reasoning: 2" not in text and "default) (default" not in text
+    assert "--objective-params [NAME:]KEY=VALUE" in text
+    for command, flag, words in [
+        ("weights", "--ratios", "ratios r = pi / pi_old"),
+        ("objectives", "--kind", "named presets"),
+        ("tour", "--out", "gradient_weights.csv"),
+        ("sweep", "--seeds", "smoke run"),
+        ("sweep", "--steps", "training steps"),
+    ]:
+        text = " ".join(_help(capsys, command).split())
+        assert flag in text and words in text, (command, flag)
+
+
+def test_objectives_table_fits_100_columns(capsys):
+    assert main(["objectives"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 100
+    assert any("eps_high=0.28" in line for line in lines)  # dapo's preset value is listed
+    assert main(["objectives", "--kind", "preset"]) == 0
+    out = capsys.readouterr().out
+    assert "dapo" in out and "\ncispo " not in out  # objectives are not listed as presets

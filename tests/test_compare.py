@@ -1,11 +1,17 @@
 """The default comparison, end to end in a small setting."""
 
+import json
+
+import numpy as np
 import pandas as pd
 import pytest
 
 from sandbox.cli import main
+from sandbox.exact import exact_flow
 from sandbox.experiments import CompareConfig, load_results, run_compare
+from sandbox.experiments.compare import parse_objective_params
 from sandbox.experiments.plots import mean_ci
+from sandbox.objectives import get_objective
 
 SMALL = dict(
     objectives=["grpo", "nsr_dapo", "clip_cov"], settings=["easy", "mixed"], seeds=4, steps=6,
@@ -31,15 +37,16 @@ def test_compare_writes_results_summary_figures_and_resumes(tmp_path):
     exact = results[results["kind"] == "exact"]
     assert set(exact["objective"]) == {"grpo", "nsr_dapo"}
     assert (exact["seed"] == -1).all() and len(exact) == 2 * 2 * 6
-    # step 0 is the initial policy: sampled and exact agree exactly there
-    first = results[results["step"] == 0].groupby(["setting", "kind"])["expected_reward"]
-    assert (first.max() - first.min()).max() < 1e-6
+    # steps are 1-based; step 1 is sampled by the initial policy: sampled and exact agree there
+    assert results["step"].min() == 1 and results["step"].max() == 6
+    first = results[results["step"] == 1].groupby(["setting", "kind"])["expected_reward"]
+    assert len(first.max()) == 4 and (first.max() - first.min()).max() < 1e-6
     assert set(scores["objective"]) == set(SMALL["objectives"]) and len(scores) == 6
     assert scores["final_reward"].between(0, 1).all()
 
     # resume: finished parts are not recomputed
     parts = sorted((out / "parts").glob("*.parquet"))
-    assert len(parts) == 6
+    assert len(parts) == 6 + 4  # sampled per (setting, objective), exact where a closed form
     stamps = {p: p.stat().st_mtime_ns for p in parts}
     run_compare(CompareConfig(**SMALL), out, workers=1, progress=False, figures=False)
     assert all(p.stat().st_mtime_ns == stamps[p] for p in parts)
@@ -78,3 +85,108 @@ def test_reasoning_suite_runs_end_to_end(tmp_path):
     assert (tmp_path / "r" / "final_scores.png").exists()
     with pytest.raises(ValueError, match="unknown setting 'easy'"):
         CompareConfig(suite="reasoning", settings=["easy"])
+
+
+TINY = dict(objectives=["dapo"], settings=["needle"], seeds=2, steps=3, prompts_per_batch=2,
+            minibatches=2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"steps": 2}, {"lr": 0.1}, {"seeds": 3}, {"optimizer": "adam"}, {"seed": 1}, {"epochs": 1}],
+)
+def test_compare_refuses_to_mix_parts_made_with_other_settings(tmp_path, change):
+    out = tmp_path / "r"
+    first, _ = run_compare(CompareConfig(**TINY), out, workers=1, progress=False, figures=False)
+    config_before = (out / "config.json").read_text()
+    key = next(iter(change))
+    with pytest.raises(ValueError, match=rf"other settings \({key}: "):
+        run_compare(CompareConfig(**{**TINY, **change}), out, workers=1, progress=False)
+    # nothing was touched: the old config and results still describe the old parts
+    assert (out / "config.json").read_text() == config_before
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), first)
+    # --force recomputes everything with the new settings (no old part survives)
+    again, _ = run_compare(
+        CompareConfig(**{**TINY, **change}), out, workers=1, progress=False, figures=False,
+        force=True,
+    )  # fmt: skip
+    assert json.loads((out / "config.json").read_text())[key] == change[key]
+    if key == "steps":
+        assert again["step"].max() == 2
+    if key == "seeds":
+        assert set(again.loc[again["kind"] == "sampled", "seed"]) == {0, 1, 2}
+    assert len(list((out / "parts").glob("*.parquet"))) == 2
+
+
+def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
+    base = ["compare", "--out", str(tmp_path), "--name", "r", "--objectives", "dapo", "--settings",
+            "needle", "--seeds", "2", "--prompts-per-batch", "2", "--minibatches", "2",
+            "--workers", "1", "--no-progress"]  # fmt: skip
+    assert main([*base, "--steps", "3"]) == 0
+    capsys.readouterr()
+    assert main([*base, "--steps", "2"]) == 2
+    assert "steps: 3 -> 2" in capsys.readouterr().err
+    assert pd.read_parquet(tmp_path / "r" / "results.parquet")["step"].max() == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base[:-3], "--workers", bad])
+        assert exit_info.value.code == 2
+        assert "--workers: must be an integer >= 1" in capsys.readouterr().err
+    for name in ("../../x", "..", "a/b"):
+        assert main([*base[:3], "--name", name, *base[5:], "--steps", "3"]) == 2
+        assert "name: use letters, digits and _.=- only" in capsys.readouterr().err
+    assert not (tmp_path.parent / "x").exists()
+
+
+def test_duplicate_objectives_run_once_and_the_banner_counts_them_once(tmp_path, capsys):
+    argv = ["compare", "--out", str(tmp_path), "--name", "d", "--objectives", "dapo", "dapo",
+            "gspo", "--settings", "needle", "needle", "--seeds", "2", "--steps", "2",
+            "--prompts-per-batch", "2", "--minibatches", "2", "--workers", "1",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert "2 objectives x 1 settings" in capsys.readouterr().out
+    results = load_results(tmp_path / "d")
+    assert sorted(results["objective"].unique()) == ["dapo", "gspo"]
+    assert not results.duplicated(["setting", "objective", "kind", "seed", "step"]).any()
+
+
+def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
+    assert parse_objective_params(["eps_high=0.3", "nsr:noise=band", "nsr:sigma=5e-2"]) == {
+        "*": {"eps_high": 0.3},
+        "nsr": {"noise": "band", "sigma": 0.05},
+    }
+    config = CompareConfig(**{**TINY, "objectives": ["dapo", "gspo"]},
+                           objective_params={"dapo": {"eps_high": 0.3}})  # fmt: skip
+    assert config.label("dapo") == "dapo[eps_high=0.3]" and config.label("gspo") == "gspo"
+    results, scores = run_compare(config, tmp_path / "p", workers=1, progress=False, figures=False)
+    assert set(scores["objective"]) == {"dapo[eps_high=0.3]", "gspo"}
+    exact = results[(results["kind"] == "exact") & (results["objective"] == "dapo[eps_high=0.3]")]
+    expected = exact_flow(
+        get_objective("dapo", eps_high=0.3), "needle", steps=3, lr=1.0, advantage="grpo",
+        group_size=8, epochs=4,
+    )  # fmt: skip
+    np.testing.assert_array_equal(exact["expected_reward"], expected["expected_reward"])
+    np.testing.assert_array_equal(exact["step"], expected["step"] + 1)
+    with pytest.raises(ValueError, match="objective_params: dapo with"):
+        CompareConfig(**TINY, objective_params={"*": {"sigma": 0.1}})
+    with pytest.raises(ValueError, match=r"objective_params: \['nsr'\] not among"):
+        CompareConfig(**TINY, objective_params={"nsr": {"sigma": 0.1}})
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        parse_objective_params(["dapo:eps_high"])
+    argv = ["compare", "--out", str(tmp_path), "--name", "c", "--objectives", "dapo", "--settings",
+            "needle", "--seeds", "2", "--steps", "2", "--prompts-per-batch", "2", "--minibatches",
+            "2", "--workers", "1", "--no-progress", "--objective-params", "dapo:eps_high=0.3"]  # fmt: skip
+    assert main(argv) == 0
+    assert "dapo[eps_high=0.3]" in capsys.readouterr().out
+
+
+def test_exact_flows_of_a_comparison_equal_each_rule_alone(tmp_path):
+    config = CompareConfig(objectives=["grpo", "gspo", "sapo", "clip_cov"], settings=["mixed"],
+                           seeds=2, steps=4, prompts_per_batch=2, minibatches=2)  # fmt: skip
+    results, _ = run_compare(config, tmp_path / "e", workers=1, progress=False, figures=False)
+    for name in ("grpo", "gspo", "sapo"):
+        alone = exact_flow(get_objective(name), "mixed", steps=4, lr=1.0, advantage="grpo",
+                           group_size=8, epochs=4)  # fmt: skip
+        mine = results[(results["kind"] == "exact") & (results["objective"] == name)]
+        for column in ("expected_reward", "entropy", "grad_norm", "clip_high_frac"):
+            np.testing.assert_array_equal(mine[column].to_numpy(), alone[column].to_numpy())

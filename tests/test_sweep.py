@@ -320,8 +320,38 @@ def test_resume_refuses_changed_training_fields(tiny, tmp_path):
     longer = dataclasses.replace(tiny, config=dataclasses.replace(tiny.config, steps=4))
     with pytest.raises(ValueError, match=r"shared\.steps: 3 -> 4.*--force"):
         run_sweep(longer, out, workers=1, progress=False, figures=False)
+    (out / "parts" / "stale__other__seed0.parquet").write_bytes(b"")  # a part of another grid
     results, _ = run_sweep(longer, out, workers=1, progress=False, figures=False, force=True)
-    assert results["step"].max() == 3  # steps 0..3
+    assert results["step"].max() == 4  # steps 1..4 (1-based)
+    # --force with other shared fields starts afresh: no part of the old settings survives
+    assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+
+
+def test_seeds_and_steps_overrides_for_a_smoke_run(tiny, tmp_path, capsys):
+    smoke = sweep.with_overrides(tiny, seeds=2, steps=2)
+    assert (smoke.config.seeds, smoke.config.steps) == (2, 2)
+    assert (tiny.config.seeds, tiny.config.steps) == (4, 3)  # the loaded plan is unchanged
+    assert sweep.with_overrides(tiny) is tiny
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        sweep.with_overrides(tiny, steps=0)
+    path = _write(tmp_path, "tiny.toml", TINY_TOML)
+    argv = ["sweep", str(path), "--out", str(tmp_path), "--name", "smoke", "--seeds", "2",
+            "--steps", "2", "--workers", "1", "--no-progress"]  # fmt: skip
+    assert cli(argv) == 0
+    results = pd.read_parquet(tmp_path / "smoke" / "results.parquet")
+    sampled = results[results["kind"] == "sampled"]
+    assert set(sampled["seed"]) == {0, 1} and set(results["step"]) == {1, 2}
+    assert "4 runs (2 seeds x 2 steps each)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "a/b", "."])
+def test_names_that_leave_the_output_folder_are_refused(tmp_path, capsys, name):
+    with pytest.raises(ValueError, match="name: use letters"):
+        parse_sweep({"name": name, "grid": [{"objective": "dapo"}]})
+    path = _write(tmp_path, "tiny.toml", TINY_TOML)
+    assert cli(["sweep", str(path), "--out", str(tmp_path / "runs"), "--name", name]) == 2
+    assert "name: use letters" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,5 +418,17 @@ def test_cli_sweep_dry_run_sweep_and_plot(tmp_path, capsys):
     assert cli(["plot", str(runs / "tiny"), "--highlight", "ppo"]) == 2
     assert "highlight: unknown objective(s) ['ppo']" in capsys.readouterr().err
     assert cli(["plot", str(tmp_path / "nothing")]) == 2
+    # summary.csv (the CSV every run writes): the final-score figure and table
+    (figs / "final_scores.png").unlink()
+    assert cli(["plot", str(runs / "tiny" / "summary.csv"), "--out", str(figs)]) == 0
+    text = capsys.readouterr().out
+    assert "[easy]" in text and "final scores only" in text
+    assert (figs / "final_scores.png").stat().st_size > 5_000
+    other = tmp_path / "other.csv"
+    pd.DataFrame({"a": [1]}).to_csv(other, index=False)
+    assert cli(["plot", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "has no column(s) ['setting', 'objective', 'kind', 'step', 'expected_reward']" in err
+    assert "summary.csv" in err
     assert cli(["sweep", str(tmp_path / "missing.toml")]) == 2
     assert "sweep file not found" in capsys.readouterr().err

@@ -69,10 +69,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import trl
 from packaging.specifiers import SpecifierSet
 from torch import Tensor
-from trl import GRPOTrainer
+
+try:
+    import trl
+    from trl import GRPOTrainer
+except ImportError as exc:  # a clear hint instead of a bare ModuleNotFoundError
+    raise ImportError(
+        f"llm.adapters.trl needs TRL ({exc}): pip install 'clip-sandbox[trl]' "
+        "(or pip install 'trl>=1.16,<1.17')"
+    ) from exc
 
 from sandbox.loss import PolicyLoss
 from sandbox.objectives import Objective, get_objective, log_ratio
@@ -145,8 +152,13 @@ def _clip_rule(args: Any) -> tuple[str, dict[str, Any]]:
                 "TRL's delta with importance_sampling_level='sequence' has no sandbox rule"
             )
         return "gspo", params
-    if args.delta is not None:  # min(r, delta) inside the min-form = dual clip at c = delta
-        params["clip_c"] = float(args.delta)
+    if args.delta is not None:
+        # TRL: -min(min(r, delta) A, clip(r, 1 - eps_low, 1 + eps_high) A). For A > 0 the upper
+        # bound is min(delta, 1 + eps_high); for A < 0 the gradient flows up to
+        # max(delta, 1 + eps_high), a dual clip. Exact for every delta >= 1.
+        delta = float(args.delta)
+        params["eps_high"] = min(eps_high, delta - 1.0)
+        params["clip_c"] = max(delta, 1.0 + eps_high)
     return "ppo_clip", params
 
 
@@ -180,9 +192,16 @@ def trl_equivalent(args: Any) -> ObjectiveSpec:
     """The sandbox objective, parameters and aggregation that reproduce a ``GRPOConfig``'s loss.
 
     ``loss_type`` in grpo/bnpo/dapo/luspo/dr_grpo -> ``ppo_clip`` (``eps_low=epsilon``,
-    ``eps_high=epsilon_high``, ``clip_c=delta``), or ``gspo`` at ``importance_sampling_level=
-    "sequence"``; ``cispo`` -> ``cispo(lower=0, upper=epsilon_high)``; ``sapo`` ->
-    ``sapo(tau_pos, tau_neg)``. Raises ``ValueError`` for loss types without an equivalent (vespo).
+    ``eps_high=epsilon_high``), or ``gspo`` at ``importance_sampling_level="sequence"``;
+    ``cispo`` -> ``cispo(lower=0, upper=epsilon_high)``; ``sapo`` -> ``sapo(tau_pos, tau_neg)``.
+    Raises ``ValueError`` for loss types without an equivalent (vespo).
+
+    TRL's ``delta`` (any value >= 1) caps the unclipped term at ``min(r, delta)`` for both signs
+    of A. The exact equivalent is ``ppo_clip(eps_low, eps_high=min(eps_high, delta - 1),
+    clip_c=max(delta, 1 + eps_high))``: for A > 0 the gradient stops at ``min(delta, 1 +
+    eps_high)``; for A < 0 it flows up to ``max(delta, 1 + eps_high)`` (a dual clip at delta
+    when ``delta > 1 + eps_high``, as in TRL's docs; for smaller delta TRL's two-sided clip is
+    not a dual clip, and ``clip_c = 1 + eps_high`` reproduces it).
     """
     rule = _TRL_RULES.get(args.loss_type)
     if rule is None:

@@ -51,11 +51,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import verl
 from packaging.specifiers import SpecifierSet
 from torch import Tensor
-from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
-from verl.workers.config import PolicyLossConfig
+
+try:
+    import verl
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss, register_policy_loss
+    from verl.workers.config import PolicyLossConfig
+except ImportError as exc:  # a clear hint instead of a bare ModuleNotFoundError
+    raise ImportError(
+        f"llm.adapters.verl needs verl ({exc}): pip install 'clip-sandbox[verl]' "
+        "(or the minimal CPU install in docs/adapters.md)"
+    ) from exc
 
 from sandbox.kl import kl_divergence
 from sandbox.objectives import (

@@ -1,16 +1,33 @@
-"""Experiments: the default comparison, result storage and the standard figures."""
+"""Experiments: the default comparison, result storage and the standard figures.
 
-from .compare import CompareConfig, run_compare, run_pair
-from .plots import final_scores, format_scores, render_all
-from .results import load_results, write_parquet_atomic
+The names below are imported on first use, so that ``sandbox.experiments.pool`` (and the CLI
+that starts the pool's forkserver before anything else) does not pull in torch and pandas.
+"""
 
-__all__ = [
-    "CompareConfig",
-    "final_scores",
-    "format_scores",
-    "load_results",
-    "render_all",
-    "run_compare",
-    "run_pair",
-    "write_parquet_atomic",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CompareConfig": "compare",
+    "run_compare": "compare",
+    "run_pair": "compare",
+    "final_scores": "plots",
+    "format_scores": "plots",
+    "render_all": "plots",
+    "load_results": "results",
+    "write_parquet_atomic": "results",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

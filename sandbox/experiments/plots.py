@@ -12,9 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 FRACTIONS = ("clip_low_frac", "clip_high_frac", "rescue_frac")
+#: At most this many objectives are drawn in a line plot (distinct colours, a legend that fits);
+#: all of them go into the tables and the final-score figure.
+MAX_LINES = 12
+#: Objectives drawn first in the line plots when there are more than :data:`MAX_LINES`.
+HIGHLIGHT = (
+    "grpo", "dapo", "gspo", "nsr_dapo", "nsr_decay_dapo", "dgpo", "atr_dapo", "gppo",
+    "cispo_trl", "sapo", "clip_cov", "kl_cov",
+)  # fmt: skip
 
 
 def _mpl():
@@ -39,6 +46,8 @@ def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
         return float("nan"), float("nan")
     if len(values) < 2:
         return float(values.mean()), float("nan")
+    from scipy import stats  # here, not at import: experiment workers never need it
+
     half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
     return float(values.mean()), float(half)
 
@@ -101,14 +110,53 @@ def format_scores(scores: pd.DataFrame) -> str:
     return "\n\n".join(blocks)
 
 
+def metric_bounds(values: pd.Series, metric: str) -> tuple[float | None, float | None]:
+    """The range a metric cannot leave: [0, 1] for rewards and fractions whose values all lie in
+    it (binary rewards, pass rates), >= 0 for entropies; a band is clipped to it."""
+    if metric == "entropy" or metric.endswith("entropy"):
+        return 0.0, None
+    finite = values[np.isfinite(values)]
+    if len(finite) and finite.between(0.0, 1.0).all():
+        return 0.0, 1.0
+    return None, None
+
+
 def seed_band(results: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Mean over seeds of ``metric`` per (setting, objective, kind, step) with a 95% normal band
-    (``lo``, ``hi``); one pass of groupby instead of a bootstrap per point."""
+    (``lo``, ``hi``, clipped to :func:`metric_bounds`); one pass of groupby instead of a bootstrap
+    per point."""
     grouped = results.groupby(["setting", "objective", "kind", "step"], sort=False)[metric]
     band = grouped.agg(["mean", "std", "count"]).reset_index()
     half = 1.96 * band["std"].fillna(0.0) / np.sqrt(band["count"].clip(lower=1))
-    band["lo"], band["hi"] = band["mean"] - half, band["mean"] + half
+    low, high = metric_bounds(results[metric], metric)
+    band["lo"] = (band["mean"] - half).clip(lower=low)
+    band["hi"] = (band["mean"] + half).clip(upper=high)
     return band
+
+
+def pick_lines(results: pd.DataFrame, highlight=None, max_lines: int = MAX_LINES) -> list[str]:
+    """The objectives a line plot draws: ``highlight`` if given, else all of them when at most
+    ``max_lines``, else the :data:`HIGHLIGHT` rules present, then the best by final mean reward
+    (over settings), up to ``max_lines``."""
+    present = list(dict.fromkeys(results["objective"]))
+    if highlight is not None:
+        return [o for o in dict.fromkeys(highlight) if o in set(present)]
+    if len(present) <= max_lines:
+        return present
+    chosen = [o for o in HIGHLIGHT if o in set(present)]
+    sampled = results[results["kind"] == "sampled"] if "kind" in results else results
+    last = sampled[sampled["step"] == sampled["step"].max()]
+    ranked = last.groupby("objective")["expected_reward"].mean().sort_values(ascending=False)
+    chosen += [o for o in ranked.index if o not in chosen]
+    return chosen[:max_lines]
+
+
+def _palette(sns, n: int) -> list:
+    """n distinct colours: tab10, then tab20's lighter shades (no colour repeats up to 20)."""
+    if n <= 10:
+        return sns.color_palette("tab10", n)
+    tab20 = sns.color_palette("tab20", 20)
+    return (tab20[0::2] + tab20[1::2])[:n] if n <= 20 else sns.color_palette("husl", n)
 
 
 def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, str]):
@@ -116,7 +164,7 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
     plt, sns = _mpl()
     settings = list(dict.fromkeys(band["setting"]))
     objectives = list(dict.fromkeys(band["objective"]))
-    colors = dict(zip(objectives, sns.color_palette("tab20", len(objectives)), strict=True))
+    colors = dict(zip(objectives, _palette(sns, len(objectives)), strict=True))
     fig, axes = plt.subplots(
         1, len(settings), figsize=(4.6 * len(settings), 3.8), squeeze=False, sharex=True
     )
@@ -132,7 +180,10 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
         ax.set_title(setting)
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
-    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    axes[0][-1].legend(
+        loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, fontsize="small",
+        ncol=1 + len(objectives) // 16,
+    )  # fmt: skip
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -141,18 +192,29 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
 def plot_curves(
     results: pd.DataFrame, metric: str, path: str | Path, objectives=None, title: str = ""
 ) -> Path:
-    """Seed-mean ``metric`` against step (95% band), one panel per setting, sampled runs."""
+    """Seed-mean ``metric`` against step (95% band), one panel per setting, sampled runs;
+    ``objectives`` (default :func:`pick_lines`) are the lines drawn."""
     plt, _ = _mpl()
     data = results[results["kind"] == "sampled"]
-    if objectives is not None:
-        data = data[data["objective"].isin(objectives)]
+    shown = pick_lines(data, objectives)
+    data = data[data["objective"].isin(shown)]
     fig = _line_panels(
-        seed_band(data, metric), metric, title or f"{metric} (mean over seeds, 95% band)",
+        seed_band(data, metric), metric,
+        (title or f"{metric} (mean over seeds, 95% band)") + _subset_note(results, shown),
         {"sampled": "-"},
     )  # fmt: skip
     out = _save(fig, Path(path))
     plt.close(fig)
     return out
+
+
+def _subset_note(results: pd.DataFrame, shown: list[str]) -> str:
+    total = results["objective"].nunique()
+    return (
+        ""
+        if len(shown) >= total
+        else f"\n{len(shown)} of {total} objectives (clip-sandbox plot --highlight picks others)"
+    )
 
 
 def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
@@ -167,6 +229,7 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
         data=long.dropna(), x="value", y="objective", hue="fraction", col="setting", kind="bar",
         height=height, aspect=4.5 / height, sharex=False,
     )  # fmt: skip
+    grid.set_axis_labels("share of tokens (mean over steps and seeds)", "objective")
     grid.figure.suptitle("Clip and rescue fractions (mean over steps and seeds)", y=1.02)
     out = _save(grid.figure, Path(path))
     plt.close(grid.figure)
@@ -176,10 +239,12 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
 def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=None) -> Path:
     """Expected reward of the exact flow (dashed) against the sampled seed mean (solid, band)."""
     plt, _ = _mpl()
-    data = results if objectives is None else results[results["objective"].isin(objectives)]
+    shown = pick_lines(results, objectives)
+    data = results[results["objective"].isin(shown)]
     fig = _line_panels(
         seed_band(data, "expected_reward"), "expected_reward",
-        "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)",
+        "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
+        + _subset_note(results, shown),
         {"sampled": "-", "exact": "--"},
     )  # fmt: skip
     out = _save(fig, Path(path))
@@ -187,8 +252,18 @@ def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=No
     return out
 
 
+def _robust_limits(lo: np.ndarray, hi: np.ndarray) -> tuple[float, float]:
+    """x limits around the sampled intervals, with a margin (at least 0.02 wide)."""
+    x0, x1 = float(np.nanmin(lo)), float(np.nanmax(hi))
+    pad = max(0.06 * (x1 - x0), 0.01)
+    return x0 - pad, x1 + pad
+
+
 def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
-    """Final expected reward with its 95% CI, per objective, one panel per setting."""
+    """Final expected reward with its 95% CI (clipped to [0, 1] for bounded rewards), per
+    objective, one panel per setting. Each panel's x range follows the sampled intervals; an
+    exact-flow value far outside them (more than the panel's width away) is drawn as an arrow at
+    the edge with its value, so one outlier does not squeeze the panel."""
     plt, _ = _mpl()
     settings = list(dict.fromkeys(scores["setting"]))
     n_obj = scores["objective"].nunique()
@@ -197,17 +272,37 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
     fig, axes = plt.subplots(
         1, len(settings), figsize=(width * len(settings), 0.28 * n_obj + 1.5), squeeze=False
     )
+    bounded = metric_bounds(scores["final_reward"], "final_reward") == (0.0, 1.0)
     for ax, setting in zip(axes[0], settings, strict=True):
         block = scores[scores["setting"] == setting].sort_values("final_reward")
         y = np.arange(len(block))
-        ax.errorbar(block["final_reward"], y, xerr=block["final_reward_ci"], fmt="o", capsize=3)
+        mean = block["final_reward"].to_numpy()
+        ci = block["final_reward_ci"].fillna(0.0).to_numpy()
+        low, high = (np.minimum(ci, mean), np.minimum(ci, 1.0 - mean)) if bounded else (ci, ci)
+        ax.errorbar(mean, y, xerr=[low, high], fmt="o", capsize=3)
+        x0, x1 = _robust_limits(mean - low, mean + high)
         if "exact_final_reward" in block and block["exact_final_reward"].notna().any():
-            ax.scatter(block["exact_final_reward"], y, marker="x", color="k", label="exact flow")
+            exact = block["exact_final_reward"].to_numpy()
+            near = np.isfinite(exact) & (exact > x0 - (x1 - x0)) & (exact < x1 + (x1 - x0))
+            if near.any():  # exact values near the sampled ones widen the axis
+                x0, x1 = min(x0, exact[near].min()), max(x1, exact[near].max())
+                pad = 0.04 * (x1 - x0)
+                x0, x1 = x0 - pad, x1 + pad
+            ax.scatter(exact[near], y[near], marker="x", color="k", label="exact flow")
+            far = np.isfinite(exact) & ~near  # outliers: an arrow at the edge with the value
+            for yi, value in zip(y[far], exact[far], strict=True):
+                edge, marker = (x0, "<") if value < x0 else (x1, ">")
+                ax.scatter([edge], [yi], marker=marker, color="k", clip_on=False)
+                ax.annotate(f"exact {value:.2f}", (edge, yi), textcoords="offset points",
+                            xytext=(6 if marker == "<" else -6, 5), fontsize="x-small",
+                            ha="left" if marker == "<" else "right")  # fmt: skip
+        ax.set_xlim(x0, x1)
         ax.set_yticks(y, block["objective"])
         ax.set_title(setting)
         ax.set_xlabel("final expected reward")
     if "exact_final_reward" in scores and scores["exact_final_reward"].notna().any():
-        axes[0][0].legend(loc="lower right")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles[:1], labels[:1], loc="upper right", frameon=False)  # off the panels
     fig.suptitle("Final score (mean over seeds, 95% CI; x = exact flow)")
     fig.tight_layout()
     out = _save(fig, Path(path))

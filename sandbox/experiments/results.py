@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
+TMP_SUFFIX = ".tmp"
 
 
 def part_name(*fields: object) -> str:
@@ -26,18 +27,27 @@ def write_parquet_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
     """Write ``frame`` to ``path`` so that readers only ever see a complete file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
-    try:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    try:  # from here on an exception (Ctrl-C, SIGTERM in the driver) removes the temp file
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
         frame.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def remove_temp_files(folder: str | Path) -> int:
+    """Delete temp files a killed writer (SIGKILL, power loss) left in ``folder``; returns how
+    many. Only the writer of a run folder calls it, before writing."""
+    stale = list(Path(folder).glob(f".*{TMP_SUFFIX}"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def read_parts(parts_dir: str | Path) -> pd.DataFrame:
@@ -48,13 +58,34 @@ def read_parts(parts_dir: str | Path) -> pd.DataFrame:
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
 
+#: Columns a tidy results frame needs (figures and tables group by them).
+RESULT_COLUMNS = ("setting", "objective", "kind", "step", "expected_reward")
+#: Columns of a final-score table (``summary.csv``).
+SCORE_COLUMNS = ("setting", "objective", "final_reward")
+
+
+def is_score_table(frame: pd.DataFrame) -> bool:
+    """True for a final-score table (``summary.csv``) rather than per-step results."""
+    return set(SCORE_COLUMNS) <= set(frame.columns) and "step" not in frame.columns
+
+
 def load_results(path: str | Path) -> pd.DataFrame:
-    """A results folder (``results.parquet`` or its ``parts/``) or a parquet/CSV file."""
+    """A results folder (``results.parquet`` or its ``parts/``) or a parquet/CSV file: tidy
+    per-step results, or a final-score table (``summary.csv``, see :func:`is_score_table`).
+    Anything else is a ``ValueError`` naming the file and what to pass."""
     path = Path(path)
     if path.is_dir():
         if (path / "results.parquet").exists():
             return pd.read_parquet(path / "results.parquet")
         return read_parts(path / "parts")
-    if path.suffix == ".csv":
-        return pd.read_csv(path)
-    return pd.read_parquet(path)
+    try:
+        frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"results: cannot read {path} as CSV or parquet: {exc}") from exc
+    missing = [c for c in RESULT_COLUMNS if c not in frame.columns]
+    if missing and not is_score_table(frame):
+        raise ValueError(
+            f"results: {path} has no column(s) {missing}; pass a run folder, its "
+            "results.parquet, or its summary.csv"
+        )
+    return frame

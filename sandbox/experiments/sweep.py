@@ -40,15 +40,17 @@ standard figures.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import itertools
 import json
 import os
 import re
+import shutil
 import time
 import tomllib
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -65,13 +67,23 @@ from sandbox.exact.bandit import GROUP_ADVANTAGES
 from sandbox.objectives import get_objective
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, train_sequence
 
-from .compare import REASONING_SUITE, SUITE_DEFAULTS, CompareConfig, optimum
+from .compare import (
+    REASONING_SUITE,
+    SUITE_DEFAULTS,
+    CompareConfig,
+    check_name,
+    optimum,
+    variant_label,
+)
 from .plots import final_scores, format_scores, render_all
-from .results import part_name, write_parquet_atomic
+from .pool import imap_unordered
+from .results import part_name, remove_temp_files, write_parquet_atomic
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
 #: sweep owns: ``objectives`` come from the grid, ``seed`` may be a list of base seeds).
-SHARED_FIELDS = tuple(f.name for f in fields(CompareConfig) if f.name not in ("objectives",))
+SHARED_FIELDS = tuple(
+    f.name for f in fields(CompareConfig) if f.name not in ("objectives", "objective_params")
+)
 TOP_LEVEL_KEYS = ("name", "description", "grid", "train", "envs", "tasks", *SHARED_FIELDS)
 GRID_KEYS = ("objective", "params")
 #: Trainer fields the sweep sets itself; ``[train]`` may not override them.
@@ -97,6 +109,10 @@ def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def _label(objective: str, params: tuple[tuple[str, Any], ...]) -> str:
+    return variant_label(objective, dict(params))
+
+
 @dataclass(frozen=True)
 class Variant:
     """One objective (registry name or preset) with fixed hyperparameter overrides."""
@@ -115,9 +131,7 @@ class Variant:
     @property
     def label(self) -> str:
         """``nsr[noise=band,sigma=0.1]``; the bare name when no parameter is set."""
-        if not self.params:
-            return self.objective
-        return f"{self.objective}[{','.join(f'{k}={_fmt(v)}' for k, v in self.params)}]"
+        return _label(self.objective, self.params)
 
     @property
     def slug(self) -> tuple[str, ...]:
@@ -176,8 +190,8 @@ class SweepPlan:
 
     def training_fields(self) -> dict[str, Any]:
         """What every run shares (a finished part is only reused if these are unchanged)."""
-        shared = {k: v for k, v in asdict(self.config).items() if k not in ("objectives", "seed")}
-        shared.pop("settings")
+        skip = ("objectives", "seed", "settings", "objective_params")  # the grid owns parameters
+        shared = {k: v for k, v in asdict(self.config).items() if k not in skip}
         defs = {s: _setting_def_json(self.setting_defs[s]) for s in self.settings}
         return _jsonable({"shared": shared, "train": self.train, "setting_defs": defs})
 
@@ -421,8 +435,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name: missing (the sweep's name; results go to OUT/NAME)")
-    if not re.fullmatch(r"[A-Za-z0-9_.=-]+", name):
-        raise ValueError(f"name: use letters, digits and _.=- only, got {name!r}")
+    check_name(name)
     suite = spec.get("suite", "bandit")
     if suite not in ("bandit", "reasoning"):
         raise ValueError(f"suite must be 'bandit' or 'reasoning', got {suite!r}")
@@ -474,6 +487,26 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"grid: two runs map to the run id {dup!r}; rename a value")
     return plan
+
+
+def with_overrides(
+    plan: SweepPlan, *, seeds: int | None = None, steps: int | None = None
+) -> SweepPlan:
+    """The plan with the shared ``seeds`` and/or ``steps`` replaced (``clip-sandbox sweep FILE
+    --seeds 2 --steps 5`` for a smoke run), validated like the file's own values."""
+    if seeds is None and steps is None:
+        return plan
+    config = copy.copy(plan.config)  # not replace(): custom settings are not CompareConfig's
+    for key, value in (("seeds", seeds), ("steps", steps)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        setattr(config, key, value)
+    new = replace(plan, config=config)
+    new.source = plan.source
+    new.trainer_config(new.settings[0], new.variants[0], new.seeds[0])  # the trainer's checks
+    return new
 
 
 # ------------------------------------------------------------------------------------------------
@@ -531,6 +564,7 @@ def run_variant(
     frame.insert(0, "suite", config.suite)
     frame.insert(1, "setting", setting)
     frame.insert(2, "objective", variant.label)
+    frame["step"] = frame["step"] + 1  # 1-based, as compare and llm.train
     frame["optimum"] = best
     taken = list(frame.columns)
     frame["base_objective"] = objective
@@ -568,24 +602,10 @@ def _local(plan: SweepPlan, todo: list[SweepRun], workers: int):
             except Exception as exc:
                 raise SweepRunError(f"run {run.run_id} failed: {exc!r}") from exc
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_execute, plan, run): run for run in todo}
-        failure: tuple[SweepRun, BaseException] | None = None
-        for future in as_completed(futures):
-            if future.cancelled():
-                continue
-            try:
-                frame = future.result()
-            except Exception as exc:
-                if failure is None:  # stop starting new runs; keep the ones already running
-                    failure = (futures[future], exc)
-                    for other in futures:
-                        other.cancel()
-                continue
-            yield futures[future], frame
-        if failure is not None:
-            run, exc = failure
-            raise SweepRunError(f"run {run.run_id} failed: {exc!r}") from exc
+    jobs = [(run, (plan, run)) for run in todo]
+    with contextlib.closing(imap_unordered(_execute, jobs, workers, SweepRunError)) as stream:
+        for run, frame in stream:
+            yield run, frame
 
 
 def _ray(plan: SweepPlan, todo: list[SweepRun], workers: int | None, address: str | None):
@@ -628,9 +648,10 @@ def _ray(plan: SweepPlan, todo: list[SweepRun], workers: int | None, address: st
 
 
 def _check_resume(plan: SweepPlan, out_dir: Path, force: bool) -> None:
-    """Refuse to mix finished parts trained with different shared fields (unless ``force``)."""
+    """Refuse to mix finished parts trained with different shared fields (``force``: delete
+    them, then everything is recomputed)."""
     previous = out_dir / "plan.json"
-    if force or not previous.exists():
+    if not previous.exists():
         return
     old = json.loads(previous.read_text())
     new = plan.training_fields()
@@ -647,6 +668,9 @@ def _check_resume(plan: SweepPlan, out_dir: Path, force: bool) -> None:
         if s in old_defs and old_defs[s] != d
     ]
     if changed and any((out_dir / "parts").glob("*.parquet")):
+        if force:  # recompute: no part of the old settings may survive to be mixed in later
+            shutil.rmtree(out_dir / "parts")
+            return
         raise ValueError(
             f"{out_dir} holds runs trained with other shared fields ({'; '.join(changed)}); "
             "use --force to recompute them, or another --out/--name"
@@ -701,6 +725,7 @@ def run_sweep(
     parts = out_dir / "parts"
     _check_resume(plan, out_dir, force)
     parts.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(parts)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
     runs = plan.runs()
     todo = [r for r in runs if force or not (parts / r.part).exists()]

@@ -1,0 +1,140 @@
+"""Interrupting ``clip-sandbox compare`` / ``sweep`` with real signals to real subprocesses.
+
+Each test starts the CLI with ``--workers 2`` in its own session, waits until the first run is on
+disk, sends the signal (SIGTERM to the driver, as ``kill PID`` does; SIGINT to the whole process
+group, as Ctrl-C in a terminal does), then counts what is left: no process of the run may
+survive, every part on disk must be complete, and a rerun must compute only the missing runs.
+The runs are sized so that the whole comparison takes far longer than stopping does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+
+from sandbox.experiments import CompareConfig, run_compare
+
+ROOT = Path(__file__).resolve().parents[1]
+OBJECTIVES = ["grpo", "dapo", "gspo", "sapo", "dgpo", "gppo", "cispo_trl", "nsr_dapo"]
+SMALL = dict(objectives=OBJECTIVES, settings=["needle"], seeds=4, steps=40, prompts_per_batch=2,
+             minibatches=2)  # fmt: skip
+RUNS = 2 * len(OBJECTIVES)  # a sampled and an exact part each
+
+
+def _argv(out: Path, name: str) -> list[str]:
+    return [sys.executable, "-m", "sandbox.cli", "compare", "--out", str(out), "--name", name,
+            "--objectives", *OBJECTIVES, "--settings", "needle", "--seeds", "4", "--steps", "40",
+            "--prompts-per-batch", "2", "--minibatches", "2", "--workers", "2",
+            "--no-progress"]  # fmt: skip
+
+
+def _start(argv: list[str], parts: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """Start the CLI; return it and its descendants once a first part is on disk."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(parts.glob("*.parquet")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no part written (exit {proc.returncode}): {proc.communicate()}")
+        time.sleep(0.05)
+    return proc, psutil.Process(proc.pid).children(recursive=True)
+
+
+def _finish(proc: subprocess.Popen, children: list[psutil.Process]) -> tuple[int, str]:
+    """Wait for the driver; every descendant it had must be gone soon after."""
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(children) >= 2, "the pool should have had its workers running"
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"orphaned: {[(p.pid, p.cmdline()) for p in alive]}"
+    return proc.returncode, err
+
+
+def _complete_parts(parts: Path) -> dict[Path, int]:
+    """Every part on disk is complete: 4 seeds x 40 steps sampled, 40 exact rows."""
+    stamps = {}
+    for path in parts.glob("*.parquet"):
+        frame = pd.read_parquet(path)
+        assert len(frame) == (4 * 40 if path.stem.endswith("sampled") else 40), path.name
+        assert sorted(frame["step"].unique()) == list(range(1, 41))
+        stamps[path] = path.stat().st_mtime_ns
+    assert not list(parts.glob(".*.tmp")), "a half-written part was left behind"
+    return stamps
+
+
+def test_sigterm_stops_compare_without_orphans_and_resume_finishes_only_the_rest(tmp_path):
+    parts = tmp_path / "t" / "parts"
+    proc, children = _start(_argv(tmp_path, "t"), parts)
+    proc.send_signal(signal.SIGTERM)
+    code, err = _finish(proc, children)
+    assert code == 128 + signal.SIGTERM, err
+    stamps = _complete_parts(parts)
+    assert 1 <= len(stamps) < RUNS
+    assert f"{len(stamps)} of {RUNS} runs finished" in err and "run the same command" in err
+    # resume (in this process): the finished parts are kept, only the missing ones computed
+    results, _ = run_compare(CompareConfig(**SMALL), tmp_path / "t", workers=1, progress=False,
+                             figures=False)  # fmt: skip
+    assert all(path.stat().st_mtime_ns == stamp for path, stamp in stamps.items())
+    assert len(list(parts.glob("*.parquet"))) == RUNS
+    assert len(results) == len(OBJECTIVES) * (4 * 40 + 40)
+
+
+def test_ctrl_c_stops_compare_at_once_with_a_resume_hint(tmp_path):
+    parts = tmp_path / "c" / "parts"
+    proc, children = _start(_argv(tmp_path, "c"), parts)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole process group
+    code, err = _finish(proc, children)
+    assert code == 128 + signal.SIGINT, err
+    assert "Traceback" not in err and "run the same command again to resume" in err
+    stamps = _complete_parts(parts)
+    assert 1 <= len(stamps) < RUNS  # it stopped; workers did not go on with the queue
+
+
+def test_sigterm_stops_a_sweep_without_orphans(tmp_path):
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(
+        'name = "s"\nsettings = ["needle"]\nseeds = 4\nsteps = 40\nprompts_per_batch = 2\n'
+        "minibatches = 2\nseed = [0, 1, 2, 3]\n[[grid]]\n"
+        'objective = ["grpo", "dapo", "gspo", "sapo"]\n'
+    )
+    parts = tmp_path / "out" / "s" / "parts"
+    argv = [sys.executable, "-m", "sandbox.cli", "sweep", str(sweep), "--out", str(tmp_path / "out"),
+            "--workers", "2", "--no-progress"]  # fmt: skip
+    proc, children = _start(argv, parts)
+    proc.send_signal(signal.SIGTERM)
+    code, err = _finish(proc, children)
+    assert code == 128 + signal.SIGTERM, err
+    done = list(parts.glob("*.parquet"))
+    assert 1 <= len(done) < 16 and "run the same command again to resume" in err
+    for path in done:  # sampled 4 seeds x 40 steps + the exact flow's 40 rows
+        assert len(pd.read_parquet(path)) == 4 * 40 + 40
+
+
+def test_pool_never_forks_the_driver_even_after_autograd_ran(tmp_path):
+    """Issue 12: forking a process whose autograd engine has started fails on GPU hosts. The pool
+    takes its workers from a forkserver; a comparison after a backward pass in this process runs
+    and gives the same numbers as in-process."""
+    from sandbox.experiments import pool
+
+    assert pool._context().get_start_method() == "forkserver"
+    x = torch.ones(3, requires_grad=True)
+    (x * 2).sum().backward()  # autograd has run in the driver
+    config = CompareConfig(objectives=["dapo", "gspo"], settings=["needle"], seeds=2, steps=3,
+                           prompts_per_batch=2, minibatches=2)  # fmt: skip
+    pooled, _ = run_compare(config, tmp_path / "p", workers=2, progress=False, figures=False)
+    alone, _ = run_compare(config, tmp_path / "a", workers=1, progress=False, figures=False)
+    pd.testing.assert_frame_equal(pooled, alone)

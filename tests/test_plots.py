@@ -1,0 +1,79 @@
+"""The standard figures: how many lines, their colours, bands within bounds, robust limits."""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+from sandbox.experiments import plots
+
+matplotlib.use("Agg")
+
+
+def _results(n_objectives: int, steps: int = 4, seeds: int = 3) -> pd.DataFrame:
+    """Fake tidy results: objective i ends at reward i / n; seeds spread around it."""
+    rows = []
+    for i in range(n_objectives):
+        for seed in range(seeds):
+            for step in range(1, steps + 1):
+                reward = min(1.0, (i / n_objectives) * step / steps + 0.3 * seed)
+                rows.append({"setting": "easy", "objective": f"rule{i:02d}", "kind": "sampled",
+                             "seed": seed, "step": step, "expected_reward": reward,
+                             "entropy": 0.02 * seed, "optimum": 1.0})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    return figures
+
+
+def test_line_plots_cap_the_lines_with_distinct_colours_and_say_so(tmp_path, captured):
+    results = _results(29)
+    picked = plots.pick_lines(results)
+    assert len(picked) == plots.MAX_LINES
+    assert picked[:3] == ["rule28", "rule27", "rule26"]  # no HIGHLIGHT name: best final reward
+    plots.plot_curves(results, "expected_reward", tmp_path / "r.png")
+    (ax,) = captured[0].axes
+    lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert len(lines) == 12
+    colours = {tuple(np.round(matplotlib.colors.to_rgb(line.get_color()), 6)) for line in lines}
+    assert len(colours) == 12
+    assert len(ax.get_legend().get_texts()) == 12
+    assert "12 of 29 objectives (clip-sandbox plot --highlight" in captured[0]._suptitle.get_text()
+    # a named selection wins; a few objectives are all drawn
+    assert plots.pick_lines(results, ["rule03", "rule01"]) == ["rule03", "rule01"]
+    assert plots.pick_lines(_results(5)) == [f"rule{i:02d}" for i in range(5)]
+
+
+def test_bands_of_bounded_metrics_stay_within_their_bounds():
+    results = _results(3)
+    band = plots.seed_band(results, "expected_reward")
+    assert band["lo"].min() >= 0.0 and band["hi"].max() <= 1.0
+    assert (band["hi"] == 1.0).any()  # it would have gone above 1 (seeds at 0.6 and 1.0)
+    entropy = plots.seed_band(results, "entropy")
+    assert entropy["lo"].min() == 0.0 and entropy["hi"].max() > 0.04
+    unbounded = results.assign(expected_reward=results["expected_reward"] * 5 - 2)
+    assert plots.seed_band(unbounded, "expected_reward")["lo"].min() < -2
+
+
+def test_fractions_axis_is_labelled(tmp_path, captured):
+    results = _results(2).assign(clip_low_frac=0.1, clip_high_frac=0.2)
+    plots.plot_fractions(results, tmp_path / "f.png")
+    assert captured[0].axes[0].get_xlabel() == "share of tokens (mean over steps and seeds)"
+
+
+def test_an_exact_flow_outlier_does_not_squeeze_the_final_score_panel(tmp_path, captured):
+    scores = pd.DataFrame({
+        "setting": "easy", "objective": ["a", "b", "c"], "final_reward": [0.90, 0.95, 0.97],
+        "final_reward_ci": [0.02, 0.03, 0.04], "exact_final_reward": [0.91, 0.05, 0.96],
+    })  # fmt: skip
+    plots.plot_final_scores(scores, tmp_path / "s.png")
+    (ax,) = captured[0].axes
+    x0, x1 = ax.get_xlim()
+    assert 0.8 < x0 < 0.88 and x1 <= 1.0 + 1e-9 + 0.06  # the sampled range, not 0.05..1
+    assert any("exact 0.05" in t.get_text() for t in ax.texts)  # the outlier, at the edge
