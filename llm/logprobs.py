@@ -82,7 +82,8 @@ class ChunkedLogProb(torch.autograd.Function):
     """``(logp [N], entropy [N] or None)`` of ``targets`` under
     ``softmax((hidden @ W.T + b) / tau)``, ``chunk_size`` rows at a time; the backward recomputes
     each chunk's logits (see the module docstring for the gradients). ``hidden`` ``[N, H]``,
-    ``weight`` ``[V, H]``, ``bias`` ``[V]`` or None, ``targets`` ``[N]`` int64. Statistics are float32 (float64 for float64 inputs)."""
+    ``weight`` ``[V, H]``, ``bias`` ``[V]`` or None, ``targets`` ``[N]`` int64. Statistics are
+    float32 (float64 for float64 inputs)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
