@@ -6,8 +6,8 @@ policy whose log-probs :func:`llm.logprobs.completion_logp` computes and no impo
 correction is needed in exact arithmetic. With ``return_logp=True`` :func:`generate` also
 returns the sampler's own per-token log-probs (``rollout_logp``: ``log_softmax`` of the processed
 scores ``generate`` sampled from, gathered at the sampled ids), i.e. the rollout policy as the
-sampler computed it (KV cache, bf16 autocast on a GPU); :mod:`sandbox.correction` weights the loss by their ratio to
-the trainer's log-probs (``--rollout-is``).
+sampler computed it (KV cache, bf16 autocast on a GPU); :mod:`sandbox.correction` weights the
+loss by their ratio to the trainer's log-probs (``--rollout-is``).
 
 Determinism across world sizes: prompts are generated in chunks of ``prompts_per_call`` prompts
 (x G completions); each chunk's sampling is seeded from ``(seed, step, global index of its first
