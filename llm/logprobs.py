@@ -61,6 +61,8 @@ POST_HEAD_FIELDS = (
 )
 
 ENTROPY_MODES = (None, "metric", "grad")
+# torch.addmm(..., out_dtype=torch.float32) from bf16/fp16 inputs: CUDA, torch >= 2.8 (TRL's check)
+MM_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
 
 
 def default_chunk_size(vocab_size: int) -> int:
@@ -72,7 +74,7 @@ def _addmm_fp32(acc: Tensor, a: Tensor, b: Tensor) -> None:
     """``acc += a @ b`` into a float32 ``acc`` without rounding each chunk's product to bf16
     (on CUDA with bf16/fp16 inputs the matmul writes float32 directly; elsewhere the inputs are
     cast to ``acc``'s dtype)."""
-    if acc.device.type == "cuda" and a.dtype in (torch.bfloat16, torch.float16):
+    if MM_OUT_DTYPE and acc.device.type == "cuda" and a.dtype in (torch.bfloat16, torch.float16):
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
