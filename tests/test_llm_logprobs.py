@@ -297,3 +297,20 @@ def test_ddp_and_fsdp2_two_processes(tmp_path):
         pytest.skip("port taken")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["ddp fsdp"] * 2
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_autocast_close_to_float32():
+    """On CUDA under bf16 autocast (llm.train's setting) the chunked path stays within bf16
+    rounding of the exact float32 full-logits values and gradients (not run without CUDA)."""
+    model, data = llama(True, dtype=torch.float32).cuda(), [x.cuda() for x in batch(seed=8)]
+    mask = data[3].bool()
+    ref = loss_and_grads(full_logits_logp, model, data, 0.7, "grad")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = loss_and_grads(completion_logp, model, data, 0.7, "grad", chunk_size=4)
+    assert got[0].dtype == torch.float32
+    torch.testing.assert_close(got[0][mask], ref[0][mask], rtol=0, atol=5e-2)
+    torch.testing.assert_close(got[1][mask], ref[1][mask], rtol=0, atol=5e-2)
+    for name in ref[2]:
+        scale = ref[2][name].abs().max()
+        assert (got[2][name] - ref[2][name]).abs().max() <= 5e-2 * scale, name
