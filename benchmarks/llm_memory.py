@@ -29,8 +29,9 @@ Measured 2026-11-23 on the 2-core CPU of this project's dev machine (torch 2.13,
 TRL 1.16), the default setting above (8 x 8 x 128, 16-row micro-batches, checkpointing on), MB
 above the load-only baseline (1,615 MB): llm.train peak 2,704, activations 805; TRL peak 4,744,
 activations 2,845; ratios 0.57 (peak) and 0.28 (activations). llm.train's activations are mostly
-the tied head/embedding's two ``[V, H]`` float32 gradients (545 MB each) meeting in the backward;
-a fused AdamW changed its peak by 3 MB.
+the tied head/embedding's two ``[V, H]`` float32 gradients (519 MB each: the head's and the
+embedding's) that meet in the backward of a micro-batch after the first (~1 GB transient in an
+in-process probe); a fused AdamW changed llm.train's peak by 3 MB. (MB here: 2**20 bytes.)
 
 Run::
 
