@@ -2,8 +2,9 @@
 
 * :mod:`llm.train`: ``python -m llm.train`` (or ``torchrun ... -m llm.train``), GRPO-style RL on a
   Hugging Face causal LM with any objective of :mod:`sandbox.objectives`; see ``docs/llm.md``.
-* :mod:`llm.data`, :mod:`llm.model`, :mod:`llm.rollout`, :mod:`llm.checkpoint`, :mod:`llm.dist`:
-  its prompts and verifiers, model loading, generation and log-probs, checkpoints, distribution.
+* :mod:`llm.data`, :mod:`llm.model`, :mod:`llm.rollout`, :mod:`llm.logprobs`,
+  :mod:`llm.checkpoint`, :mod:`llm.dist`: its prompts and verifiers, model loading, generation,
+  completion log-probs (chunked LM head, no ``[B, T, V]`` logits), checkpoints, distribution.
 * :mod:`llm.adapters`: the same objectives inside TRL and verl.
 
 Nothing here defines a loss: losses come from :mod:`sandbox.objectives`, reductions from

@@ -2,12 +2,12 @@
 
 Sampling is plain softmax sampling at ``temperature`` (``top_k=0``, ``top_p=1``, no repetition
 penalty: a fresh ``GenerationConfig`` overrides the model's shipped one), so the sampler is the
-policy whose log-probs :func:`completion_logp` computes and no importance correction is needed
-in exact arithmetic. With ``return_logp=True`` :func:`generate` also returns the sampler's own
-per-token log-probs (``rollout_logp``: ``log_softmax`` of the processed scores ``generate``
-sampled from, gathered at the sampled ids), i.e. the rollout policy as the sampler computed it
-(KV cache, bf16 autocast on a GPU); :mod:`sandbox.correction` weights the loss by their ratio to
-the trainer's log-probs (``--rollout-is``).
+policy whose log-probs :func:`llm.logprobs.completion_logp` computes and no importance
+correction is needed in exact arithmetic. With ``return_logp=True`` :func:`generate` also
+returns the sampler's own per-token log-probs (``rollout_logp``: ``log_softmax`` of the processed
+scores ``generate`` sampled from, gathered at the sampled ids), i.e. the rollout policy as the
+sampler computed it (KV cache, bf16 autocast on a GPU); :mod:`sandbox.correction` weights the
+loss by their ratio to the trainer's log-probs (``--rollout-is``).
 
 Determinism across world sizes: prompts are generated in chunks of ``prompts_per_call`` prompts
 (x G completions); each chunk's sampling is seeded from ``(seed, step, global index of its first
@@ -172,24 +172,13 @@ def completion_logp(
     temperature: float,
     *,
     entropy: str | None = None,
+    chunk_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """``(logp, entropy)`` ``[B, Tc]`` (float32) of the completion tokens under
-    ``softmax(logits / temperature)``; only the completion's logits are materialised. Entropy is
-    the next-token entropy (with gradient if the caller's graph is on), or None."""
-    input_ids = torch.cat([prompt, completion], 1)
-    attention = torch.cat([prompt_mask, completion_mask], 1)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    Tc = completion.shape[1]
-    logits = model(
-        input_ids=input_ids, attention_mask=attention, position_ids=positions,
-        logits_to_keep=Tc + 1, use_cache=False,
-    ).logits[:, :-1].float()  # fmt: skip
-    if temperature != 1.0:
-        logits = logits / temperature
-    logz = torch.logsumexp(logits, -1)
-    logp = logits.gather(-1, completion.unsqueeze(-1)).squeeze(-1) - logz
-    ent = None
-    if entropy is not None:
-        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-            ent = logz - (torch.softmax(logits, -1) * logits).sum(-1)
-    return logp, ent
+    """:func:`llm.logprobs.completion_logp` (chunked LM head, no ``[B, T, V]`` logits); kept
+    importable from here while callers move to :mod:`llm.logprobs`."""
+    from llm import logprobs
+
+    return logprobs.completion_logp(
+        model, prompt, prompt_mask, completion, completion_mask, temperature,
+        entropy=entropy, chunk_size=chunk_size,
+    )  # fmt: skip
