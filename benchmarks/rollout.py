@@ -17,7 +17,7 @@ of at most ``--max-new-tokens``), interleaved over ``--repeats`` rounds after on
 Reported per backend: median seconds per round, completion tokens per second, the weight-push time
 (vLLM), and the sampler/trainer gap: the maximum and mean absolute difference between the
 sampler's log-probs of its own tokens and the trainer's forward pass
-(:func:`llm.rollout.completion_logp`), and the mean k3 KL(pi_rollout || pi_trainer) per token,
+(:func:`llm.logprobs.completion_logp`), and the mean k3 KL(pi_rollout || pi_trainer) per token,
 i.e. the ``rollout_kl_k3`` that ``--rollout-is`` corrects for. Last line: the ratio vllm / hf
 in tokens per second, measured in this run.
 
@@ -42,8 +42,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from llm import logprobs, rollout
 from llm import model as models
-from llm import rollout
 from llm.data import make_source
 
 
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             valid = out["completion_mask"].bool()
             tokens[name].append(valid.sum().item())
             with torch.no_grad(), autocast:
-                lp, _ = rollout.completion_logp(
+                lp, _ = logprobs.completion_logp(
                     net, out["prompt"].to(device), out["prompt_mask"].to(device),
                     out["completion"].to(device), out["completion_mask"].to(device),
                     args.temperature,

@@ -64,7 +64,7 @@ class TrainConfig:
     max_prompt_len: int | None = arg(None, "longest prompt (default: context - max_new_tokens)")
     temperature: float = arg(1.0, "sampling temperature (log-probs use the same)")
     prompts_per_call: int | None = arg(None, "prompts per generate (default: all; 1: see README)")
-    logp_chunk: int = arg(1024, "tokens per LM-head chunk in the log-probs (no [B, T, V] logits)")
+    logp_chunk: int | None = arg(None, "tokens per LM-head chunk (default: 2^25 logits' worth)")
     rollout_backend: str = arg("hf", "HF generate or colocated vLLM", choices=("hf", "vllm"))
     vllm_gpu_memory_utilization: float = arg(0.3, "vLLM: GPU memory share (weights + KV cache)")
     vllm_sleep: bool = arg(False, "vLLM: release its memory between rollouts (CUDA)")
@@ -118,11 +118,11 @@ class TrainConfig:
             "grad_accum",
             "max_new_tokens",
             "eval_k",
-            "logp_chunk",
         ):
             _check(name, getattr(self, name), "an integer >= 1", _is_int, 1)
-        if self.prompts_per_call is not None:
-            _check("prompts_per_call", self.prompts_per_call, "an integer >= 1", _is_int, 1)
+        for name in ("prompts_per_call", "logp_chunk"):  # None: the default
+            if getattr(self, name) is not None:
+                _check(name, getattr(self, name), "an integer >= 1", _is_int, 1)
         for name in ("lr", "temperature", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{flag(name)} must be > 0, got {getattr(self, name)}")

