@@ -42,7 +42,8 @@ def test_main_tiny_in_process(monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_script_runs_tiny_for_llm_train():
-    env = {**os.environ, "PYTHONPATH": ROOT, "HF_HUB_OFFLINE": "1"}
+    path = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--tiny", "--trainers", "llm", "--threads", "1"],
         env=env, capture_output=True, text=True, timeout=300,

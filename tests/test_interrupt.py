@@ -39,7 +39,8 @@ def _argv(out: Path, name: str) -> list[str]:
 
 def _start(argv: list[str], parts: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
     """Start the CLI; return it and its descendants once a first part is on disk."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path}  # the checkout first, then what the caller had
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120

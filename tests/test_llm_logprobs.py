@@ -79,7 +79,7 @@ def loss_and_grads(fn, model, data, temperature, entropy, **kw):
     model.zero_grad(set_to_none=True)
     logp, ent = fn(model, *data, temperature, entropy=entropy, **kw)
     mask = data[3].bool()
-    w = torch.linspace(-1.0, 2.0, mask.sum().item(), dtype=logp.dtype)
+    w = torch.linspace(-1.0, 2.0, mask.sum().item(), dtype=logp.dtype, device=logp.device)
     loss = (logp[mask] * w).sum()
     if ent is not None and ent.requires_grad:
         loss = loss + (ent[mask] * w.flip(0)).sum()
