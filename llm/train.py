@@ -59,7 +59,8 @@ grad_norm           gradient norm before clipping, mean over optimizer steps
 lr                  learning rate of the step
 tokens_per_s        completion tokens generated (all ranks) per second of the step
 step_time           seconds for the step (rollout + update + logging)
-eval_pass@1, @k     on held-out prompts every --eval-every steps (k samples per prompt)
+eval_pass@1, @k     on held-out prompts every --eval-every steps and before the first step
+                    (a row with step 0; k samples per prompt)
 =================== ===========================================================================
 
 Token-weighted metrics are averaged over micro-batches and ranks with their valid-token counts.
@@ -700,6 +701,11 @@ def _train(
     # ---- 2. the loop ----------------------------------------------------------------------------
     from tqdm import tqdm
 
+    if cfg.eval_every and start == 0 and source.eval_prompts:  # the baseline: step 0
+        row0 = {"step": 0, **evaluate(0)}
+        reporter.log(row0)
+        if info.main:
+            rows_logged.append(row0)
     bar = tqdm(range(start, cfg.steps), disable=not (cfg.progress and info.main), initial=start,
                total=cfg.steps, desc=f"{cfg.objective}")  # fmt: skip
     for step in bar:
