@@ -60,6 +60,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -343,7 +344,9 @@ def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) ->
             boot = [kendall_tau(np.nanmean(ta[rng.integers(len(ta), size=len(ta))], 0),
                                 np.nanmean(tb[rng.integers(len(tb), size=len(tb))], 0))
                     for _ in range(draws)]  # fmt: skip
-            lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+            with warnings.catch_warnings():  # all-NaN when every draw ties every rule
+                warnings.simplefilter("ignore", RuntimeWarning)
+                lo, hi = np.nanpercentile(boot, [2.5, 97.5])
             rows.append({"rung_a": a, "rung_b": b, "rules": len(common), "tau": tau,
                          "tau_lo": lo, "tau_hi": hi, "seeds_a": len(ta), "seeds_b": len(tb)})  # fmt: skip
     return pd.DataFrame(rows)
