@@ -169,11 +169,13 @@ def test_reference_kl_entropy_and_filters(tmp_path):
                         drop_zero_variance=True, mask_truncated=True, warmup_steps=1,
                         lr_schedule="linear", gradient_checkpointing=True, chat_template="off",
                         eval_every=1, eval_prompts=2, eval_k=3, steps=2))  # fmt: skip
+    assert [r["step"] for r in rows] == [0, 1, 2]  # --eval-every also evaluates before step 1
+    assert set(rows[0]) == {"step", "eval_pass@1", "eval_pass@3"}
     for row in rows:
         assert all(math.isfinite(v) for v in row.values()), row
         assert 0 <= row["eval_pass@1"] <= row["eval_pass@3"] <= 1
     assert "kl_ref_k3" in rows[-1] or rows[-1]["zero_var_frac"] == 1.0
-    assert rows[0]["lr"] == pytest.approx(1e-2) and rows[1]["lr"] == pytest.approx(1e-2)
+    assert rows[1]["lr"] == pytest.approx(1e-2) and rows[2]["lr"] == pytest.approx(1e-2)
 
 
 def test_lora_trains_only_the_adapter(tmp_path):
