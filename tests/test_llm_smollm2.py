@@ -77,6 +77,7 @@ def test_corrupt_gguf_is_one_line(kind: str, monkeypatch: pytest.MonkeyPatch, tm
     assert not [p for p in (tmp_path / "cache").iterdir()]  # no half-written cache folder
 
 
+@pytest.mark.slow
 @needs_package
 def test_one_grpo_step_on_cpu(tmp_path) -> None:
     """Load (from the de-quantised cache after the first run) + 1 GRPO step + save_pretrained."""

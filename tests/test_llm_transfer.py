@@ -78,6 +78,7 @@ def test_cpu_profile_keeps_the_required_llm_rules() -> None:
     assert ("llm", "grpo", 0) not in jobs and ("llm", "gspo", 1) in jobs
 
 
+@pytest.mark.slow
 def test_quick_study_writes_everything_and_resumes(tmp_path) -> None:
     config, _ = transfer.parse_args(["--quick", "--rungs", "bandit_exact", "bandit_sampled",
                                      "llm", "--seeds", "1"])  # fmt: skip
