@@ -37,7 +37,8 @@ replacement within each rung, the same draw for every rule, so within-seed pairi
 
 Outputs in ``--out`` (default ``results/transfer``): ``parts/<rung>__<rule>__s<seed>.parquet``,
 one per finished run, written atomically (an interrupted study resumes and recomputes nothing
-finished; an interrupted LLM run restarts from its step 0), ``results.parquet`` (tidy: one row
+finished; an interrupted LLM run restarts from its step 0; ``--tables-only`` rebuilds the tables
+from every part present, e.g. LLM parts copied back from a GPU machine), ``results.parquet`` (tidy: one row
 per rung, rule, seed, step), ``scores.csv`` (per run), ``summary.csv`` (per rung and rule: mean,
 standard error, seeds), ``agreement.csv`` (tau and interval per pair of rungs) and
 ``transfer.png`` (rules x rungs).
@@ -278,6 +279,12 @@ def run_study(config: TransferConfig, out: str | Path, *, progress: bool = True)
     keep = [part_name(r, u, f"s{s}") in wanted for r, u, s in
             zip(results["rung"], results["rule"], results["seed"], strict=True)]  # fmt: skip
     results = results[keep].reset_index(drop=True)
+    write_tables(results, out)
+    return results
+
+
+def write_tables(results: pd.DataFrame, out: Path) -> None:
+    """``results.parquet``, ``scores.csv``, ``summary.csv``, ``agreement.csv``, the figure."""
     write_parquet_atomic(results, out / "results.parquet")
     scores = run_scores(results)
     scores.to_csv(out / "scores.csv", index=False)
@@ -286,7 +293,6 @@ def run_study(config: TransferConfig, out: str | Path, *, progress: bool = True)
     agreement = rank_agreement(scores)
     agreement.to_csv(out / "agreement.csv", index=False)
     plot(summary, agreement, out / "transfer.png")
-    return results
 
 
 def run_scores(results: pd.DataFrame) -> pd.DataFrame:
@@ -396,6 +402,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--quick", action="store_true", help="= --profile quick")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--tables-only", action="store_true",
+        help="run nothing: rebuild the tables and figure from every part in OUT/parts (parts "
+        "copied in from other machines or settings)",
+    )  # fmt: skip
     defaults = TransferConfig()
     for f in fields(TransferConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -421,7 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    run_study(config, args.out, progress=not args.no_progress)
+    if args.tables_only:
+        write_tables(read_parts(Path(args.out) / "parts"), Path(args.out))
+    else:
+        run_study(config, args.out, progress=not args.no_progress)
     summary = pd.read_csv(os.path.join(args.out, "summary.csv"))
     with pd.option_context("display.width", 200):
         print(summary.round(4).to_string(index=False))

@@ -96,3 +96,7 @@ def test_quick_study_writes_everything_and_resumes(tmp_path) -> None:
     stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "parts").iterdir()}
     transfer.run_study(config, tmp_path, progress=False)  # resumes: nothing recomputed
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "parts").iterdir()}
+    before = pd.read_csv(tmp_path / "summary.csv")
+    (tmp_path / "summary.csv").unlink()
+    assert transfer.main(["--tables-only", "--out", str(tmp_path)]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "summary.csv"), before)
