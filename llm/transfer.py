@@ -210,7 +210,7 @@ def llm_config(config: TransferConfig, rule: str, seed: int, out: str) -> Any:
         steps=config.llm_steps, prompts_per_step=config.llm_prompts, group_size=config.llm_group,
         max_new_tokens=config.llm_tokens, epochs=config.epochs, minibatches=config.minibatches,
         lr=config.llm_lr, eval_every=config.llm_eval_every, eval_prompts=config.llm_eval_prompts,
-        eval_k=config.llm_eval_k, prompts_per_call=max(base.prompts_per_call, 8), seed=seed,
+        eval_k=config.llm_eval_k, prompts_per_call=base.prompts_per_call, seed=seed,
         device=config.device, offline=True, save_model=False, progress=False, out=out,
     )  # fmt: skip
 
