@@ -390,7 +390,7 @@ def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
 
 
 def valid_share(flags: Tensor, b: Batch) -> Tensor:
-    """Share of valid tokens where ``flags`` (bool, False on padding) holds (``[G]`` with groups)."""
+    """Share of valid tokens where ``flags`` (bool, False on padding) holds (``[G]`` if grouped)."""
     return b.count(flags).to(b.n_valid.dtype) / b.n
 
 

@@ -7,9 +7,9 @@ choice is made without a device->host sync: the number of tokens to pick,
 ``max(1, floor(ratio * B * T))``.
 
 With ``groups=G`` (independent batches stacked into one call, e.g. the seeds of a trainer) the
-means, the count and the choice are per block of ``B / G`` rows: ``topk`` runs on the ``[G, B/G * T]``
-view with the bound ``max(1, floor(ratio * B/G * T))`` per block, so one call gives what ``G`` calls
-on the blocks give (the random keys of Clip-Cov are drawn for all blocks at once).
+means, the count and the choice are per block of ``B / G`` rows: ``topk`` runs on the
+``[G, B/G * T]`` view with the bound ``max(1, floor(ratio * B/G * T))`` per block, so one call gives
+what ``G`` calls on the blocks give (the random keys of Clip-Cov are drawn for all blocks at once).
 """
 
 from __future__ import annotations
