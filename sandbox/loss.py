@@ -22,8 +22,8 @@ Micro-batching: pass the *global* counts of the whole minibatch (``num_tokens``,
 and the sum over micro-batches of ``loss`` equals the full-minibatch loss exactly (see
 :mod:`sandbox.aggregate`). ``groups=S`` aggregates ``S`` equal consecutive blocks of rows (e.g.
 independent seeds) each with its own counts and sums them; an objective whose output depends on
-batch statistics (``objective.batch_statistic``: Clip-Cov, KL-Cov) is then called once per block,
-so a block's selection never sees another block's tokens.
+batch statistics (``objective.batch_statistic``: Clip-Cov, KL-Cov) then gets ``groups=S`` too and
+ranks each block on its own, in one call: a block's selection never sees another block's tokens.
 
 Metrics (0-d tensors, or ``[groups]`` for a per-block objective's own metrics; detached, no host
 sync): the objective's, the correction's (``rollout_is_*``, ``rollout_kl_k3``), ``kl_ref_k3``
@@ -196,21 +196,12 @@ class PolicyLoss:
         validate: bool,
         groups: int | None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The objective's per-token loss and metrics; once per block of rows for a
-        batch-statistic objective with ``groups > 1`` (its metrics then ``[groups]``)."""
+        """The objective's per-token loss and metrics. A batch-statistic objective with
+        ``groups > 1`` ranks each block of rows on its own, in one call (``groups=`` of
+        :class:`sandbox.objectives.Objective`; its metrics then ``[groups]``)."""
         if adv.dim() == 1:
             adv = adv[:, None]
-        if not (self.objective.batch_statistic and groups and groups > 1):
-            out = self.objective(logp, logp_old, adv, mask, generator=generator, validate=validate)
-            return out.loss, dict(out.metrics)
-        if logp.shape[0] % groups:
-            raise ValueError(f"groups must divide the batch of {logp.shape[0]} rows, got {groups}")
-        n = logp.shape[0] // groups
-        losses, metrics = [], []
-        for g in range(groups):
-            rows = slice(g * n, (g + 1) * n)
-            out = self.objective(logp[rows], logp_old[rows], adv[rows], mask[rows],
-                                 generator=generator, validate=validate)  # fmt: skip
-            losses.append(out.loss)
-            metrics.append(out.metrics)
-        return torch.cat(losses), {k: torch.stack([m[k] for m in metrics]) for k in metrics[0]}
+        grouped = self.objective.batch_statistic and groups is not None and groups > 1
+        out = self.objective(logp, logp_old, adv, mask, generator=generator, validate=validate,
+                             groups=groups if grouped else None)  # fmt: skip
+        return out.loss, dict(out.metrics)

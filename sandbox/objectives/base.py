@@ -186,9 +186,21 @@ class Batch:
     holds; ``logp`` (sanitised the same way) and the other derived tensors are built only for the
     rules that need them. ``mask`` may be ``None`` (every token valid) or of any dtype (nonzero is
     valid; :func:`check_values` insists on 0/1).
+
+    ``groups=G`` (batch-statistic objectives only) splits the rows into ``G`` equal consecutive
+    blocks, independent batches stacked into one call: ``n_valid`` and every batch statistic
+    (:meth:`total`, :meth:`count`) are then ``[G]``, one per block, so one call computes what
+    ``G`` calls on the blocks would, without a Python loop.
     """
 
-    def __init__(self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None) -> None:
+    def __init__(
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        adv: Tensor,
+        mask: Tensor | None,
+        groups: int | None = None,
+    ) -> None:
         dtype = torch.promote_types(logp.dtype, torch.float32)  # compute in >= fp32 (bf16 inputs)
         if mask is None:
             mask = torch.ones_like(logp, dtype=torch.bool)
@@ -199,7 +211,31 @@ class Batch:
         self.raw_lr = torch.where(mask, logp - logp_old, 0.0)  # [B, T], 0 where masked, graph
         self.adv = torch.where(mask, adv.detach().to(dtype), 0.0)  # [B, T], broadcast from [B, 1]
         self.mask = mask  # [B, T] bool
-        self.n_valid = torch.count_nonzero(mask).to(dtype)  # 0-d, no int64 copy
+        self.groups = groups
+        self.n_valid = self.count(mask).to(dtype)  # 0-d (or [G]), no int64 copy
+
+    def total(self, x: Tensor) -> Tensor:
+        """Sum of ``x`` (``[B, ...]``): 0-d, or ``[G]`` (one per block of rows) with groups."""
+        return x.sum() if self.groups is None else x.reshape(self.groups, -1).sum(-1)
+
+    def count(self, flags: Tensor) -> Tensor:
+        """Number of true entries of ``flags`` (``[B, ...]``): 0-d, or ``[G]`` with groups."""
+        if self.groups is None:
+            return torch.count_nonzero(flags)
+        return torch.count_nonzero(flags.reshape(self.groups, -1), dim=-1)
+
+    def spread(self, stat: Tensor) -> Tensor:
+        """A statistic of :meth:`total`'s shape, broadcastable against ``[B, T]``: itself when
+        ungrouped, else ``[B, 1]`` (each row gets its block's value)."""
+        if self.groups is None:
+            return stat
+        rows = self.mask.shape[0] // self.groups
+        return stat[:, None].expand(self.groups, rows).reshape(-1, 1)
+
+    @property
+    def group_numel(self) -> int:
+        """Entries of ``[B, T]`` per block (all of them when ungrouped)."""
+        return self.mask.numel() // (self.groups or 1)
 
     @lazy
     def n(self) -> Tensor:
@@ -278,9 +314,22 @@ def check_inputs(
     return logp, logp_old, adv, mask
 
 
-def check_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None) -> None:
+def check_groups(groups: Any, rows: int) -> int | None:
+    """``groups`` if it is ``None`` or a positive integer dividing the ``rows`` of the batch, else
+    a ``ValueError`` naming it (Python only)."""
+    if groups is None:
+        return None
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or rows % groups:
+        raise ValueError(f"groups must be a positive divisor of B={rows}, got {groups!r}")
+    return groups
+
+
+def check_values(
+    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, groups: int | None = None
+) -> None:
     """Raise a ``ValueError`` naming the argument unless the mask holds only 0 and 1 (or is bool),
-    is not empty, and ``logp``, ``logp_old`` and ``adv`` are finite at its valid positions.
+    is not empty (nor is any of its ``groups`` blocks of rows), and ``logp``, ``logp_old`` and
+    ``adv`` are finite at its valid positions.
 
     One reduction and one device->host read; the message is worked out only on failure. A hot loop
     whose inputs are known to be clean skips it (``validate=False``).
@@ -296,13 +345,14 @@ def check_values(logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | Non
         # a NaN/Inf at a valid position makes the sum non-finite (masked positions are 0)
         total = torch.where(valid, logp.detach() - logp_old.detach(), 0.0).sum(dtype=dtype)
         total = total + torch.where(valid, adv.detach(), 0.0).sum(dtype=dtype)
-        ok = torch.isfinite(total) & valid.any() & ok
+        G = groups or 1
+        ok = torch.isfinite(total) & valid.reshape(G, -1).any(-1).all() & ok
         if not bool(ok):
-            _raise_bad_values(logp.detach(), logp_old.detach(), adv.detach(), mask, valid)
+            _raise_bad_values(logp.detach(), logp_old.detach(), adv.detach(), mask, valid, G)
 
 
 def _raise_bad_values(
-    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, valid: Tensor
+    logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, valid: Tensor, groups: int
 ) -> None:
     if mask is not None and mask.dtype != torch.bool:
         bad = mask[(mask != 0) & (mask != 1)]
@@ -312,6 +362,11 @@ def _raise_bad_values(
             )
     if not bool(valid.any()):
         raise ValueError("mask is empty: no valid token to compute a loss on")
+    empty = (~valid.reshape(groups, -1).any(-1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(
+            f"mask is empty in block(s) {empty[:5]} of groups={groups}: no valid token there"
+        )
     for name, x in (("logp", logp), ("logp_old", logp_old), ("adv", adv)):
         if bool((~torch.isfinite(x) & valid).any()):
             raise ValueError(f"{name} contains NaN or Inf at valid (mask == 1) positions")
@@ -335,8 +390,8 @@ def masked_mean(x: Tensor, maskf: Tensor, n: Tensor | None = None) -> Tensor:
 
 
 def valid_share(flags: Tensor, b: Batch) -> Tensor:
-    """Share of valid tokens where ``flags`` (bool, False on padding) holds."""
-    return torch.count_nonzero(flags).to(b.n_valid.dtype) / b.n
+    """Share of valid tokens where ``flags`` (bool, False on padding) holds (``[G]`` if grouped)."""
+    return b.count(flags).to(b.n_valid.dtype) / b.n
 
 
 def sequence_log_ratio(b: Batch) -> Tensor:
@@ -366,21 +421,25 @@ def ratio_metrics(
 ) -> dict[str, Tensor]:
     """Statistics of the ratio the rule acts on (``lr`` and ``r = exp(lr)``: token or sequence
     level) over valid tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio (``token_lr``,
-    default ``lr``; 0 on padding), which estimates KL(pi_old || pi)."""
+    default ``lr``; 0 on padding), which estimates KL(pi_old || pi). ``[G]`` each with groups."""
     with torch.no_grad():
         lr, r = lr.detach(), r.detach()
         n = b.n
-        n_pad = b.mask.numel() - b.n_valid
+        n_pad = b.group_numel - b.n_valid
         if token_lr is None:  # token level: lr = 0 and r = 1 on padding, plain sums suffice
-            ratio_sum = token_ratio_sum = r.sum() - n_pad
-            lr_sum = token_lr_sum = lr.sum()  # one pass, for the mean and for k3
+            ratio_sum = token_ratio_sum = b.total(r) - n_pad
+            lr_sum = token_lr_sum = b.total(lr)  # one pass, for the mean and for k3
         else:
-            ratio_sum = (r * b.maskf).sum()
-            token_ratio_sum = token_lr.detach().exp().sum() - n_pad
-            lr_sum, token_lr_sum = (lr * b.maskf).sum(), token_lr.detach().sum()
+            ratio_sum = b.total(r * b.maskf)
+            token_ratio_sum = b.total(token_lr.detach().exp()) - n_pad
+            lr_sum, token_lr_sum = b.total(lr * b.maskf), b.total(token_lr.detach())
         lr_mean = lr_sum / n
         # One pass for both extremes: padding takes the valid mean, which lies between them.
-        lo, hi = torch.aminmax(torch.where(b.mask, lr, lr_mean))
+        filled = torch.where(b.mask, lr, b.spread(lr_mean))
+        if b.groups is None:
+            lo, hi = torch.aminmax(filled)
+        else:
+            lo, hi = torch.aminmax(filled.reshape(b.groups, -1), dim=-1)
         return {
             "ratio_mean": ratio_sum / n,
             "ratio_max": hi.exp(),
@@ -411,7 +470,8 @@ class Objective:
         batch_statistic: whether a token's loss depends on the other tokens of the batch through
             a batch-wide statistic (Clip-Cov, KL-Cov rank tokens by covariance), so that the
             result changes when a batch is split or several independent batches (seeds) are
-            stacked into one call: trainers call such objectives once per independent batch.
+            stacked into one call: trainers pass ``groups=G`` (one call, each block of rows
+            ranked on its own), or call such objectives once per independent batch.
         aggregation: the aggregation mode the paper uses (a recommendation; drivers may override).
         paper: arXiv id of the source.
     """
@@ -460,6 +520,7 @@ class Objective:
         *,
         generator: torch.Generator | None = None,
         validate: bool = True,
+        groups: int | None = None,
     ) -> ObjectiveOutput:
         """Per-token loss, realised gradient coefficient and metrics.
 
@@ -476,27 +537,42 @@ class Objective:
             validate: check values (mask holds only 0/1 and is not empty, finite inputs at valid
                 positions); costs one device->host read. With ``validate=False`` nothing reads
                 the device: a nonzero mask entry counts as valid, an empty mask gives 0.
+            groups: for a ``batch_statistic`` objective, ``G`` independent batches stacked in
+                one call: the rows split into ``G`` equal consecutive blocks (``G`` must divide
+                ``B``) and each block's statistics and selection use only its own rows, as ``G``
+                separate calls would (the draws of all blocks are made at once); every metric is
+                then ``[G]``, one per block. Ignored (after its check) by other objectives,
+                whose per-token loss does not depend on the other rows.
         """
         logp, logp_old, adv, mask = check_inputs(logp, logp_old, adv, mask)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
+        groups = check_groups(groups, logp.shape[0])
+        if not self.batch_statistic:
+            groups = None  # a row's loss does not depend on the other rows
         if validate:
-            check_values(logp, logp_old, adv, mask)
+            check_values(logp, logp_old, adv, mask, groups)
         noise = self.draw(logp, generator)
         if self._kernels is None:
-            return ObjectiveOutput(*self.forward(logp, logp_old, adv, mask, noise))
+            return ObjectiveOutput(*self.forward(logp, logp_old, adv, mask, noise, groups))
         loss_and_metrics, coef = self._kernels
-        loss, metrics = loss_and_metrics(logp, logp_old, adv, mask, noise)
-        args = (logp.detach(), logp_old, adv, mask, noise)
+        loss, metrics = loss_and_metrics(logp, logp_old, adv, mask, noise, groups)
+        args = (logp.detach(), logp_old, adv, mask, noise, groups)
         return ObjectiveOutput(loss, lambda: coef(*args), metrics)
 
     def forward(
-        self, logp: Tensor, logp_old: Tensor, adv: Tensor, mask: Tensor | None, noise: Tensor | None
+        self,
+        logp: Tensor,
+        logp_old: Tensor,
+        adv: Tensor,
+        mask: Tensor | None,
+        noise: Tensor | None,
+        groups: int | None = None,
     ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
         """The tensor computation of a call, on checked inputs and this call's draws ``noise``:
         ``(loss, coef function, metrics)``. No host sync, no Python branch on tensor values, no
         data-dependent shape: ``torch.compile(fullgraph=True)`` captures it whole."""
-        return self.compute(Batch(logp, logp_old, adv, mask), noise)
+        return self.compute(Batch(logp, logp_old, adv, mask, groups), noise)
 
     def compute(
         self, b: Batch, noise: Tensor | None
@@ -525,11 +601,11 @@ class Objective:
         )
         return self
 
-    def _loss_and_metrics(self, *args: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    def _loss_and_metrics(self, *args: Tensor | int | None) -> tuple[Tensor, dict[str, Tensor]]:
         loss, _, metrics = self.forward(*args)
         return loss, metrics
 
-    def _coef(self, *args: Tensor | None) -> Tensor:
+    def _coef(self, *args: Tensor | int | None) -> Tensor:
         coef = self.forward(*args)[1]
         return coef() if callable(coef) else coef
 

@@ -5,6 +5,11 @@ the batch), so they depend on batch statistics and have no closed-form ``expecte
 choice is made without a device->host sync: the number of tokens to pick,
 ``max(1, floor(ratio * n_valid))``, stays a tensor, and ``topk`` runs with the static upper bound
 ``max(1, floor(ratio * B * T))``.
+
+With ``groups=G`` (independent batches stacked into one call, e.g. the seeds of a trainer) the
+means, the count and the choice are per block of ``B / G`` rows: ``topk`` runs on the
+``[G, B/G * T]`` view with the bound ``max(1, floor(ratio * B/G * T))`` per block, so one call gives
+what ``G`` calls on the blocks give (the random keys of Clip-Cov are drawn for all blocks at once).
 """
 
 from __future__ import annotations
@@ -27,24 +32,32 @@ from .clip import PPOClip
 
 
 def token_covariance(b: Batch) -> Tensor:
-    """``Cov_t = (A_t - mean A)(logp_t - mean logp)``, means over valid tokens (detached).
+    """``Cov_t = (A_t - mean A)(logp_t - mean logp)``, means over valid tokens (of the token's own
+    block of rows with ``b.groups``; detached).
 
     Meaningless on padding: callers restrict their choice to ``b.mask``."""
     logp = b.logp.detach()  # 0 on padding, as adv: plain sums are masked sums
     n = b.n
-    return (b.adv - b.adv.sum() / n) * (logp - logp.sum() / n)
+    return (b.adv - b.spread(b.total(b.adv) / n)) * (logp - b.spread(b.total(logp) / n))
 
 
-def pick_top(scores: Tensor, eligible: Tensor, ratio: float, n_valid: Tensor) -> Tensor:
+def pick_top(
+    scores: Tensor, eligible: Tensor, ratio: float, n_valid: Tensor, groups: int | None = None
+) -> Tensor:
     """Boolean mask of the ``max(1, floor(ratio * n_valid))`` eligible entries with the largest score
-    (fewer if fewer are eligible). Sync-free: ``topk`` uses a static bound on the count."""
-    flat = torch.where(eligible, scores, -math.inf).flatten()
-    k_static = min(flat.numel(), max(1, math.floor(ratio * flat.numel())))
-    values, index = torch.topk(flat, k_static, largest=True, sorted=True)
-    k = torch.floor(ratio * n_valid).clamp(min=1)
+    (fewer if fewer are eligible). Sync-free: ``topk`` uses a static bound on the count.
+
+    With ``groups=G``, ``n_valid`` is ``[G]`` and each block of ``B / G`` consecutive rows picks its
+    own count among its own entries."""
+    G = 1 if groups is None else groups
+    flat = torch.where(eligible, scores, -math.inf).reshape(G, -1)
+    size = flat.shape[1]
+    k_static = min(size, max(1, math.floor(ratio * size)))
+    values, index = torch.topk(flat, k_static, dim=-1, largest=True, sorted=True)
+    k = torch.floor(ratio * n_valid).clamp(min=1).reshape(-1, 1)  # [G, 1] (or [1, 1])
     rank = torch.arange(k_static, device=flat.device)
     chosen = (rank < k) & (values > -math.inf)
-    picked = torch.zeros_like(flat, dtype=torch.bool).scatter(0, index, chosen)
+    picked = torch.zeros_like(flat, dtype=torch.bool).scatter(1, index, chosen)
     return picked.view_as(scores)
 
 
@@ -114,7 +127,7 @@ class ClipCov(PPOClip):
         cov = token_covariance(b)
         z_lo, z_hi = z
         eligible = b.mask & ~(z_lo | z_hi) & (cov > self.clip_cov_lb) & (cov < self.clip_cov_ub)
-        picked = pick_top(noise, eligible, self.clip_cov_ratio, b.n_valid)
+        picked = pick_top(noise, eligible, self.clip_cov_ratio, b.n_valid, b.groups)
         extra["clip_cov_frac"] = valid_share(picked, b)
         return torch.where(picked, 0.0, loss), lambda: torch.where(picked, 0.0, coef()), extra
 
@@ -152,7 +165,7 @@ class KLCov(RatioObjective):
     def realise(
         self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
     ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
-        picked = pick_top(token_covariance(b), b.mask, self.kl_cov_ratio, b.n_valid)
+        picked = pick_top(token_covariance(b), b.mask, self.kl_cov_ratio, b.n_valid, b.groups)
         lr = torch.log(r)
         loss = b.neg_adv * r + torch.where(picked, self.ppo_kl_coef * lr.abs(), 0.0)
         penalty = self.ppo_kl_coef * torch.sign(lr.detach())
