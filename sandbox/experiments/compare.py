@@ -20,7 +20,7 @@ s-th rollout + update round, and its ``reward``, ``expected_reward`` and ``entro
 policy that sampled that round (step 1: the initial policy), its clip fractions the round's
 updates.
 
-    clip-sandbox compare                       # the default (make demo), ~2 min on 2 cores
+    clip-sandbox compare                       # the default (make demo), ~1 min on 2 cores
     clip-sandbox compare --suite reasoning     # tiny transformers on reasoning tasks, a few min
     clip-sandbox compare --objectives grpo dapo nsr_dapo --settings needle --seeds 64
     clip-sandbox compare --objectives dapo nsr --objective-params dapo:eps_high=0.3 nsr:sigma=0.05

@@ -43,8 +43,8 @@ passed to :func:`sandbox.aggregate.aggregate` as the global counts, so the sum o
 per-seed aggregates is one call), SGD and Adam act elementwise, and
 
 * objectives that depend on batch statistics (``clip_cov``, ``kl_cov``: covariance ranking over the
-  batch, ``objective.batch_statistic``) are called once per seed in a Python loop, so each sees
-  only its own seed's batch (slower: S calls per update);
+  batch, ``objective.batch_statistic``) get ``groups=S``: one call in which each seed's rows are
+  ranked on their own, so each sees only its own seed's batch;
 * the ``batch_std`` advantage (std over the whole batch) is computed per seed in a Python loop;
   the other advantage methods normalise within a group, so one call covers all seeds.
 

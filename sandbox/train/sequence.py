@@ -17,8 +17,8 @@ GSPO, NSR at token vs sequence level) differ here. One step, for every seed::
 The S seeds are S independent models (:class:`~sandbox.policies.TinyTransformer`'s ensemble
 dimension), trained in one batched pass: each seed's loss is aggregated over its own rows
 (``groups=S``), gradients are clipped per seed and Adam acts elementwise, so a seed's update depends
-on its own model and data only. Objectives that rank tokens over the batch (clip_cov, kl_cov) are
-called once per seed. This module defines no loss.
+on its own model and data only. Objectives that rank tokens over the batch (clip_cov, kl_cov) rank
+each seed's rows on their own, in one call (``groups=S``). This module defines no loss.
 
 How to run (CPU)::
 
@@ -262,7 +262,7 @@ class SequenceTrainer:
     def _loss(self, batch: SequenceBatch, rows: Tensor, validate: bool) -> LossOutput:
         """The loss of minibatch ``rows`` for all seeds: :class:`sandbox.loss.PolicyLoss` with
         ``groups=S`` (each seed aggregated over its own rows; a batch-statistic objective is
-        called once per seed, its metrics then averaged over seeds)."""
+        ranks each seed's rows on their own, its metrics then averaged over seeds)."""
         S, n = self.config.seeds, rows.numel()
         prompt, pmask = batch.prompt[:, rows], batch.prompt_mask[:, rows]
         comp, cmask = batch.completion[:, rows], batch.completion_mask[:, rows]
