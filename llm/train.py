@@ -376,18 +376,20 @@ def logprobs(run: Run, net: torch.nn.Module, batch: dict[str, torch.Tensor], chu
             k: batch[k][rows].to(run.device)
             for k in ("prompt", "prompt_mask", "completion", "completion_mask")
         }
-        with run.autocast:
-            lp, _ = completion_logp(
-                net,
-                sub["prompt"],
-                sub["prompt_mask"],
-                sub["completion"],
-                sub["completion_mask"],
-                run.cfg.temperature,
-                chunk_size=run.cfg.logp_chunk,
-            )
-        pieces.append(lp.cpu())
+        pieces.append(forward_logp(run, net, sub)[0].cpu())
     return torch.cat(pieces)
+
+
+def forward_logp(
+    run: Run, net: torch.nn.Module, sub: dict[str, torch.Tensor], entropy: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``net``'s completion log-probs (and entropy) of a batch, under the run's autocast, from the
+    LM head in chunks (:func:`llm.logprobs.completion_logp`)."""
+    with run.autocast:
+        return completion_logp(
+            net, sub["prompt"], sub["prompt_mask"], sub["completion"], sub["completion_mask"],
+            run.cfg.temperature, entropy=entropy, chunk_size=run.cfg.logp_chunk,
+        )  # fmt: skip
 
 
 def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
@@ -526,17 +528,8 @@ def micro_step(
         policy.set_requires_gradient_sync(sync)
     no_sync = info.enabled and not cfg.fsdp and not sync
     with policy.no_sync() if no_sync else contextlib.nullcontext():
-        with run.autocast:
-            logp, entropy = completion_logp(
-                policy,
-                sub["prompt"],
-                sub["prompt_mask"],
-                sub["completion"],
-                sub["completion_mask"],
-                cfg.temperature,
-                entropy="grad" if cfg.entropy_coef > 0 else "metric",
-                chunk_size=cfg.logp_chunk,
-            )
+        entropy_mode = "grad" if cfg.entropy_coef > 0 else "metric"
+        logp, entropy = forward_logp(run, policy, sub, entropy_mode)
         generator = None
         if run.loss_fn.objective.stochastic:  # stateless: the same draws at any world size
             generator = torch.Generator(run.device).manual_seed(seed)
