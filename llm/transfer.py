@@ -70,6 +70,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from sandbox.configs import add_arguments
 from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
 from sandbox.objectives import get_objective
 
@@ -397,9 +398,12 @@ def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
 
 def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.Namespace]:
     parser = argparse.ArgumentParser(prog="python -m llm.transfer", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
-    parser.add_argument("--out", default="results/transfer", help="output folder")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+        "\n\n")[0])  # fmt: skip
+    parser.add_argument(
+        "--out", default="results/transfer", help="output folder (default: %(default)s)"
+    )
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
+                        help="named settings (default: cpu); flags override them")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="= --profile quick")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
@@ -407,14 +411,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
         help="run nothing: rebuild the tables and figure from every part in OUT/parts (parts "
         "copied in from other machines or settings)",
     )  # fmt: skip
-    defaults = TransferConfig()
-    for f in fields(TransferConfig):
-        flag = "--" + f.name.replace("_", "-")
-        value = getattr(defaults, f.name)
-        if f.name in ("rules", "rungs", "llm_rules", "llm_extra"):
-            parser.add_argument(flag, nargs="+", default=None, help=f.metadata["help"])
-        else:
-            parser.add_argument(flag, type=type(value), default=None, help=f.metadata["help"])
+    cpu = TransferConfig(**PROFILES["cpu"])  # the help shows the cpu profile's values
+    shown = {f.name: str(getattr(cpu, f.name)) for f in fields(TransferConfig)}
+    add_arguments(parser, TransferConfig, unset=True, shown=shown)  # unset: the profile decides
     args = parser.parse_args(argv)
     settings = dict(PROFILES["quick" if args.quick else args.profile])
     settings.update({f.name: getattr(args, f.name) for f in fields(TransferConfig)

@@ -215,10 +215,12 @@ _CHOICES = {"suite": ("bandit", "reasoning"), "optimizer": ("sgd", "adam")}
 
 
 def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags generated from :class:`CompareConfig`'s fields (defaults stay in the dataclass;
-    a per-suite default is shown once when the suites agree)."""
+    """Flags generated from :class:`CompareConfig`'s fields by :func:`sandbox.configs.add_arguments`
+    (the helper ``llm.train`` uses too); a field left unset takes its suite's default, shown once
+    when the suites agree."""
     from dataclasses import MISSING, fields
 
+    from sandbox.configs import add_arguments
     from sandbox.experiments.compare import SUITE_DEFAULTS, CompareConfig
 
     p.add_argument(
@@ -229,30 +231,25 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes (default: min(cpus, 4); 1 runs in this process)")  # fmt: skip
     p.add_argument("--force", action="store_true", help="recompute finished runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    shown = {}
     for f in fields(CompareConfig):
         default = f.default_factory() if f.default is MISSING else f.default
-        flag = "--" + f.name.replace("_", "-")
-        kwargs: dict = {"dest": f.name, "default": None, "metavar": _METAVARS.get(f.name)}
         if f.name == "objective_params":
-            p.add_argument(flag, nargs="+", help=f.metadata["help"], **kwargs)
             continue
         if default is None:  # per-suite default
             per_suite = {s: d.get(f.name) for s, d in SUITE_DEFAULTS.items()}
             values = list(per_suite.values())
             if all(v == values[0] for v in values):
-                shown = _shown(values[0])
+                shown[f.name] = _shown(values[0])
             else:
-                shown = "; ".join(f"{s}: {_shown(v)}" for s, v in per_suite.items())
-            sample = next((v for v in values if v is not None), "")
+                shown[f.name] = "; ".join(f"{s}: {_shown(v)}" for s, v in per_suite.items())
         else:
-            shown, sample = _shown(default), default
-        kwargs["help"] = f"{f.metadata.get('help', '')} (default: {shown})"
-        if f.name in _CHOICES:
-            kwargs.update(choices=_CHOICES[f.name], metavar=None)
-        if isinstance(sample, list) or f.name == "objectives":
-            p.add_argument(flag, nargs="+", **kwargs)
-        else:
-            p.add_argument(flag, type=type(sample), **kwargs)
+            shown[f.name] = _shown(default)
+    add_arguments(p, CompareConfig, unset=True, shown=shown, metavars=_METAVARS, choices=_CHOICES,
+                  skip=("objective_params",))  # fmt: skip
+    f = next(f for f in fields(CompareConfig) if f.name == "objective_params")
+    p.add_argument("--objective-params", nargs="+", default=None, help=f.metadata["help"],
+                   metavar=_METAVARS["objective_params"])  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,30 +77,51 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not _MISSING else f.default
 
 
-def _help(f: dataclasses.Field, default: Any) -> str:
+def _help(f: dataclasses.Field, default: Any, shown: str | None = None) -> str:
     text = f.metadata.get("help", "")
+    if shown is not None:
+        return f"{text} (default: {shown})"
     if default is None or default in ([], {}) or isinstance(default, bool):
         return text  # booleans show as --x/--no-x; None/empty: the help text says what happens
     return f"{text} (default: {default})"
 
 
 def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, extra_help: dict[str, str] | None = None
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    extra_help: dict[str, str] | None = None,
+    unset: bool = False,
+    shown: dict[str, str] | None = None,
+    metavars: dict[str, str] | None = None,
+    choices: dict[str, tuple[Any, ...]] | None = None,
+    skip: tuple[str, ...] = (),
 ) -> None:
-    """One flag per field of dataclass ``cls``; ``extra_help`` appends text to a field's help."""
+    """One flag per field of dataclass ``cls`` (but ``skip``), each default shown once.
+
+    ``extra_help`` appends text to a field's help; ``unset``: every flag defaults to None, so only
+    what the command line gives is set and the caller fills in the rest (e.g. defaults that
+    depend on another setting), lists then take one or more values; ``shown``: the default to
+    print for a field instead of its own; ``metavars`` / ``choices`` per field (choices also come
+    from :func:`arg`)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         kind, default = _base_type(hints[f.name]), _default(f)
-        help_ = _help(f, default) + (extra_help or {}).get(f.name, "")
+        help_ = _help(f, default, (shown or {}).get(f.name)) + (extra_help or {}).get(f.name, "")
+        kw: dict[str, Any] = {"help": help_, "default": None if unset else default}
+        if metavars and f.name in metavars:
+            kw["metavar"] = metavars[f.name]
         if kind is bool:
-            parser.add_argument(
-                flag(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_
-            )
+            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kw)
         elif kind in (list, dict):
-            parser.add_argument(flag(f.name), nargs="*", default=default, help=help_)
+            parser.add_argument(flag(f.name), nargs="+" if unset else "*", **kw)
         else:
-            parser.add_argument(flag(f.name), type=kind, default=default, help=help_,
-                                choices=f.metadata.get("choices"))  # fmt: skip
+            options = (choices or {}).get(f.name) or f.metadata.get("choices")
+            if options:
+                kw.pop("metavar", None)
+            parser.add_argument(flag(f.name), type=kind, choices=options, **kw)
 
 
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
