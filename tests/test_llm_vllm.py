@@ -164,8 +164,9 @@ def config(tmp_path: pathlib.Path, name: str, **kw) -> TrainConfig:
 def test_train_with_vllm_and_resume(tmp_path):
     kw = dict(objective="dapo", epochs=2, steps=3, eval_every=3, eval_prompts=4)
     full = train(config(tmp_path, "full", **kw))
-    assert [r["step"] for r in full] == [1, 2, 3]
-    for row in full:
+    assert [r["step"] for r in full] == [0, 1, 2, 3]  # 0: the evaluation before training
+    assert set(full[0]) == {"step", "eval_pass@1", "eval_pass@4"}
+    for row in full[1:]:
         assert all(math.isfinite(v) for v in row.values()), row
         assert row["rollout_kl_k3"] < 1e-6 and abs(row["rollout_is_mean"] - 1) < 1e-3
     assert "eval_pass@1" in full[-1]
