@@ -499,11 +499,8 @@ def update(
                 seed = rollout.derive_seed(cfg.seed, 2, step, epoch, mb, piece)
                 out = micro_step(run, sub, counts, seed, sync=a == A - 1, empty=empty)
                 metrics.add(out.loss, out.metrics, sub["loss_mask"].sum() * (not empty), empty)
-            metrics.add_grad_norm(
-                torch.nn.utils.clip_grad_norm_(
-                    [p for p in run.policy.parameters() if p.requires_grad], cfg.max_grad_norm
-                )
-            )
+            params = run.optimizer.param_groups[0]["params"]  # the trainable ones, from setup
+            metrics.add_grad_norm(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
             if run.engine is not None:

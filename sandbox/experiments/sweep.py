@@ -46,10 +46,8 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import shutil
 import time
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -62,6 +60,7 @@ from tqdm import tqdm
 from envs import make_bandit_suite
 from envs.bandit import BanditSetting
 from envs.reasoning import make_task
+from sandbox.configs import read_mapping
 from sandbox.exact import exact_flow
 from sandbox.exact.bandit import GROUP_ADVANTAGES
 from sandbox.objectives import get_objective
@@ -271,49 +270,11 @@ def trainer_config(
 # parsing and validation
 # ------------------------------------------------------------------------------------------------
 
-_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
-
-
-def _coerce_yaml_floats(value: Any) -> Any:
-    """PyYAML (YAML 1.1) reads ``1e-4`` as a string; read it as the float it means."""
-    if isinstance(value, str) and _FLOAT.match(value):
-        return float(value)
-    if isinstance(value, list):
-        return [_coerce_yaml_floats(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _coerce_yaml_floats(v) for k, v in value.items()}
-    return value
-
 
 def read_sweep_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a ``.toml``, ``.yaml`` or ``.yml`` sweep file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"sweep file not found: {path}")
-    suffix = path.suffix.lower()
-    if suffix == ".toml":
-        try:
-            return tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: invalid TOML: {exc}") from exc
-    if suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError as exc:  # pragma: no cover - PyYAML comes with most environments
-            raise ValueError(
-                f"{path}: reading YAML sweep files needs PyYAML (pip install pyyaml); "
-                "or write the sweep in TOML"
-            ) from exc
-        try:
-            spec = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: invalid YAML: {exc}") from exc
-        if not isinstance(spec, dict):
-            raise ValueError(
-                f"{path}: a sweep file is a mapping of keys, got {type(spec).__name__}"
-            )
-        return _coerce_yaml_floats(spec)
-    raise ValueError(f"{path}: sweep files are .toml, .yaml or .yml, got {suffix or 'no suffix'}")
+    """The raw mapping of a ``.toml``, ``.yaml`` or ``.yml`` sweep file
+    (:func:`sandbox.configs.read_mapping`, the reader of ``--config`` files too)."""
+    return read_mapping(path, "sweep file")
 
 
 def load_sweep(path: str | Path) -> SweepPlan:
