@@ -141,7 +141,7 @@ class PolicyLoss:
         """The loss of one (micro-)batch.
 
         Args:
-            logp, logp_old, adv, mask: the objective's inputs (``[B, T]``; ``adv`` ``[B, 1]``).
+            logp, logp_old, adv, mask: the objective's inputs (``[B, T]``; ``adv`` ``[B, 1]`` or ``[B]``).
             logp_ref: ``[B, T]`` reference log-probs; required when ``kl_coef > 0``.
             rollout_logp: ``[B, T]`` the sampler's log-probs; required with ``rollout_is``.
             entropy: ``[B, T]`` per-token entropy (with gradient for the bonus); reported as the
@@ -199,8 +199,6 @@ class PolicyLoss:
         """The objective's per-token loss and metrics. A batch-statistic objective with
         ``groups > 1`` ranks each block of rows on its own, in one call (``groups=`` of
         :class:`sandbox.objectives.Objective`; its metrics then ``[groups]``)."""
-        if adv.dim() == 1:
-            adv = adv[:, None]
         grouped = self.objective.batch_statistic and groups is not None and groups > 1
         out = self.objective(logp, logp_old, adv, mask, generator=generator, validate=validate,
                              groups=groups if grouped else None)  # fmt: skip
