@@ -1,0 +1,230 @@
+"""The seed papers' claims as data, and the ledger that tests them with paired seeds.
+
+A claim is one record: rule A beats rule B on a metric, in a stated direction, as a paper says
+in a stated place. ``ledger`` turns a tidy score table (one row per rung, rule and seed) into one
+row per (claim, rung): the paired difference A - B over seeds with its 95% interval, the verdict
+(``sandbox.experiments.evidence.verdict``) and the power line. A new claim is one more record in
+``CLAIMS``; the rules are registry names or presets (``sandbox.objectives.get_objective``).
+
+Metrics (columns of the score table; a study that reports them fills them per run):
+
+| metric | meaning | better |
+|---|---|---|
+| ``final_pass`` | held-out pass@1 (expected reward on bandits) at the last step | higher |
+| ``reward_auc`` | mean per-step training reward over the run (area under the curve / steps) | higher |
+| ``final_entropy`` | policy entropy at the last step (the entropy-collapse claims) | higher |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sandbox.experiments import evidence
+
+METRICS = ("final_pass", "reward_auc", "final_entropy")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``rule_a`` is ``direction`` than ``rule_b`` on ``metric`` ("greater": A's value is higher),
+    as ``source`` (arXiv id) says at ``where`` (section or passage), in the words of ``statement``."""
+
+    name: str
+    rule_a: str
+    rule_b: str
+    direction: evidence.Direction
+    metric: str
+    source: str
+    where: str
+    statement: str
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("greater", "less"):
+            raise ValueError(f"direction must be 'greater' or 'less', got {self.direction!r}")
+        if self.metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {self.metric!r}")
+        if self.rule_a == self.rule_b:
+            raise ValueError(f"rule_a and rule_b must differ, got {self.rule_a!r} twice")
+
+    @property
+    def rules(self) -> tuple[str, str]:
+        return self.rule_a, self.rule_b
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        "nsr_beats_dapo",
+        "nsr_dapo",
+        "dapo",
+        "greater",
+        "final_pass",
+        "arXiv 2605.22703",
+        "abstract; experiments (7B-30B)",
+        "NSR improves training stability and performance compared to DAPO",
+    ),
+    Claim(
+        "nsr_beats_its_decay",
+        "nsr_dapo",
+        "nsr_decay_dapo",
+        "greater",
+        "final_pass",
+        "arXiv 2605.22703",
+        "ablation (implicit decay)",
+        "the stochastic, boundary-local rescue is consistently more effective than deterministic "
+        "gradient decay",
+    ),
+    Claim(
+        "dgpo_beats_hard_clip",
+        "dgpo_1p5b",
+        "grpo",
+        "greater",
+        "final_pass",
+        "arXiv 2603.14389",
+        "abstract; experiments (R1-Distill-Qwen 1.5B/7B/14B)",
+        "DGPO consistently outperforms strong baselines (the hard clip at the same bounds, "
+        "eps 0.2/0.2)",
+    ),
+    Claim(
+        "atr_beats_grpo",
+        "atr_grpo",
+        "grpo",
+        "greater",
+        "final_pass",
+        "arXiv 2602.05494",
+        "experiments",
+        "the KL3 trust region (ATR-GRPO) outperforms GRPO's ratio clip",
+    ),
+    Claim(
+        "clip_cov_keeps_entropy",
+        "clip_cov_verl",
+        "grpo",
+        "greater",
+        "final_entropy",
+        "arXiv 2505.22617",
+        "§4 (Clip-Cov)",
+        "Clip-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+    ),
+    Claim(
+        "kl_cov_keeps_entropy",
+        "kl_cov_verl",
+        "grpo",
+        "greater",
+        "final_entropy",
+        "arXiv 2505.22617",
+        "§4 (KL-Cov)",
+        "KL-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+    ),
+    Claim(
+        "clip_beats_unclipped",
+        "dapo",
+        "unclipped",
+        "greater",
+        "final_pass",
+        "arXiv 1707.06347",
+        "§3 (the clipped surrogate's premise); the control",
+        "a trust region helps: the clipped rule beats the same update without a clip",
+    ),
+)
+
+
+def claim_rules(claims: Iterable[Claim] = CLAIMS) -> list[str]:
+    """Every rule the claims name, each once, in order of first mention."""
+    return list(dict.fromkeys(r for c in claims for r in c.rules))
+
+
+def _seed_table(scores: pd.DataFrame, rung: str, metric: str, rules: list[str]) -> pd.DataFrame:
+    rows = scores[(scores["rung"] == rung) & scores["rule"].isin(rules)]
+    return rows.pivot_table(index="seed", columns="rule", values=metric, dropna=False)
+
+
+def ledger(
+    scores: pd.DataFrame,
+    claims: Iterable[Claim] = CLAIMS,
+    *,
+    level: float = 0.95,
+    margins: dict[str, float] | None = None,
+    power: float = 0.8,
+) -> pd.DataFrame:
+    """One row per (claim, rung) where both rules have runs: ``estimate`` (mean A - B over the
+    seeds both have) with ``lo``/``hi``, ``seeds``, ``verdict`` and ``reason``; the claim's
+    ``source``; ``clip_frac_a``/``clip_frac_b`` when the table has ``clip_frac``; the power line:
+    ``diff_sd`` (SD of the paired differences), ``margin`` (the smallest effect of interest for the
+    metric, from ``margins``; NaN if none) and ``seeds_needed`` to resolve it at ``power``.
+
+    ``scores`` has columns ``rung``, ``rule``, ``seed`` and the claims' metrics, one row per run.
+    """
+    missing = {"rung", "rule", "seed"} - set(scores.columns)
+    if missing:
+        raise ValueError(f"scores lacks the columns {sorted(missing)}")
+    margins = margins or {}
+    rows = []
+    for claim in claims:
+        if claim.metric not in scores.columns:
+            continue
+        for rung in scores["rung"].drop_duplicates():
+            table = _seed_table(scores, rung, claim.metric, list(claim.rules))
+            if not set(claim.rules) <= set(table.columns):
+                continue
+            diff = evidence.paired_difference(
+                table[claim.rule_a].to_numpy(), table[claim.rule_b].to_numpy(), level
+            )
+            margin = float(margins.get(claim.metric, np.nan))
+            verdict, reason = evidence.verdict(diff, claim.direction, np.nan_to_num(margin))
+            needed = (
+                evidence.seeds_needed(diff.sd, margin, power=power)
+                if np.isfinite(margin) and margin > 0 and np.isfinite(diff.sd) and diff.sd > 0
+                else np.nan
+            )
+            row = {
+                "claim": claim.name,
+                "rung": rung,
+                "metric": claim.metric,
+                "rule_a": claim.rule_a,
+                "rule_b": claim.rule_b,
+                "direction": claim.direction,
+                "estimate": diff.estimate,
+                "lo": diff.lo,
+                "hi": diff.hi,
+                "seeds": diff.n,
+                "verdict": verdict,
+                "reason": reason,
+                "diff_sd": diff.sd,
+                "margin": margin,
+                "seeds_needed": needed,
+                "source": f"{claim.source}, {claim.where}",
+            }
+            if "clip_frac" in scores.columns:
+                clip = _seed_table(scores, rung, "clip_frac", list(claim.rules)).mean()
+                row["clip_frac_a"], row["clip_frac_b"] = clip[claim.rule_a], clip[claim.rule_b]
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def power_lines(
+    scores: pd.DataFrame, metric: str, margin: float, *, power: float = 0.8
+) -> pd.DataFrame:
+    """Per rung: the seed-by-rule residual SD of ``metric`` (``evidence.residual_sd``), the SD of a
+    paired difference (sqrt(2) x residual), and the paired seeds needed to resolve ``margin``."""
+    rows = []
+    for rung, part in scores.groupby("rung", sort=False):
+        table = part.pivot_table(index="seed", columns="rule", values=metric)
+        res = evidence.residual_sd(table.to_numpy())
+        sd = np.sqrt(2) * res
+        ok = np.isfinite(sd) and sd > 0
+        rows.append(
+            {
+                "rung": rung,
+                "metric": metric,
+                "seeds": len(table),
+                "rules": table.shape[1],
+                "residual_sd": res,
+                "diff_sd": sd,
+                "margin": margin,
+                "seeds_needed": evidence.seeds_needed(sd, margin, power=power) if ok else np.nan,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,211 @@
+"""Paired evidence over seeds: what a claim in the docs is built from.
+
+When a seed fixes the prompts, the held-out set and the initial state for every rule on a rung,
+two rules' runs under one seed are a pair, and their difference removes the seed's effect
+(Henderson et al., arXiv 1709.06560; Agarwal et al., arXiv 2108.13264). This module turns a
+seeds x rules table of one metric into:
+
+- ``paired_difference``: the mean difference A - B over seeds with its Student-t interval;
+- ``verdict``: supported / contradicted / not resolved at this power, from that interval;
+- ``residual_sd`` and ``seeds_needed``: the power line (the seed-by-rule residual SD of a rung and
+  the paired seeds a given effect needs at a given power, from the noncentral t distribution);
+- ``pair_signs`` and ``kendall_tau_b``: rank agreement between rungs where pairs of rules the
+  noise cannot separate count as ties (tau-b), with a bootstrap interval over seeds.
+
+Every function takes plain arrays or frames and returns numbers; nothing here runs a trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Direction = Literal["greater", "less"]
+
+SUPPORTED = "supported"
+CONTRADICTED = "contradicted"
+UNRESOLVED = "not resolved at this power"
+VERDICTS = (SUPPORTED, CONTRADICTED, UNRESOLVED)
+
+
+def _check_level(level: float) -> float:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return float(level)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """The mean of ``a - b`` over the seeds both have, its ``level`` interval, the SD of the
+    differences and the number of pairs. The interval is NaN with fewer than two pairs."""
+
+    estimate: float
+    lo: float
+    hi: float
+    sd: float
+    n: int
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> PairedDifference:
+    """Mean difference ``a - b`` over seeds (paired by position) with a Student-t interval.
+
+    Pairs where either value is NaN are dropped (a seed missing for one rule is no pair).
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"a and b must be 1-d arrays of one length, got {a.shape} and {b.shape}")
+    level = _check_level(level)
+    d = (a - b)[np.isfinite(a) & np.isfinite(b)]
+    n = len(d)
+    if n == 0:
+        return PairedDifference(float("nan"), float("nan"), float("nan"), float("nan"), 0)
+    mean = float(d.mean())
+    if n < 2:
+        return PairedDifference(mean, float("nan"), float("nan"), float("nan"), 1)
+    from scipy import stats
+
+    sd = float(d.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / np.sqrt(n)
+    return PairedDifference(mean, float(mean - half), float(mean + half), sd, n)
+
+
+def verdict(diff: PairedDifference, direction: Direction, margin: float = 0.0) -> tuple[str, str]:
+    """The verdict on "A beats B" (``direction="greater"``: A's metric is higher; ``"less"``: lower)
+    and the reason, from the paired interval of A - B:
+
+    - supported: the interval lies wholly on the claimed side of 0;
+    - contradicted: it lies wholly on the other side of 0, or (with ``margin`` > 0, the smallest
+      effect of interest) it excludes every effect of at least ``margin`` in the claimed direction;
+    - not resolved at this power: otherwise (and with fewer than two pairs).
+    """
+    if direction not in ("greater", "less"):
+        raise ValueError(f"direction must be 'greater' or 'less', got {direction!r}")
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin!r}")
+    if not (np.isfinite(diff.lo) and np.isfinite(diff.hi)):
+        return UNRESOLVED, f"{diff.n} pair(s): no interval"
+    sign = 1.0 if direction == "greater" else -1.0
+    lo, hi = sorted((sign * diff.lo, sign * diff.hi))  # the interval in the claimed direction
+    if lo > 0:
+        return SUPPORTED, "interval on the claimed side of 0"
+    if hi < 0:
+        return CONTRADICTED, "interval on the other side of 0"
+    if margin > 0 and hi < margin:
+        return CONTRADICTED, f"interval excludes an effect of {margin:g} in the claimed direction"
+    return UNRESOLVED, "interval contains 0"
+
+
+def residual_sd(table: np.ndarray) -> float:
+    """SD of a seeds x rules table after removing each seed's and each rule's mean (the residual
+    of the two-way additive model, df = (S - 1)(R - 1)). Rows with a NaN are dropped. The SD of a
+    paired difference of two rules is ``sqrt(2)`` times this."""
+    x = np.asarray(table, dtype=float)
+    if x.ndim != 2:
+        raise ValueError(f"table must be seeds x rules (2-d), got shape {x.shape}")
+    x = x[np.all(np.isfinite(x), axis=1)]
+    s, r = x.shape
+    if s < 2 or r < 2:
+        return float("nan")
+    res = x - x.mean(1, keepdims=True) - x.mean(0, keepdims=True) + x.mean()
+    return float(np.sqrt(np.sum(res**2) / ((s - 1) * (r - 1))))
+
+
+def paired_power(n: int, sd: float, effect: float, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test with ``n`` pairs to detect a true mean difference
+    ``effect`` when the differences have SD ``sd`` (noncentral t)."""
+    if n < 2:
+        return float("nan")
+    from scipy import stats
+
+    df, nc = n - 1, abs(effect) / sd * np.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+
+
+def seeds_needed(
+    sd: float, effect: float, *, power: float = 0.8, alpha: float = 0.05, max_n: int = 100_000
+) -> int:
+    """Smallest number of paired seeds whose two-sided paired t-test at ``alpha`` has at least
+    ``power`` to detect a mean difference ``effect`` when the differences have SD ``sd``."""
+    if not (np.isfinite(sd) and sd > 0):
+        raise ValueError(f"sd must be a positive finite number, got {sd!r}")
+    if not effect:
+        raise ValueError("effect must be nonzero")
+    _check_level(power)
+    _check_level(alpha)
+    lo, hi = 2, 2
+    while paired_power(hi, sd, effect, alpha) < power:  # doubling, then bisection
+        lo, hi = hi, hi * 2
+        if hi > max_n:
+            raise ValueError(f"more than max_n={max_n} seeds needed (sd={sd}, effect={effect})")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if paired_power(mid, sd, effect, alpha) < power else (lo, mid)
+    return lo
+
+
+def pair_signs(table: np.ndarray, *, level: float = 0.95, tol: float = 0.0) -> np.ndarray:
+    """The order of every pair of rules (i < j, ``np.triu_indices`` order) in a seeds x rules
+    table: +1 if rule i is above rule j, -1 if below, 0 if tied. With two or more seeds a pair is
+    ordered only when the paired interval of i - j excludes 0 (near-ties within the noise count
+    as ties); with one row (a deterministic rung such as the exact flow) when ``|i - j| > tol``."""
+    x = np.asarray(table, dtype=float)
+    if x.ndim != 2:
+        raise ValueError(f"table must be seeds x rules (2-d), got shape {x.shape}")
+    i, j = np.triu_indices(x.shape[1], 1)
+    d = x[:, i] - x[:, j]
+    d = d[np.all(np.isfinite(d), axis=1)]
+    mean = d.mean(0) if len(d) else np.full(len(i), np.nan)
+    if len(d) < 2:
+        return np.where(np.abs(mean) > tol, np.sign(mean), 0.0)
+    from scipy import stats
+
+    half = stats.t.ppf(0.5 + _check_level(level) / 2, len(d) - 1) * d.std(0, ddof=1)
+    half = half / np.sqrt(len(d))
+    return np.where(np.abs(mean) > np.maximum(half, tol), np.sign(mean), 0.0)
+
+
+def kendall_tau_b(signs_a: np.ndarray, signs_b: np.ndarray) -> float:
+    """Kendall's tau-b from two rankings' pair signs (``pair_signs``, or ``np.sign`` of pairwise
+    differences): (concordant - discordant) / sqrt(untied pairs of a x untied pairs of b).
+    NaN when either ranking ties every pair."""
+    sa, sb = np.asarray(signs_a, dtype=float), np.asarray(signs_b, dtype=float)
+    if sa.shape != sb.shape:
+        raise ValueError(f"signs_a and signs_b must have one shape, got {sa.shape}, {sb.shape}")
+    denom = np.sqrt(np.count_nonzero(sa) * np.count_nonzero(sb))
+    return float(np.sum(sa * sb) / denom) if denom > 0 else float("nan")
+
+
+def tau_b_interval(
+    table_a: np.ndarray,
+    table_b: np.ndarray,
+    *,
+    level: float = 0.95,
+    tol: float = 0.0,
+    draws: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """Tau-b between two rungs' seeds x rules tables (same rule columns, in the same order) with
+    a percentile bootstrap interval: the seeds of each rung are resampled on their own (runs on
+    two rungs are not pairs). Returns (tau, lo, hi)."""
+    a, b = np.asarray(table_a, dtype=float), np.asarray(table_b, dtype=float)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"the tables must have the same rules, got {a.shape[1]} and {b.shape[1]}")
+    tau = kendall_tau_b(pair_signs(a, level=level, tol=tol), pair_signs(b, level=level, tol=tol))
+    rng = np.random.default_rng(seed)
+    boot = np.array(
+        [
+            kendall_tau_b(
+                pair_signs(a[rng.integers(len(a), size=len(a))], level=level, tol=tol),
+                pair_signs(b[rng.integers(len(b), size=len(b))], level=level, tol=tol),
+            )
+            for _ in range(draws)
+        ]
+    )
+    boot = boot[np.isfinite(boot)]
+    if len(boot) == 0:
+        return tau, float("nan"), float("nan")
+    lo, hi = np.percentile(boot, [50 * (1 - level), 50 * (1 + level)])
+    return tau, float(lo), float(hi)

@@ -1,0 +1,127 @@
+"""sandbox.experiments.evidence: paired intervals, verdicts, power and tau-b, against values
+worked by hand (and scipy where it computes the same thing)."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from sandbox.experiments import evidence as ev
+
+
+def test_paired_difference_is_the_t_interval_of_the_seed_differences():
+    # d = a - b = [1, 0, 2, 2]: mean 1.25; deviations -0.25, -1.25, 0.75, 0.75 -> SS 2.75,
+    # sd = sqrt(2.75 / 3) = 0.957427; half = t(0.975, 3) 3.182446 * sd / 2 = 1.523480
+    d = ev.paired_difference([1, 2, 3, 4], [0, 2, 1, 2])
+    assert d.n == 4
+    assert d.estimate == pytest.approx(1.25, abs=1e-12)
+    assert d.sd == pytest.approx(np.sqrt(2.75 / 3), abs=1e-12)
+    assert d.lo == pytest.approx(1.25 - 1.5234801808288123, abs=1e-9)
+    assert d.hi == pytest.approx(1.25 + 1.5234801808288123, abs=1e-9)
+
+
+def test_paired_difference_drops_a_seed_missing_for_either_rule():
+    d = ev.paired_difference([1.0, np.nan, 3.0], [0.0, 5.0, 1.0])  # pairs (1, 0), (3, 1)
+    assert d.n == 2 and d.estimate == pytest.approx(1.5)
+    one = ev.paired_difference([1.0, np.nan], [0.0, 1.0])
+    assert one.n == 1 and np.isnan(one.lo) and np.isnan(one.hi)
+
+
+def test_pairing_removes_the_seed_effect_that_an_unpaired_interval_keeps():
+    rng = np.random.default_rng(0)
+    seed_effect = rng.normal(0, 1.0, 16)  # large, shared by both rules under one seed
+    a = seed_effect + 0.1 + rng.normal(0, 0.01, 16)
+    b = seed_effect + rng.normal(0, 0.01, 16)
+    d = ev.paired_difference(a, b)
+    assert d.lo > 0  # resolved paired
+    unpaired_half = 2.131 * np.sqrt(a.var(ddof=1) / 16 + b.var(ddof=1) / 16)
+    assert unpaired_half > 0.1  # the unpaired interval (t with 15 df) would contain 0
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "direction", "margin", "expected"),
+    [
+        (0.01, 0.05, "greater", 0.0, ev.SUPPORTED),
+        (-0.05, -0.01, "greater", 0.0, ev.CONTRADICTED),
+        (-0.05, -0.01, "less", 0.0, ev.SUPPORTED),
+        (-0.01, 0.05, "greater", 0.0, ev.UNRESOLVED),
+        (-0.01, 0.005, "greater", 0.02, ev.CONTRADICTED),  # excludes an effect of 0.02
+        (-0.01, 0.03, "greater", 0.02, ev.UNRESOLVED),
+        (-0.005, 0.01, "less", 0.02, ev.CONTRADICTED),  # claimed side: -hi..-lo = -0.01..0.005
+    ],
+)
+def test_verdict_reads_the_interval_against_zero_and_the_margin(
+    lo, hi, direction, margin, expected
+):
+    diff = ev.PairedDifference((lo + hi) / 2, lo, hi, 0.1, 8)
+    assert ev.verdict(diff, direction, margin)[0] == expected
+
+
+def test_verdict_without_an_interval_is_unresolved_and_bad_arguments_name_themselves():
+    assert ev.verdict(ev.paired_difference([1.0], [0.0]), "greater")[0] == ev.UNRESOLVED
+    diff = ev.PairedDifference(0.0, -1.0, 1.0, 1.0, 4)
+    with pytest.raises(ValueError, match="direction"):
+        ev.verdict(diff, "better")
+    with pytest.raises(ValueError, match="margin"):
+        ev.verdict(diff, "greater", -0.1)
+    with pytest.raises(ValueError, match="level"):
+        ev.paired_difference([1, 2], [0, 1], level=95)
+
+
+def test_residual_sd_removes_seed_and_rule_means():
+    # [[1, 2], [3, 5]]: row means 1.5, 4; column means 2, 3.5; grand 2.75 -> residuals +-0.25,
+    # SS 0.25 over (2 - 1)(2 - 1) = 1 df -> 0.5. An additive table has residual 0.
+    assert ev.residual_sd(np.array([[1.0, 2.0], [3.0, 5.0]])) == pytest.approx(0.5, abs=1e-12)
+    assert ev.residual_sd(np.array([[1.0, 2.0], [3.0, 4.0]])) == pytest.approx(0.0, abs=1e-12)
+    assert np.isnan(ev.residual_sd(np.array([[1.0, 2.0]])))
+
+
+def test_seeds_needed_matches_the_paired_t_test_tables():
+    # dz = 0.5, two-sided alpha 0.05, power 0.8: 34 pairs (Cohen's table; G*Power gives 34)
+    assert ev.seeds_needed(1.0, 0.5) == 34
+    assert ev.paired_power(34, 1.0, 0.5) >= 0.8 > ev.paired_power(33, 1.0, 0.5)
+    # the transfer study's LLM rung: residual SD 0.018 -> difference SD 0.018 * sqrt(2); a 0.02
+    # difference needs 15 paired seeds (the issue's "about 16")
+    assert ev.seeds_needed(0.018 * np.sqrt(2), 0.02) == 15
+    with pytest.raises(ValueError, match="sd"):
+        ev.seeds_needed(0.0, 0.02)
+
+
+def test_seeds_needed_agrees_with_a_simulated_paired_t_test():
+    n = ev.seeds_needed(1.0, 0.8)  # 15
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.8, 1.0, size=(20_000, n))
+    p = stats.ttest_1samp(d, 0.0, axis=1).pvalue
+    assert np.mean(p < 0.05) == pytest.approx(ev.paired_power(n, 1.0, 0.8), abs=0.01)
+
+
+def test_kendall_tau_b_counts_ties_as_scipy_does():
+    x, y = np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])
+    i, j = np.triu_indices(3, 1)
+    # pairs: (0,1) tied in x; (0,2), (1,2) concordant -> 2 / sqrt(2 * 3) = 0.816497
+    tau = ev.kendall_tau_b(np.sign(x[i] - x[j]), np.sign(y[i] - y[j]))
+    assert tau == pytest.approx(2 / np.sqrt(6), abs=1e-12)
+    assert tau == pytest.approx(stats.kendalltau(x, y).statistic, abs=1e-12)
+    assert np.isnan(ev.kendall_tau_b(np.zeros(3), np.ones(3)))
+
+
+def test_pair_signs_ties_rules_the_noise_cannot_separate():
+    rng = np.random.default_rng(0)
+    noise = rng.normal(0, 0.05, size=(16, 3))
+    table = np.array([0.50, 0.51, 0.80]) + noise  # rules 0 and 1 within the noise, 2 far above
+    signs = ev.pair_signs(table)  # pairs (0,1), (0,2), (1,2)
+    assert signs.tolist() == [0.0, -1.0, -1.0]
+    # a deterministic rung (one row) ties pairs within tol
+    assert ev.pair_signs(np.array([[0.5, 0.5001, 0.8]]), tol=1e-3).tolist() == [0.0, -1.0, -1.0]
+    assert ev.pair_signs(np.array([[0.5, 0.5001, 0.8]])).tolist() == [-1.0, -1.0, -1.0]
+
+
+def test_tau_b_interval_is_one_for_the_same_clear_order_and_resamples_each_rung():
+    rng = np.random.default_rng(0)
+    a = np.array([0.1, 0.4, 0.7, 0.9]) + rng.normal(0, 0.01, size=(12, 4))
+    b = np.array([0.2, 0.3, 0.5, 0.6]) + rng.normal(0, 0.01, size=(8, 4))
+    tau, lo, hi = ev.tau_b_interval(a, b, draws=200)
+    assert (tau, lo, hi) == (1.0, 1.0, 1.0)
+    rev = ev.tau_b_interval(a, b[:, ::-1], draws=50)
+    assert rev[0] == -1.0
+    with pytest.raises(ValueError, match="same rules"):
+        ev.tau_b_interval(a, b[:, :3])
