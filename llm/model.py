@@ -163,6 +163,32 @@ def _check_alias_like(name: str) -> None:
         )
 
 
+def check_model(name: str, *, offline: bool) -> None:
+    """A one-line ``ValueError`` now, before anything is loaded or run, when ``--model name``
+    cannot load: an alias whose package is missing, a name that looks like a mistyped alias, or
+    (``offline``, or ``HF_HUB_OFFLINE`` set) a Hub id that is not in the local Hugging Face cache
+    — instead of minutes of Hub retries or a failure after other work ran."""
+    if name == TINY or os.path.isdir(name):
+        return
+    if name in ALIASES:
+        gguf_path(name)
+        return
+    _check_alias_like(name)
+    if not is_offline(offline):
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError as exc:  # not a valid repo id (HFValidationError)
+        raise ValueError(f"--model {name!r} is not a model name: {exc}") from None
+    if not isinstance(cached, str):
+        raise ValueError(
+            f"--model {name!r} is not in the local Hugging Face cache and this run is offline; "
+            f"models: {', '.join(available_models())}, a local directory, or a cached Hub id"
+        )
+
+
 def tiny_tokenizer() -> Any:
     """A character-level ``PreTrainedTokenizerFast`` (one token per character), built in code."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

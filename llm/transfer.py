@@ -35,19 +35,25 @@ final value; ``final`` is kept too). The rank agreement of two rungs is Kendall'
 their rule means, with a 95% percentile bootstrap interval over seeds (seeds resampled with
 replacement within each rung, the same draw for every rule, so within-seed pairing is kept).
 
-Outputs in ``--out`` (default ``results/transfer``): ``parts/<rung>__<rule>__s<seed>.parquet``,
+Outputs in ``--out`` (default ``runs/transfer-<profile>``: a default run never writes into the
+committed evidence in ``results/transfer``): ``parts/<rung>__<rule>__s<seed>.parquet``,
 one per finished run, written atomically (an interrupted study resumes and recomputes nothing
-finished; an interrupted LLM run restarts from its step 0; ``--tables-only`` rebuilds the tables
-from every part present, e.g. LLM parts copied back from a GPU machine), ``results.parquet`` (tidy: one row
+finished; an interrupted LLM run restarts from its step 0). A folder whose ``config.json`` records
+other settings (anything but which rules, rungs and seeds run) is refused, naming the change:
+its parts were made with those settings and are never reported as this run's (``--force``
+deletes them and recomputes). ``--tables-only`` rebuilds the tables from every part present, e.g.
+LLM parts copied back from a GPU machine, or the committed study:
+``python -m llm.transfer --tables-only --out results/transfer``. ``results.parquet`` (tidy: one row
 per rung, rule, seed, step), ``scores.csv`` (per run), ``summary.csv`` (per rung and rule: mean,
 standard error, seeds), ``agreement.csv`` (tau and interval per pair of rungs) and
 ``transfer.png`` (rules x rungs).
 
 Run (from a checkout: ``PYTHONPATH=. python -m llm.transfer ...``)::
 
-    python -m llm.transfer --quick --out /tmp/t        # a smoke test, seconds, tiny models
+    python -m llm.transfer --quick                      # a smoke test, seconds, tiny models
     python -m llm.transfer                              # CPU: <= 90 min on 2 cores (see PROFILES)
     python -m llm.transfer --profile gpu --device cuda  # all rules x 3 seeds on one GPU
+    python -m llm.transfer --tables-only --out results/transfer   # the committed tables
 
 It lives in ``llm`` (not ``sandbox``) because it drives ``llm.train``; ``sandbox`` never imports
 ``llm``.
@@ -56,8 +62,11 @@ It lives in ``llm`` (not ``sandbox``) because it drives ``llm.train``; ``sandbox
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -70,8 +79,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sandbox.configs import add_arguments
-from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
+from sandbox.configs import add_arguments, check_device
+from sandbox.experiments.results import (
+    check_settings,
+    part_name,
+    prepare_out_dir,
+    read_parts,
+    write_parquet_atomic,
+)
 from sandbox.objectives import get_objective
 
 RULES = ("grpo", "dapo", "gspo", "nsr_dapo", "dgpo", "cispo_trl", "sapo")
@@ -87,7 +102,11 @@ class TransferConfig:
     rungs: list[str] = field(default_factory=lambda: list(RUNGS), metadata={"help": "rungs"})
     seeds: int = field(default=2, metadata={"help": "seeds per (rung, rule); exact flow: 1"})
     llm_rules: list[str] | None = field(
-        default=None, metadata={"help": "rules on the llm rung (default: all --rules)"}
+        default=None,
+        metadata={
+            "help": "rules on the llm rung (the cpu profile's four; --rules "
+            "narrows them; the gpu and quick profiles: all --rules)"
+        },
     )
     epochs: int = field(default=2, metadata={"help": "mu: passes over each batch (all rungs)"})
     minibatches: int = field(default=2, metadata={"help": "optimizer steps per epoch (all)"})
@@ -114,7 +133,12 @@ class TransferConfig:
     llm_eval_every: int = field(default=4, metadata={"help": "llm eval interval (steps)"})
     llm_eval_prompts: int = field(default=64, metadata={"help": "llm held-out prompts"})
     llm_eval_k: int = field(default=1, metadata={"help": "llm samples per held-out prompt"})
-    llm_extra: list[str] = field(default_factory=list, metadata={"help": "more llm.train flags"})
+    llm_extra: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": 'more llm.train flags, quoted after "=": --llm-extra="--kl-coef 0.01 --lr 1e-5"'
+        },
+    )
     device: str = field(default="cpu", metadata={"help": "cpu | cuda (toy rungs and llm)"})
 
     def validate(self) -> None:
@@ -130,6 +154,29 @@ class TransferConfig:
                 raise ValueError(f"--{f.name.replace('_', '-')} must be > 0, got {value}")
         if self.epochs * self.minibatches < 2:
             raise ValueError("--epochs x --minibatches must be >= 2: on-policy no rule acts")
+        check_device(self.device)
+        if "llm" in self.rungs:  # before any rung runs: the llm rung is offline
+            from llm.model import check_model
+
+            check_model(self.model, offline=True)
+            if self.llm_extra:
+                from llm.train import parse_args
+
+                said = io.StringIO()
+                try:
+                    with contextlib.redirect_stderr(said):
+                        parse_args(llm_extra_flags(self))
+                except SystemExit:  # argparse's usage text, then "prog: error: ..."
+                    why = said.getvalue().strip().splitlines()[-1].split("error: ")[-1]
+                    raise ValueError(
+                        f"--llm-extra {self.llm_extra}: not llm.train flags ({why})"
+                    ) from None
+
+    def training_fields(self) -> dict[str, Any]:
+        """What every finished part depends on besides its (rung, rule, seed), which its file
+        name records: a folder's parts are reused only while these are unchanged."""
+        skip = ("rules", "rungs", "seeds", "llm_rules")
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
 #: Named settings. ``cpu``: the real model fits 90 min on 2 cores (4 rules x 2 seeds on the llm
@@ -200,11 +247,18 @@ def run_tiny_tf(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
     return frame.groupby("step", as_index=False).mean(numeric_only=True)
 
 
+def llm_extra_flags(config: TransferConfig) -> list[str]:
+    """``--llm-extra`` as llm.train's argv: each value split like a shell line, so that
+    ``--llm-extra="--kl-coef 0.01 --lr 1e-5"`` passes four words."""
+    return [word for item in config.llm_extra for word in shlex.split(item)]
+
+
 def llm_config(config: TransferConfig, rule: str, seed: int, out: str) -> Any:
     """The :class:`llm.train.TrainConfig` of one llm-rung run."""
     from llm.train import TrainConfig, parse_args
 
-    base = parse_args(config.llm_extra) if config.llm_extra else TrainConfig()
+    extra = llm_extra_flags(config)
+    base = parse_args(extra) if extra else TrainConfig()
     return replace(
         base, model=config.model, task="addition", task_knobs={"digits": config.llm_digits},
         objective=rule,
@@ -260,16 +314,23 @@ def run_job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) 
     return tidy
 
 
-def run_study(config: TransferConfig, out: str | Path, *, progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the study into ``out``; writes every table and the figure."""
+def run_study(
+    config: TransferConfig, out: str | Path, *, progress: bool = True, force: bool = False
+) -> pd.DataFrame:
+    """Run (or resume) the study into ``out``; writes every table and the figure. A folder whose
+    parts were made with other settings is refused (``force``: its parts are deleted first)."""
     from tqdm import tqdm
 
     config.validate()
-    out = Path(out)
-    (out / "parts").mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out)
+    check_settings(out, config.training_fields(), force=force)
     (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
     todo = jobs(config)
     paths = {job: out / "parts" / part_name(job[0], job[1], f"s{job[2]}") for job in todo}
+    done = sum(p.exists() for p in paths.values())
+    if done:
+        print(f"{done} of {len(todo)} runs already done in {out}; running the other "
+              f"{len(todo) - done}", file=sys.stderr, flush=True)  # fmt: skip
     bar = tqdm(todo, disable=not progress, desc="transfer", unit="run")
     for job in bar:
         bar.set_postfix_str("/".join(map(str, job)))
@@ -356,7 +417,8 @@ def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) ->
                 lo, hi = np.nanpercentile(boot, [2.5, 97.5])
             rows.append({"rung_a": a, "rung_b": b, "rules": len(common), "tau": tau,
                          "tau_lo": lo, "tau_hi": hi, "seeds_a": len(ta), "seeds_b": len(tb)})  # fmt: skip
-    return pd.DataFrame(rows)
+    columns = ["rung_a", "rung_b", "rules", "tau", "tau_lo", "tau_hi", "seeds_a", "seeds_b"]
+    return pd.DataFrame(rows, columns=columns)  # the header even with fewer than two rungs
 
 
 def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
@@ -400,8 +462,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
     parser = argparse.ArgumentParser(prog="python -m llm.transfer", description=__doc__.split(
         "\n\n")[0])  # fmt: skip
     parser.add_argument(
-        "--out", default="results/transfer", help="output folder (default: %(default)s)"
-    )
+        "--out", default=None, help="output folder (default: runs/transfer-PROFILE; the committed "
+        "study is results/transfer, rebuilt with --tables-only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--force", action="store_true",
+        help="delete the parts of a folder made with other settings and recompute",
+    )  # fmt: skip
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
                         help="named settings (default: cpu); flags override them")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="= --profile quick")
@@ -415,7 +482,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
     shown = {f.name: str(getattr(cpu, f.name)) for f in fields(TransferConfig)}
     add_arguments(parser, TransferConfig, unset=True, shown=shown)  # unset: the profile decides
     args = parser.parse_args(argv)
-    settings = dict(PROFILES["quick" if args.quick else args.profile])
+    profile = "quick" if args.quick else args.profile
+    args.out = args.out or f"runs/transfer-{profile}"
+    settings = dict(PROFILES[profile])
     settings.update({f.name: getattr(args, f.name) for f in fields(TransferConfig)
                      if getattr(args, f.name) is not None})  # fmt: skip
     if settings.get("llm_rules") is not None and args.rules is not None and not args.llm_rules:
@@ -426,19 +495,30 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
 def main(argv: list[str] | None = None) -> int:
     try:
         config, args = parse_args(argv)
-        config.validate()
+        if not args.tables_only:  # rebuilding tables needs neither the model nor the device
+            config.validate()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    if args.tables_only:
-        write_tables(read_parts(Path(args.out) / "parts"), Path(args.out))
-    else:
-        run_study(config, args.out, progress=not args.no_progress)
+    try:
+        if args.tables_only:
+            if not any((Path(args.out) / "parts").glob("*.parquet")):
+                raise ValueError(f"--tables-only: no result parts in {args.out}/parts")
+            write_tables(read_parts(Path(args.out) / "parts"), Path(args.out))
+        else:
+            run_study(config, args.out, progress=not args.no_progress, force=args.force)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     summary = pd.read_csv(os.path.join(args.out, "summary.csv"))
+    agreement = pd.read_csv(os.path.join(args.out, "agreement.csv"))
     with pd.option_context("display.width", 200):
         print(summary.round(4).to_string(index=False))
-        print(pd.read_csv(os.path.join(args.out, "agreement.csv")).round(3).to_string(index=False))
+        if agreement.empty:
+            print("no rank agreement: it needs two rungs with at least 3 rules in common")
+        else:
+            print(agreement.round(3).to_string(index=False))
     print(f"{time.perf_counter() - start:.0f} s; wrote {args.out}/results.parquet, scores.csv, "
           f"summary.csv, agreement.csv, transfer.png")  # fmt: skip
     return 0

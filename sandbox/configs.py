@@ -47,6 +47,27 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def check_device(value: str, name: str = "device") -> str:
+    """``value`` if torch can place tensors there on this machine (``cpu``, ``cuda``,
+    ``cuda:N``), else a one-line ``ValueError`` naming the flag."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{flag(name)} must be cpu, cuda or cuda:N, got {value!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{flag(name)} must be cpu, cuda or cuda:N, got {value!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{flag(name)} {value}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"{flag(name)} {value}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return value
+
+
 def literal(text: str) -> Any:
     """A command-line value as a Python literal (numbers, lists, True/None), else the string."""
     try:

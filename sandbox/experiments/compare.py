@@ -32,7 +32,7 @@ import contextlib
 import json
 import os
 import re
-import shutil
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -50,7 +50,13 @@ from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, tr
 
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .pool import imap_unordered
-from .results import part_name, remove_temp_files, write_parquet_atomic
+from .results import (
+    check_settings,
+    part_name,
+    prepare_out_dir,
+    remove_temp_files,
+    write_parquet_atomic,
+)
 
 
 def default_objectives() -> list[str]:
@@ -331,28 +337,13 @@ def check_resume(config: CompareConfig, out_dir: Path, force: bool) -> None:
     """Refuse to mix finished parts trained with other settings (``force``: delete them).
 
     A part's file name records its setting, objective and parameters; everything else it
-    depends on (steps, seeds, lr, optimizer, ...) is in ``config.json``. Parts without a readable
-    ``config.json`` beside them cannot be checked and are refused as well."""
-    parts = out_dir / "parts"
-    if not any(parts.glob("*.parquet")):
-        return
-    previous = out_dir / "config.json"
-    changed: list[str] = []
-    try:
-        old = json.loads(previous.read_text())
-        new = config.training_fields()
-        changed = [f"{k}: {old.get(k)!r} -> {v!r}" for k, v in new.items() if old.get(k) != v]
-    except (OSError, ValueError):
-        changed = [f"no readable {previous.name}"]
-    if not changed:
-        return
-    if force:
-        shutil.rmtree(parts)
-        return
-    raise ValueError(
-        f"{out_dir} holds runs made with other settings ({'; '.join(changed)}); run the same "
-        "command as before to resume, or use another --name, or --force to recompute"
-    )
+    depends on (steps, seeds, lr, optimizer, ...) is in ``config.json``
+    (:func:`~.results.check_settings`)."""
+    check_settings(
+        out_dir, config.training_fields(), force=force,
+        hint="run the same command as before to resume, or use another --name, or --force to "
+        "recompute",
+    )  # fmt: skip
 
 
 def plan_jobs(config: CompareConfig, parts: Path, force: bool) -> tuple[list[str], list[tuple]]:
@@ -395,7 +386,7 @@ def run_compare(
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):  # fmt: skip
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-    out_dir = Path(out_dir)
+    out_dir = prepare_out_dir(out_dir)
     parts = out_dir / "parts"
     check_resume(config, out_dir, force)
     parts.mkdir(parents=True, exist_ok=True)
@@ -403,6 +394,9 @@ def run_compare(
     (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
     wanted, todo = plan_jobs(config, parts, force)
     done = sum((parts / name).exists() for name in wanted) if not force else 0
+    if done:
+        print(f"{done} of {len(wanted)} runs already done in {out_dir}; running the other "
+              f"{len(wanted) - done}", file=sys.stderr, flush=True)  # fmt: skip
     workers = workers or min(os.cpu_count() or 1, 4)
     bar = tqdm(total=len(wanted), initial=done, disable=not progress, desc="compare", unit="run")
     jobs = [((kind, s, objs), (config, kind, s, objs)) for kind, s, objs in todo]
@@ -420,7 +414,11 @@ def run_compare(
     finally:
         bar.close()
 
-    results = pd.concat([pd.read_parquet(parts / name) for name in wanted], ignore_index=True)
+    # Every part in the folder was made with these training settings (check_resume), so the
+    # tables cover them all: a later run of a subset of rules adds to the tables, never shrinks them.
+    known = set(wanted)
+    others = sorted(p.name for p in parts.glob("*.parquet") if p.name not in known)
+    results = pd.concat([pd.read_parquet(parts / n) for n in [*wanted, *others]], ignore_index=True)
     write_parquet_atomic(results, out_dir / "results.parquet")
     scores = final_scores(results)
     scores.to_csv(out_dir / "summary.csv", index=False)

@@ -7,10 +7,14 @@ parts are then concatenated into ``results.parquet`` (also written atomically).
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -48,6 +52,65 @@ def remove_temp_files(folder: str | Path) -> int:
     for path in stale:
         path.unlink(missing_ok=True)
     return len(stale)
+
+
+def prepare_out_dir(out_dir: str | Path, flag: str = "--out") -> Path:
+    """``out_dir/parts`` created (with its parents) and known to be writable, or a one-line
+    ``ValueError`` naming ``flag``: a path that is a file, lies under a file, or cannot be
+    written (read-only filesystem, no permission)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{flag} {out_dir} is a file, not a folder")
+    try:
+        (out_dir / "parts").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir / "parts"):
+            pass
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"{flag} {out_dir} lies under a file, not a folder") from None
+    except OSError as exc:
+        raise ValueError(f"{flag} {out_dir} cannot be written: {exc.strerror or exc}") from None
+    return out_dir
+
+
+def changed_settings(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``key: old -> new`` for every key of ``now`` whose JSON value differs from the one in the
+    ``previous`` record (a key the record lacks counts as ``None``; keys only the record has, such
+    as which rules ran, are not settings of the parts)."""
+    now = json.loads(json.dumps(now, default=str))
+    return [f"{k}: {previous.get(k)!r} -> {v!r}" for k, v in now.items() if previous.get(k) != v]
+
+
+def check_settings(
+    out_dir: str | Path,
+    settings: Mapping[str, Any],
+    *,
+    record: str = "config.json",
+    force: bool = False,
+    hint: str = "run the same command as before to resume, or use another --out, or --force to recompute",
+) -> None:
+    """Refuse a results folder whose finished parts were made with other ``settings``.
+
+    ``settings`` are what every part depends on besides what its file name records; the folder's
+    ``record`` (JSON) holds the settings it was made with. Parts without a readable record cannot
+    be checked and are refused too. ``force`` deletes the parts instead (everything is then
+    recomputed): results made with other settings are never reported as a run's own."""
+    out_dir = Path(out_dir)
+    parts = out_dir / "parts"
+    if not any(parts.glob("*.parquet")):
+        return
+    try:
+        previous = json.loads((out_dir / record).read_text())
+        changed = changed_settings(previous, settings)
+    except (OSError, ValueError):
+        changed = [f"no readable {record}"]
+    if not changed:
+        return
+    if force:
+        shutil.rmtree(parts)
+        return
+    raise ValueError(
+        f"{out_dir} holds runs made with other settings ({'; '.join(changed)}); {hint}"
+    )
 
 
 def read_parts(parts_dir: str | Path) -> pd.DataFrame:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -76,7 +77,7 @@ from .compare import (
 )
 from .plots import final_scores, format_scores, render_all
 from .pool import imap_unordered
-from .results import part_name, remove_temp_files, write_parquet_atomic
+from .results import part_name, prepare_out_dir, remove_temp_files, write_parquet_atomic
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
 #: sweep owns: ``objectives`` come from the grid, ``seed`` may be a list of base seeds).
@@ -682,7 +683,11 @@ def run_sweep(
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     if workers is not None and (isinstance(workers, bool) or workers < 1):
         raise ValueError(f"workers must be >= 1, got {workers!r}")
-    out_dir = Path(out_dir)
+    if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
+        raise ValueError(
+            "--backend ray needs Ray: pip install 'clip-sandbox[ray]' (or pip install ray)"
+        )
+    out_dir = prepare_out_dir(out_dir)
     parts = out_dir / "parts"
     _check_resume(plan, out_dir, force)
     parts.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,143 @@
+"""Results are never overwritten or mixed silently, and bad study arguments are one line.
+
+Each test runs the real command in a subprocess (``python -m llm.transfer``, ``clip-sandbox``),
+with real files and folders, and checks the exit status, stderr and what is left on disk.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "--no-progress"]
+
+
+def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")  # fmt: skip
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_the_default_study_folder_is_never_the_committed_evidence():
+    from llm.transfer import parse_args
+
+    assert parse_args([])[1].out == "runs/transfer-cpu"
+    assert parse_args(["--quick"])[1].out == "runs/transfer-quick"
+    assert parse_args(["--profile", "gpu"])[1].out == "runs/transfer-gpu"
+
+
+def test_a_study_folder_made_with_other_settings_is_refused_then_forced(tmp_path):
+    out = tmp_path / "study"
+    assert _run("-m", "llm.transfer", *FAST, "--out", str(out)).returncode == 0
+    before = pd.read_csv(out / "scores.csv")
+    changed = _run("-m", "llm.transfer", *FAST, "--bandit-steps", "4", "--out", str(out))
+    _one_line_error(changed, "bandit_steps: 3 -> 4")
+    pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)  # untouched
+    same = _run("-m", "llm.transfer", *FAST, "--out", str(out))  # the same command resumes
+    assert same.returncode == 0 and "9 of 9 runs already done" in same.stderr
+    forced = _run("-m", "llm.transfer", *FAST, "--bandit-steps", "4", "--force", "--out", str(out))
+    assert forced.returncode == 0
+    assert json.loads((out / "config.json").read_text())["bandit_steps"] == 4
+    assert len(pd.read_csv(out / "scores.csv")) == len(before)  # every run recomputed, none mixed
+    assert len(pd.read_parquet(out / "results.parquet")) == len(before) * 4  # 4 steps per run now
+
+
+def test_a_single_rung_study_reports_no_rank_agreement_instead_of_crashing(tmp_path):
+    proc = _run("-m", "llm.transfer", "--quick", "--rungs", "bandit_exact", "--no-progress",
+                "--out", str(tmp_path / "one"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "no rank agreement" in proc.stdout
+    assert len(pd.read_csv(tmp_path / "one" / "agreement.csv")) == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--device", "gpu0"], "--device must be cpu, cuda or cuda:N"),
+        (["--model", "nonexistent"], "not in the local Hugging Face cache"),
+        (["--llm-extra=--kl-coef 0.01 --no-such-flag 3"], "not llm.train flags"),
+        (["--tables-only"], "no result parts"),
+    ],
+)
+def test_bad_study_arguments_are_one_line_and_leave_nothing_behind(tmp_path, flags, needle):
+    out = tmp_path / "never"
+    _one_line_error(_run("-m", "llm.transfer", "--quick", *flags, "--out", str(out)), needle)
+    assert not out.exists()
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_cuda_on_a_machine_without_it_is_one_line(tmp_path):
+    proc = _run("-m", "llm.transfer", "--quick", "--device", "cuda", "--out", str(tmp_path / "x"))
+    _one_line_error(proc, "CUDA is not available")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "llm.transfer", *FAST, "--out"],
+        ["-m", "sandbox.cli", "compare", "--objectives", "grpo", "--settings", "easy", "--out"],
+        ["-m", "sandbox.cli", "sweep", str(ROOT / "sweeps" / "clip_higher.toml"), "--out"],
+    ],
+    ids=["transfer", "compare", "sweep"],
+)
+def test_an_out_path_that_is_a_file_is_one_line(tmp_path, command):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    target = blocker if command[1] == "llm.transfer" else blocker / "sub"
+    proc = _run(*command, str(target))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "file" in proc.stderr.strip().splitlines()[-1]
+    assert blocker.read_text() == "not a folder"
+
+
+def test_rebuilding_the_committed_study_reproduces_its_tables(tmp_path):
+    copy = tmp_path / "transfer"
+    shutil.copytree(ROOT / "results" / "transfer", copy)
+    proc = _run("-m", "llm.transfer", "--tables-only", "--out", str(copy))
+    assert proc.returncode == 0, proc.stderr
+    for name in ("scores.csv", "summary.csv", "agreement.csv"):
+        assert (copy / name).read_text() == (ROOT / "results" / "transfer" / name).read_text(), name
+
+
+def test_a_compare_run_of_a_subset_adds_to_the_tables_and_says_what_was_done(tmp_path):
+    base = ["-m", "sandbox.cli", "compare", "--out", str(tmp_path), "--name", "x", "--settings",
+            "easy", "--seeds", "2", "--steps", "3", "--workers", "1", "--no-progress"]  # fmt: skip
+    assert _run(*base, "--objectives", "grpo", "dapo", "sapo").returncode == 0
+    subset = _run(*base, "--objectives", "grpo", "dapo")
+    assert subset.returncode == 0, subset.stderr
+    assert "4 of 4 runs already done" in subset.stderr  # sampled + exact per rule
+    summary = pd.read_csv(tmp_path / "x" / "summary.csv")
+    assert set(summary["objective"]) == {"grpo", "dapo", "sapo"}  # not shrunk to the subset
+
+
+def test_sweep_with_the_ray_backend_but_no_ray_fails_before_writing(tmp_path, monkeypatch):
+    import importlib.util
+
+    from sandbox.experiments import sweep
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "ray" else real(n, *a)
+    )
+    plan = sweep.with_overrides(
+        sweep.load_sweep(ROOT / "sweeps" / "clip_higher.toml"), seeds=1, steps=2
+    )
+    with pytest.raises(ValueError, match="--backend ray needs Ray"):
+        sweep.run_sweep(plan, tmp_path / "s", backend="ray", progress=False)
+    assert not (tmp_path / "s").exists()
