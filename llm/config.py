@@ -34,7 +34,7 @@ class TrainConfig:
     """Every setting of a run; ``python -m llm.train --help`` is generated from these fields."""
 
     # -- what to train on ---------------------------------------------------------------------------
-    model: str = arg("tiny", "HF model id, local dir, or an alias: tiny (built in code)")
+    model: str = arg("tiny", "a Hugging Face model id, a local directory, or a built-in name")
     task: str | None = arg(None, "envs.reasoning task (default: mod_arith unless --data)")
     task_knobs: dict[str, Any] = arg({}, "task knobs, key=value ...")
     data: str | None = arg(None, "JSONL/parquet file with 'prompt' and 'answer' columns")

@@ -29,6 +29,7 @@ import difflib
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -174,15 +175,19 @@ def check_model(name: str, *, offline: bool) -> None:
         gguf_path(name)
         return
     _check_alias_like(name)
-    if not is_offline(offline):
-        return
     from huggingface_hub import try_to_load_from_cache
 
     try:
         cached = try_to_load_from_cache(name, "config.json")
     except ValueError as exc:  # not a valid repo id (HFValidationError)
         raise ValueError(f"--model {name!r} is not a model name: {exc}") from None
-    if not isinstance(cached, str):
+    if isinstance(cached, str):
+        return
+    if not is_offline(offline):
+        print(f"--model {name!r} is not in the local Hugging Face cache: downloading it from the "
+              "Hub (HF_HUB_OFFLINE=1 or --offline fails at once instead)", file=sys.stderr,
+              flush=True)  # fmt: skip
+    else:
         raise ValueError(
             f"--model {name!r} is not in the local Hugging Face cache and this run is offline; "
             f"models: {', '.join(available_models())}, a local directory, or a cached Hub id"

@@ -97,7 +97,8 @@ from llm.logprobs import completion_logp
 from llm.report import Reporter, StepMetrics
 from llm.vllm_rollout import VLLMRollout
 from sandbox.advantages import compute_advantages, zero_variance_groups
-from sandbox.configs import parse_config
+from sandbox.configs import check_device, parse_config
+from sandbox.experiments.results import prepare_out_dir
 from sandbox.loss import PolicyLoss
 
 __all__ = ["TrainConfig", "main", "objective_choices", "parse_args", "train"]
@@ -110,7 +111,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         argv,
         prog="python -m llm.train",
         description=__doc__.split("\n")[0],
-        extra_help={"objective": f" ({', '.join(objective_choices())})"},
+        extra_help={
+            "objective": f" ({', '.join(objective_choices())})",
+            "model": f" (built in: {', '.join(models.available_models())})",
+        },
     )
 
 
@@ -212,6 +216,12 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         raise ValueError(f"{checkpoint.path_in(cfg.out)} exists: pass --resume, or a new --out")
     if cfg.resume:
         check_resume(cfg, settings)
+    if cfg.device != "auto":
+        check_device(cfg.device)
+    models.check_model(
+        cfg.model, offline=cfg.offline
+    )  # before minutes of loading (or of Hub retries)
+    prepare_out_dir(cfg.out, sub=".")
     loss_fn = PolicyLoss(
         registry.get_objective(cfg.objective, **cfg.objective_params),
         cfg.aggregation,

@@ -54,16 +54,17 @@ def remove_temp_files(folder: str | Path) -> int:
     return len(stale)
 
 
-def prepare_out_dir(out_dir: str | Path, flag: str = "--out") -> Path:
-    """``out_dir/parts`` created (with its parents) and known to be writable, or a one-line
+def prepare_out_dir(out_dir: str | Path, flag: str = "--out", sub: str = "parts") -> Path:
+    """``out_dir/sub`` created (with its parents) and known to be writable, or a one-line
     ``ValueError`` naming ``flag``: a path that is a file, lies under a file, or cannot be
-    written (read-only filesystem, no permission)."""
+    written (read-only filesystem, no permission). Called before any work, so that a bad folder
+    costs nothing."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{flag} {out_dir} is a file, not a folder")
     try:
-        (out_dir / "parts").mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir / "parts"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir / sub):
             pass
     except (FileExistsError, NotADirectoryError):
         raise ValueError(f"{flag} {out_dir} lies under a file, not a folder") from None
