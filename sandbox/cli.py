@@ -311,12 +311,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from sandbox.experiments.pool import signals_deferred
+
     try:
+        with signals_deferred():  # imports torch and sympy: a Ctrl-C acts once they are done
+            args = build_parser().parse_args(argv)
+            if args.func in (_compare, _sweep):  # the driver's lazy imports, done while deferred
+                import scipy.stats  # noqa: F401
+                import torch.fx.experimental.symbolic_shapes  # noqa: F401
         return args.func(args)
     except ValueError as err:  # bad names or parameters: a clear message, not a traceback
         print(f"clip-sandbox: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before a command's own handler (e.g. during imports)
+        print("\ninterrupted (SIGINT) before any run finished", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -139,3 +139,40 @@ def test_pool_never_forks_the_driver_even_after_autograd_ran(tmp_path):
     pooled, _ = run_compare(config, tmp_path / "p", workers=2, progress=False, figures=False)
     alone, _ = run_compare(config, tmp_path / "a", workers=1, progress=False, figures=False)
     pd.testing.assert_frame_equal(pooled, alone)
+
+
+@pytest.mark.parametrize("delay", [0.5, 2.0, 4.0])
+def test_an_early_ctrl_c_is_one_message_from_the_driver(tmp_path, delay):
+    """Ctrl-C while the driver imports torch, the forkserver preloads or the workers start: the
+    driver alone answers (no worker traceback, no leaked-semaphore warning), and no process of
+    the session survives."""
+    argv = _argv(tmp_path, "early")
+    argv[argv.index("40")] = "400"  # far longer than any delay here
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)  # the whole process group, as a terminal's Ctrl-C
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "leaked" not in err, err
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGINT)"), err
+    time.sleep(0.5)
+    left = [p for p in psutil.process_iter(["pid"]) if _session(p) == proc.pid]
+    assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def _session(process: psutil.Process) -> int | None:
+    """The session of a live process (None once it is gone, or a zombie: dead, not yet reaped,
+    which a container's init may leave for a while)."""
+    try:
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return os.getsid(process.pid)
+    except (OSError, psutil.Error):  # gone meanwhile
+        return None

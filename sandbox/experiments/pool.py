@@ -38,6 +38,10 @@ PRELOAD = (
 )
 
 
+#: A ``-W`` option for the resource tracker: its clean-up after interrupted workers is not news.
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (or SIGHUP) received by the driver; handled like Ctrl-C, exit status 128 + signum."""
 
@@ -79,11 +83,30 @@ def _context() -> mp.context.BaseContext:
 
 def start_forkserver() -> None:
     """Start the forkserver now (it imports :data:`PRELOAD`), so that its start-up overlaps with
-    the caller's own imports; the CLI calls it first thing when it will use a pool."""
-    if _context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
+    the caller's own imports; the CLI calls it first thing when it will use a pool.
 
+    The forkserver is started with SIGINT ignored, a disposition it and every worker it forks
+    inherit (CPython installs its KeyboardInterrupt handler only where SIGINT is at its default):
+    a Ctrl-C during its seconds of imports, or in a worker before ``_worker_init`` ran, reaches
+    only the driver, instead of a worker's traceback and a leaked-semaphore warning."""
+    if _context().get_start_method() != "forkserver":
+        return  # pragma: no cover - macOS / Windows
+    from multiprocessing import forkserver
+
+    # Workers ended mid-run (Ctrl-C, SIGTERM) can leave the pool's queue semaphores for the
+    # resource tracker, which unlinks them at exit as it should, then warns "There appear to be N
+    # leaked semaphore objects". The tracker (started just below) takes this process's -W options.
+    if QUIET_TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(QUIET_TRACKER)
+
+    if threading.current_thread() is not threading.main_thread():
         forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -105,10 +128,42 @@ def terminate_raises() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP that arrive within the block act when it ends (as
+    ``KeyboardInterrupt`` or :class:`Terminated`).
+
+    For work an interrupt would break rather than stop. Imports: sympy (which torch imports
+    lazily) swallows a KeyboardInterrupt halfway through its own import and is then broken for
+    the process (``module 'sympy' has no attribute 'printing'``). Submitting to the pool starts its workers, and a start waits for the forkserver (seconds of
+    imports on its first use): an interrupt there would leave a worker the pool does not know
+    yet, forked after the driver released the queues' semaphores (a FileNotFoundError traceback
+    in the worker). Deferred, the interrupt finds every worker registered and :func:`_stop`
+    ends them all."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
+                for sig in signals}  # fmt: skip
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if pending:
+        signum = pending[0]
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
+
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Cancel pending work and end the running workers now (they hold no unsaved results)."""
+    # Workers first (SIGTERM, their default action: no traceback), then the executor, whose
+    # shutdown releases the queues' semaphores: the other order can unlink a semaphore a starting
+    # worker is still unpickling (FileNotFoundError in the worker) or leave it registered with
+    # the resource tracker (a "leaked semaphore" warning at exit).
     processes = list(getattr(pool, "_processes", {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -117,6 +172,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():  # pragma: no cover - a worker stuck in uninterruptible code
             process.kill()
             process.join(timeout=5)
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def imap_unordered(
@@ -133,11 +189,13 @@ def imap_unordered(
     the worker's exception). Ctrl-C, SIGTERM or an exception in the caller's loop cancel
     everything at once. ``fn`` must be importable by name (a module-level function).
     """
+    start_forkserver()  # a no-op once running; started here with SIGINT ignored if not yet
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_worker_init)
     finished = False
     try:
         with terminate_raises():
-            futures: dict[Future, Any] = {pool.submit(fn, *args): key for key, args in jobs}
+            with signals_deferred():  # every worker registered before an interrupt acts
+                futures: dict[Future, Any] = {pool.submit(fn, *args): key for key, args in jobs}
             failure: tuple[Any, BaseException] | None = None
             for future in as_completed(futures):
                 if future.cancelled():
