@@ -194,6 +194,22 @@ def check_model(name: str, *, offline: bool) -> None:
         )
 
 
+@contextlib.contextmanager
+def hf_progress(enabled: bool) -> Any:
+    """Within the block, transformers' and the Hub's own progress bars (loading and writing
+    shards) are shown only if ``enabled``: ``--no-progress`` means no bar at all."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if before and not enabled:
+            hf_logging.enable_progress_bar()
+
+
 def tiny_tokenizer() -> Any:
     """A character-level ``PreTrainedTokenizerFast`` (one token per character), built in code."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

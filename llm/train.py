@@ -232,7 +232,8 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         rollout_is_min=cfg.rollout_is_min,
         rollout_is_max=cfg.rollout_is_max,
     )
-    source, tokenizer, model, chat, max_prompt = load(cfg)
+    with models.hf_progress(cfg.progress):
+        source, tokenizer, model, chat, max_prompt = load(cfg)
     info, device = dist.init(cfg.device, cfg.backend)
     model.to(device)
     engine = None
@@ -658,8 +659,11 @@ def save_model(run: Run) -> None:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(run.policy, options=options)
     if run.info.main:
-        dist.unwrap(run.model).save_pretrained(os.path.join(run.cfg.out, "model"), state_dict=state)
-        run.tokenizer.save_pretrained(os.path.join(run.cfg.out, "model"))
+        with models.hf_progress(run.cfg.progress):
+            dist.unwrap(run.model).save_pretrained(
+                os.path.join(run.cfg.out, "model"), state_dict=state
+            )
+            run.tokenizer.save_pretrained(os.path.join(run.cfg.out, "model"))
 
 
 # --------------------------------------------------------------------------------------------------

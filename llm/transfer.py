@@ -423,7 +423,8 @@ def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) ->
 
 def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
     """Rules x rungs: the score standardised within each rung (colour) with the mean +- se
-    written in each cell, and the clip fraction beside it; the taus in the title."""
+    written in each cell, and the clip fraction beside it; the taus (one line per pair of rungs)
+    above. A cell without a run reads "n/a"; a tau that no resample defines says why."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -431,30 +432,54 @@ def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
 
     rungs = [r for r in RUNGS if r in set(summary["rung"])]
     rules = list(dict.fromkeys(summary["rule"]))
-    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.2 * len(rungs), 1.2 + 0.45 * len(rules)))
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, 2, figsize=(5 + 2.2 * len(rungs), 2.2 + 0.45 * len(rules)))
     for ax, value, title in ((axes[0], "score", "score (mean pass rate), z within rung"),
                              (axes[1], "clip_frac", "clip fraction (low + high)")):  # fmt: skip
         grid = summary.pivot_table(index="rule", columns="rung", values=value).reindex(
             index=rules, columns=rungs)  # fmt: skip
         shown = (grid - grid.mean()) / grid.std().replace(0, 1) if value == "score" else grid
-        ax.imshow(shown.to_numpy(dtype=float), cmap="viridis", aspect="auto")
+        shown = shown.to_numpy(dtype=float)
+        ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, aspect="auto")
+        finite = shown[np.isfinite(shown)]
+        lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)  # imshow's range
         se = summary.pivot_table(index="rule", columns="rung", values="score_se").reindex(
             index=rules, columns=rungs)  # fmt: skip
         for i, rule in enumerate(rules):
             for j, rung in enumerate(rungs):
                 v = grid.loc[rule, rung]
-                text = "" if pd.isna(v) else f"{v:.3f}"
-                if value == "score" and text and not pd.isna(se.loc[rule, rung]):
+                if pd.isna(v):
+                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="0.4")
+                    continue
+                text = f"{v:.3f}"
+                if value == "score" and not pd.isna(se.loc[rule, rung]):
                     text += f"\n±{se.loc[rule, rung]:.3f}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w")
+                shade = cmap((shown[i, j] - lo) / (hi - lo) if hi > lo else 0.5)
+                light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
+                ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                        color="black" if light else "white")  # fmt: skip
         ax.set_xticks(range(len(rungs)), rungs, rotation=20)
         ax.set_yticks(range(len(rules)), rules)
         ax.set_title(title, fontsize=9)
-    taus = "; ".join(f"{r.rung_a}~{r.rung_b}: {r.tau:+.2f} [{r.tau_lo:+.2f}, {r.tau_hi:+.2f}]"
-                     for r in agreement.itertuples())  # fmt: skip
-    fig.suptitle("Kendall tau " + taus if taus else "transfer", fontsize=7)
+    lines = []
+    for r in agreement.itertuples():
+        if np.isfinite(r.tau):
+            lines.append(
+                f"{r.rung_a} ~ {r.rung_b}: {r.tau:+.2f} [{r.tau_lo:+.2f}, {r.tau_hi:+.2f}]"
+            )
+        else:
+            lines.append(f"{r.rung_a} ~ {r.rung_b}: n/a (the rules tie on a rung)")
+    head = "Kendall's tau-b between rungs, 95% bootstrap interval over seeds"
+    fig.suptitle("\n".join([head, *lines]) if lines else "one rung: no rank agreement",
+                 fontsize=8)  # fmt: skip
+    if summary[["score", "clip_frac"]].isna().to_numpy().any() or len(summary) < len(rules) * len(
+        rungs
+    ):
+        fig.text(0.01, 0.01, "n/a: no value: no run of the rule on the rung, or a rule without "
+                 "that metric (SAPO's soft gate clips nothing, so it has no clip fraction)",
+                 fontsize=7, color="0.4")  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -42,24 +42,33 @@ def weight_table(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Draws per (ratio, sign) with which a stochastic rule's realised coefficient is averaged and
+#: compared with its closed-form expectation (Monte Carlo error of order 1e-2 at r <= 3).
+DRAWS = 20_000
+
+
 def autograd_check(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
-    """Max |autograd - (-coef)| and max |coef - expected_coef| (deterministic rules) per objective."""
+    """Per objective: max |autograd - (-coef)|, and max |coef - expected_coef| — exact for
+    deterministic rules; for stochastic rules (NSR) the mean realised coef over :data:`DRAWS`
+    draws against the closed-form expectation (``closed_form_check`` says which)."""
     ratios = default_ratios() if ratios is None else ratios
     rows = []
     for name in names:
         obj = get_objective(name)
+        copies = DRAWS if obj.stochastic else 1
         adv = torch.cat([torch.ones_like(ratios), -torch.ones_like(ratios)])[:, None]
         r = torch.cat([ratios, ratios])[:, None]
-        logp_old = torch.full_like(r, -1.0)
-        logp = (logp_old + r.log()).requires_grad_(True)
-        out = obj(logp, logp_old, adv, generator=torch.Generator().manual_seed(0))
+        logp_old = torch.full_like(r, -1.0).repeat(copies, 1)
+        logp = (logp_old + r.log().repeat(copies, 1)).requires_grad_(True)
+        out = obj(logp, logp_old, adv.repeat(copies, 1), generator=torch.Generator().manual_seed(0))
         (grad,) = torch.autograd.grad(out.loss.sum(), logp)
-        closed = (out.coef - obj.expected_coef(r, adv)).abs().max().item()
+        mean_coef = out.coef.reshape(copies, -1).mean(0)[:, None]
         rows.append(
             {
                 "objective": name,
                 "max_autograd_error": (grad + out.coef).abs().max().item(),
-                "max_closed_form_error": float("nan") if obj.stochastic else closed,
+                "max_closed_form_error": (mean_coef - obj.expected_coef(r, adv)).abs().max().item(),
+                "closed_form_check": f"mean of {copies:,} draws" if obj.stochastic else "exact",
             }
         )
     return pd.DataFrame(rows)

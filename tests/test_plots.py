@@ -41,8 +41,13 @@ def test_line_plots_cap_the_lines_with_distinct_colours_and_say_so(tmp_path, cap
     (ax,) = captured[0].axes
     lines = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
     assert len(lines) == 12
-    colours = {tuple(np.round(matplotlib.colors.to_rgb(line.get_color()), 6)) for line in lines}
-    assert len(colours) == 12
+    looks = {
+        (tuple(np.round(matplotlib.colors.to_rgb(line.get_color()), 6)), line.get_linestyle())
+        for line in lines
+    }
+    assert len(looks) == 12  # colour and line style together tell every line apart
+    hues = {tuple(np.round(matplotlib.colors.to_rgb(line.get_color()), 6)) for line in lines}
+    assert len(hues) == 10  # tab10's hues, the 11th and 12th dashed: no near-identical shades
     assert len(ax.get_legend().get_texts()) == 12
     assert "12 of 29 objectives (clip-sandbox plot --highlight" in captured[0]._suptitle.get_text()
     # a named selection wins; a few objectives are all drawn
@@ -65,6 +70,22 @@ def test_fractions_axis_is_labelled(tmp_path, captured):
     results = _results(2).assign(clip_low_frac=0.1, clip_high_frac=0.2)
     plots.plot_fractions(results, tmp_path / "f.png")
     assert captured[0].axes[0].get_xlabel() == "share of tokens (mean over steps and seeds)"
+
+
+def test_small_clip_shares_get_their_own_axis_beside_large_rescue_shares(tmp_path, captured):
+    results = _results(2).assign(clip_low_frac=0.01, clip_high_frac=0.02, rescue_frac=0.7)
+    plots.plot_fractions(results, tmp_path / "f.png")
+    limits = {ax.get_title(): ax.get_xlim()[1] for ax in captured[0].axes}
+    clip = [x for title, x in limits.items() if title.endswith("clip_low_frac")]
+    rescue = [x for title, x in limits.items() if title.endswith("rescue_frac")]
+    assert clip and rescue and max(clip) < 0.05 < 0.7 <= min(rescue)
+
+
+def test_the_reasoning_suite_reports_pass_rates():
+    results = _results(2).assign(suite="reasoning")
+    assert plots.reward_name(results) == "pass rate"
+    assert "final pass rate (95% CI)" in plots.format_scores(plots.final_scores(results))
+    assert "final reward (95% CI)" in plots.format_scores(plots.final_scores(_results(2)))
 
 
 def test_an_exact_flow_outlier_does_not_squeeze_the_final_score_panel(tmp_path, captured):

@@ -61,6 +61,8 @@ def final_scores(results: pd.DataFrame, threshold_frac: float = 0.9) -> pd.DataF
         sampled = run[run["kind"] == "sampled"]
         exact = run[run["kind"] == "exact"]
         row: dict[str, object] = {"setting": setting, "objective": objective}
+        if "suite" in run:
+            row["suite"] = run["suite"].iloc[0]
         if len(sampled):
             last = sampled[sampled["step"] == sampled["step"].max()]
             row["final_reward"], row["final_reward_ci"] = mean_ci(last["expected_reward"])
@@ -80,14 +82,22 @@ def final_scores(results: pd.DataFrame, threshold_frac: float = 0.9) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def reward_name(frame: pd.DataFrame) -> str:
+    """What ``expected_reward`` measures in ``frame`` (results or scores): the sampled pass rate
+    on the reasoning suite, the expected reward on bandits."""
+    reasoning = "suite" in frame and len(frame) and (frame["suite"] == "reasoning").all()
+    return "pass rate" if reasoning else "expected reward"
+
+
 def format_scores(scores: pd.DataFrame) -> str:
     """The final-score table as text (one block per setting)."""
+    name = "final pass rate" if reward_name(scores) == "pass rate" else "final reward"
     blocks = []
     for setting, block in scores.groupby("setting", sort=False):
         table = pd.DataFrame(
             {
                 "objective": block["objective"],
-                "final reward (95% CI)": [
+                f"{name} (95% CI)": [
                     f"{m:.3f} ± {h:.3f}"
                     for m, h in zip(block["final_reward"], block["final_reward_ci"], strict=True)
                 ],
@@ -151,12 +161,15 @@ def pick_lines(results: pd.DataFrame, highlight=None, max_lines: int = MAX_LINES
     return chosen[:max_lines]
 
 
-def _palette(sns, n: int) -> list:
-    """n distinct colours: tab10, then tab20's lighter shades (no colour repeats up to 20)."""
-    if n <= 10:
-        return sns.color_palette("tab10", n)
-    tab20 = sns.color_palette("tab20", 20)
-    return (tab20[0::2] + tab20[1::2])[:n] if n <= 20 else sns.color_palette("husl", n)
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def _palette(sns, n: int) -> list[tuple[tuple[float, float, float], str]]:
+    """(colour, line style) for n lines that can be told apart: tab10's ten hues, solid; lines
+    11-20 repeat the hues dashed, 21-30 dotted, then dash-dotted (lighter shades of one hue are
+    too close to read on a legend)."""
+    hues = sns.color_palette("tab10", 10)
+    return [(hues[i % 10], LINE_STYLES[(i // 10) % len(LINE_STYLES)]) for i in range(n)]
 
 
 def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, str]):
@@ -164,7 +177,8 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
     plt, sns = _mpl()
     settings = list(dict.fromkeys(band["setting"]))
     objectives = list(dict.fromkeys(band["objective"]))
-    colors = dict(zip(objectives, _palette(sns, len(objectives)), strict=True))
+    looks = dict(zip(objectives, _palette(sns, len(objectives)), strict=True))
+    by_objective = set(styles) == {"sampled"}  # one kind: the line style tells objectives apart
     fig, axes = plt.subplots(
         1, len(settings), figsize=(4.6 * len(settings), 3.8), squeeze=False, sharex=True
     )
@@ -172,11 +186,13 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
         for (objective, kind), line in band[band["setting"] == setting].groupby(
             ["objective", "kind"], sort=False
         ):
-            ax.plot(line["step"], line["mean"], styles.get(kind, "-"), color=colors[objective],
+            color, style = looks[objective]
+            style = style if by_objective else styles.get(kind, "-")
+            ax.plot(line["step"], line["mean"], style, color=color,
                     label=objective if kind == "sampled" else None, lw=1.6)  # fmt: skip
             if kind == "sampled":
-                ax.fill_between(line["step"], line["lo"], line["hi"], color=colors[objective],
-                                alpha=0.12, lw=0)  # fmt: skip
+                ax.fill_between(line["step"], line["lo"], line["hi"], color=color, alpha=0.12,
+                                lw=0)  # fmt: skip
         ax.set_title(setting)
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
@@ -225,12 +241,16 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     data = data.groupby(["setting", "objective"], sort=False)[keys].mean().reset_index()
     long = data.melt(["setting", "objective"], keys, var_name="fraction", value_name="value")
     height = max(3.0, 0.22 * data["objective"].nunique() + 1.5)
+    # one column per fraction, each with its own x scale: clip shares of ~0.01 stay readable
+    # beside rescue shares of 0.4-0.8
     grid = sns.catplot(
-        data=long.dropna(), x="value", y="objective", hue="fraction", col="setting", kind="bar",
-        height=height, aspect=4.5 / height, sharex=False,
+        data=long.dropna(), x="value", y="objective", hue="fraction", col="fraction",
+        row="setting", kind="bar", height=height, aspect=3.2 / height, sharex=False,
+        legend=False,
     )  # fmt: skip
+    grid.set_titles("{row_name}: {col_name}")
     grid.set_axis_labels("share of tokens (mean over steps and seeds)", "objective")
-    grid.figure.suptitle("Clip and rescue fractions (mean over steps and seeds)", y=1.02)
+    grid.figure.suptitle("Clip and rescue fractions (mean over steps and seeds)", y=1.01)
     out = _save(grid.figure, Path(path))
     plt.close(grid.figure)
     return out
@@ -299,7 +319,7 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
         ax.set_xlim(x0, x1)
         ax.set_yticks(y, block["objective"])
         ax.set_title(setting)
-        ax.set_xlabel("final expected reward")
+        ax.set_xlabel(f"final {reward_name(scores)}")
     if "exact_final_reward" in scores and scores["exact_final_reward"].notna().any():
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles[:1], labels[:1], loc="upper right", frameon=False)  # off the panels
@@ -315,7 +335,13 @@ def render_all(results: pd.DataFrame, out_dir: str | Path, highlight=None) -> li
     out_dir = Path(out_dir)
     scores = final_scores(results)
     return [
-        plot_curves(results, "expected_reward", out_dir / "reward_vs_step.png", highlight),
+        plot_curves(
+            results,
+            "expected_reward",
+            out_dir / "reward_vs_step.png",
+            highlight,
+            title=f"{reward_name(results)} (mean over seeds, 95% band)",
+        ),
         plot_curves(results, "entropy", out_dir / "entropy_vs_step.png", highlight),
         plot_fractions(results, out_dir / "clip_fractions.png"),
         plot_exact_vs_sampled(results, out_dir / "exact_vs_sampled.png", highlight),
