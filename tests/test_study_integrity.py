@@ -141,3 +141,61 @@ def test_sweep_with_the_ray_backend_but_no_ray_fails_before_writing(tmp_path, mo
     with pytest.raises(ValueError, match="--backend ray needs Ray"):
         sweep.run_sweep(plan, tmp_path / "s", backend="ray", progress=False)
     assert not (tmp_path / "s").exists()
+
+
+def _read_only_place() -> Path | None:
+    """A folder no one may create (sysfs refuses mkdir, even to root), or None."""
+    probe = Path("/sys/clip-sandbox-probe")
+    try:
+        probe.mkdir()
+    except OSError:
+        return probe
+    probe.rmdir()  # pragma: no cover - a writable /sys
+    return None
+
+
+@pytest.mark.skipif(_read_only_place() is None, reason="no read-only filesystem at /sys here")
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["-m", "llm.transfer", *FAST, "--out", "{ro}"],
+        [
+            "-m",
+            "sandbox.cli",
+            "compare",
+            "--objectives",
+            "grpo",
+            "--settings",
+            "easy",
+            "--out",
+            "{ro}",
+        ],
+        ["-m", "sandbox.cli", "sweep", str(ROOT / "sweeps" / "clip_higher.toml"), "--out", "{ro}"],
+        ["-m", "llm.train", "--steps", "1", "--out", "{ro}"],
+    ],
+    ids=["transfer", "compare", "sweep", "llm.train"],
+)
+def test_an_out_folder_that_cannot_be_written_is_one_line(command):
+    ro = str(_read_only_place())
+    proc = _run(*[c.format(ro=ro) for c in command])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "cannot be written" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path):
+    out = tmp_path / "study"
+    assert _run("-m", "llm.transfer", *FAST, "--out", str(out)).returncode == 0
+    stuck = sorted((out / "parts").glob("*.parquet"))[0]
+    lock = subprocess.run(["chattr", "+i", str(stuck)], capture_output=True)
+    if lock.returncode != 0:
+        pytest.skip(f"chattr +i is not available here: {lock.stderr.decode().strip()}")
+    try:
+        proc = _run(
+            "-m", "llm.transfer", *FAST, "--bandit-steps", "4", "--force", "--out", str(out)
+        )
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
+    _one_line_error(proc, "--force cannot delete the old parts")
+    assert stuck.name in proc.stderr
+    # the folder still says what its remaining parts were made with: a rerun is refused again
+    assert json.loads((out / "config.json").read_text())["bandit_steps"] == 3

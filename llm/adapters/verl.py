@@ -23,7 +23,7 @@ Hyperparameters, highest precedence first:
    (:data:`VERL_SOURCES`): ``clip_ratio_low/high`` (or ``clip_ratio``) -> ``eps_low/eps_high``
    (CISPO: ``lower = max(0, 1 - clip_ratio_low)``, ``upper = 1 + clip_ratio_high``),
    ``clip_ratio_c`` -> ``clip_c`` (dual clip), ``tau_pos/tau_neg``, and ``policy_loss.clip_cov_*``,
-   ``kl_cov_ratio``, ``ppo_kl_coef``;
+   ``kl_cov_ratio``, ``ppo_kl_coef``, ``policy_loss.dro_beta`` -> ``beta`` (dro);
 4. the objective's own defaults (its paper's settings).
 
 Stochastic objectives (``nsr``, ``clip_cov``) draw from their own generator, seeded with
@@ -152,6 +152,7 @@ VERL_SOURCES: dict[str, Callable[[Any], Any]] = {
     "clip_cov_ub": lambda c: _get(_get(c, "policy_loss"), "clip_cov_ub"),
     "kl_cov_ratio": lambda c: _get(_get(c, "policy_loss"), "kl_cov_ratio"),
     "ppo_kl_coef": lambda c: _get(_get(c, "policy_loss"), "ppo_kl_coef"),
+    "beta": lambda c: _get(_get(c, "policy_loss"), "dro_beta"),  # dro
 }
 
 

@@ -107,11 +107,23 @@ def check_settings(
     if not changed:
         return
     if force:
-        shutil.rmtree(parts)
+        remove_parts(parts)
         return
     raise ValueError(
         f"{out_dir} holds runs made with other settings ({'; '.join(changed)}); {hint}"
     )
+
+
+def remove_parts(parts: str | Path) -> None:
+    """Delete a folder of parts made with other settings (``--force``), or a one-line
+    ``ValueError`` saying which file could not be deleted and why."""
+    try:
+        shutil.rmtree(parts)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ValueError(
+            f"--force cannot delete the old parts in {parts}: {exc.strerror or exc}{where}"
+        ) from None
 
 
 def read_parts(parts_dir: str | Path) -> pd.DataFrame:

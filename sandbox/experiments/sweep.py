@@ -47,7 +47,6 @@ import importlib.util
 import itertools
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -77,7 +76,13 @@ from .compare import (
 )
 from .plots import final_scores, format_scores, render_all
 from .pool import imap_unordered
-from .results import part_name, prepare_out_dir, remove_temp_files, write_parquet_atomic
+from .results import (
+    part_name,
+    prepare_out_dir,
+    remove_parts,
+    remove_temp_files,
+    write_parquet_atomic,
+)
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
 #: sweep owns: ``objectives`` come from the grid, ``seed`` may be a list of base seeds).
@@ -631,7 +636,7 @@ def _check_resume(plan: SweepPlan, out_dir: Path, force: bool) -> None:
     ]
     if changed and any((out_dir / "parts").glob("*.parquet")):
         if force:  # recompute: no part of the old settings may survive to be mixed in later
-            shutil.rmtree(out_dir / "parts")
+            remove_parts(out_dir / "parts")
             return
         raise ValueError(
             f"{out_dir} holds runs trained with other shared fields ({'; '.join(changed)}); "

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import clip, entropy, rescue, soft  # noqa: F401  (registration side effects)
+from . import clip, entropy, reinforce, rescue, soft  # noqa: F401  (registration side effects)
 from .base import (
     LOG_RATIO_CLAMP,
     Batch,

@@ -483,6 +483,9 @@ class Objective:
     through_ratio: ClassVar[bool] = True
     stochastic: ClassVar[bool] = False
     batch_statistic: ClassVar[bool] = False
+    #: Whether ``coef(r, c A) = c coef(r, A)`` for c > 0 (every clipping rule); False for a
+    #: penalty that acts whatever A is (DRO), which exact Gaussian-reward expectations refuse.
+    coef_homogeneous: ClassVar[bool] = True
     aggregation: ClassVar[str] = "token-mean"
     paper: ClassVar[str] = ""
     #: ``(loss_and_metrics, coef)`` compiled kernels, set by :meth:`compile`; ``None``: eager.
