@@ -1,7 +1,9 @@
-"""verl's own gpg and dro against sandbox_gpg / sandbox_dro under the same verl config: loss and
+"""verl's own gpg, dro, dppo_tv and dppo_kl against sandbox_<name> under the same verl config: loss and
 gradient in float64, every aggregation mode verl honours, with and without rollout IS weights."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -14,18 +16,54 @@ from verl.workers.config import PolicyLossConfig
 from sandbox.objectives import get_objective
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-PEERS = [("gpg", {}), ("dro", {"dro_beta": 0.3})]
+PEERS = [("gpg", {}), ("dro", {"dro_beta": 0.3}), ("dppo_tv", {}), ("dppo_kl", {})]
 
 
 @pytest.mark.parametrize("weights", [False, True], ids=["plain", "rollout-is"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("name", "policy_loss"), PEERS, ids=[p[0] for p in PEERS])
 def test_sandbox_peer_rule_equals_verls_own(name, policy_loss, mode, weights):
-    cfg = actor_config(policy_loss=PolicyLossConfig(**policy_loss), clip_ratio=0.2)
+    # DPPO: bounds 0.05 / 0.08 in probability (TV) or nats (KL), cap 1.5, so that the masks and
+    # the truncation both act on this data
+    cfg = actor_config(policy_loss=PolicyLossConfig(**policy_loss), clip_ratio=0.2,
+                       clip_ratio_low=0.05, clip_ratio_high=0.08, clip_ratio_c=1.5)  # fmt: skip
     data = make_data(noise=0.5)
+    if name.startswith("dppo"):
+        out = get_objective(name, delta_low=0.05, delta_high=0.08, tis_cap=1.5)(*data[:4])
+        assert 0 < out.metrics["clip_low_frac"] + out.metrics["clip_high_frac"] < 1
+        assert out.metrics["tis_frac"] > 0
     assert_same(
         run(f"sandbox_{name}", cfg, data, mode, weights), run(name, cfg, data, mode, weights)
     )
+
+
+def test_dppo_by_hand():
+    # p_old 0.5 -> p 0.7 (r = 1.4): TV moved +0.2; with delta_high 0.15 and A > 0 the token is
+    # masked (coef 0); with A < 0 it moved against the advantage's direction and keeps
+    # coef = A min(r, cap) = -1 * 1.4. Binary KL: 0.5 log(0.5/0.7) + 0.5 log(0.5/0.3) = 0.087177
+    # > 0.08 masks it for A > 0, < 0.1 keeps it.
+    logp = torch.tensor([[0.7], [0.7]], dtype=torch.float64).log().requires_grad_()
+    old = torch.tensor([[0.5], [0.5]], dtype=torch.float64).log()
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64)
+    tv = get_objective("dppo_tv", delta_low=0.15, delta_high=0.15, tis_cap=20.0)(logp, old, adv)
+    torch.testing.assert_close(tv.coef, torch.tensor([[0.0], [-1.4]], dtype=torch.float64))
+    assert tv.metrics["clip_high_frac"].item() == 0.5 and tv.metrics["clip_low_frac"].item() == 0.0
+    capped = get_objective("dppo_tv", delta_low=0.15, delta_high=0.15, tis_cap=1.2)(logp, old, adv)
+    assert capped.coef[1, 0].item() == pytest.approx(-1.2, abs=1e-12)  # the weight is truncated
+    d = 0.5 * math.log(0.5 / 0.7) + 0.5 * math.log(0.5 / 0.3)
+    assert d == pytest.approx(0.087177, abs=1e-6)
+    masked = get_objective("dppo_kl", delta_low=0.08, delta_high=0.08)(logp, old, adv)
+    assert masked.coef[0, 0].item() == 0.0
+    kept = get_objective("dppo_kl", delta_low=0.1, delta_high=0.1)(logp, old, adv)
+    assert kept.coef[0, 0].item() == pytest.approx(1.4, abs=1e-12)
+    (grad,) = torch.autograd.grad(kept.loss.sum(), logp)
+    torch.testing.assert_close(grad, -kept.coef)
+
+
+def test_dppo_has_no_closed_form_in_the_ratio_and_says_why():
+    with pytest.raises(NotImplementedError, match="probability change"):
+        get_objective("dppo_tv").expected_coef(1.2, 1.0)
+    assert not get_objective("dppo_kl").has_expected_coef()
 
 
 def test_dro_beta_comes_from_verls_policy_loss_config():
@@ -60,7 +98,11 @@ def test_gpg_and_dro_by_hand():
     assert zero.coef.item() == pytest.approx(-0.5 * lr, abs=1e-12)
 
 
-@pytest.mark.parametrize(("name", "bad"), [("dro", {"beta": 0.0}), ("dro", {"beta": -1.0})])
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [("dro", {"beta": 0.0}), ("dro", {"beta": -1.0}), ("dppo_tv", {"delta_low": 0.0}),
+     ("dppo_kl", {"delta_high": -0.1}), ("dppo_tv", {"tis_cap": 0.0})],
+)  # fmt: skip
 def test_bad_peer_parameters_name_themselves(name, bad):
-    with pytest.raises(ValueError, match="beta must lie in"):
+    with pytest.raises(ValueError, match=f"{next(iter(bad))} must lie in"):
         get_objective(name, **bad)

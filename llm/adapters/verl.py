@@ -23,7 +23,8 @@ Hyperparameters, highest precedence first:
    (:data:`VERL_SOURCES`): ``clip_ratio_low/high`` (or ``clip_ratio``) -> ``eps_low/eps_high``
    (CISPO: ``lower = max(0, 1 - clip_ratio_low)``, ``upper = 1 + clip_ratio_high``),
    ``clip_ratio_c`` -> ``clip_c`` (dual clip), ``tau_pos/tau_neg``, and ``policy_loss.clip_cov_*``,
-   ``kl_cov_ratio``, ``ppo_kl_coef``, ``policy_loss.dro_beta`` -> ``beta`` (dro);
+   ``kl_cov_ratio``, ``ppo_kl_coef``, ``policy_loss.dro_beta`` -> ``beta`` (dro), and for DPPO
+   ``clip_ratio_low/high`` -> ``delta_low/delta_high``, ``clip_ratio_c`` -> ``tis_cap``;
 4. the objective's own defaults (its paper's settings).
 
 Stochastic objectives (``nsr``, ``clip_cov``) draw from their own generator, seeded with
@@ -153,6 +154,10 @@ VERL_SOURCES: dict[str, Callable[[Any], Any]] = {
     "kl_cov_ratio": lambda c: _get(_get(c, "policy_loss"), "kl_cov_ratio"),
     "ppo_kl_coef": lambda c: _get(_get(c, "policy_loss"), "ppo_kl_coef"),
     "beta": lambda c: _get(_get(c, "policy_loss"), "dro_beta"),  # dro
+    # DPPO: verl reads clip_ratio_low/high as the divergence bounds, clip_ratio_c as the TIS cap
+    "delta_low": lambda c: _clip_ratios(c)[0],
+    "delta_high": lambda c: _clip_ratios(c)[1],
+    "tis_cap": lambda c: _get(c, "clip_ratio_c"),
 }
 
 

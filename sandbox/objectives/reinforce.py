@@ -1,4 +1,5 @@
-"""REINFORCE family without a ratio surrogate: GPG (plain -A log pi) and DRO's quadratic penalty."""
+"""REINFORCE family without a ratio surrogate: GPG (plain -A log pi), DRO's quadratic penalty and
+DPPO's probability-space trust region (a truncated IS weight on the tokens it keeps)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .base import (
     as_tensor_pair,
     check_range,
     register_objective,
+    valid_share,
 )
 
 
@@ -92,3 +94,99 @@ class DRO(RatioObjective):
         lr = b.raw_lr - excess  # 0 at masked positions
         loss = b.neg_adv * b.logp + 0.5 * self.beta * lr.square()
         return loss, lambda: b.adv - self.beta * lr.detach(), {}
+
+
+def _binary_kl(p_old: Tensor, logp_old: Tensor, logp: Tensor) -> Tensor:
+    """KL(Bernoulli(p_old) || Bernoulli(p)) with verl's 1e-8 guard on the complement."""
+    p = logp.exp()
+    return p_old * (logp_old - logp) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+
+
+class _DPPO(RatioObjective):
+    """DPPO's shared part: REINFORCE with the truncated IS weight sg(min(r, tis_cap)) on the tokens
+    whose probability stayed inside the divergence bound in the advantage's direction."""
+
+    through_ratio = False
+    paper = "2602.04879"
+
+    def __init__(self, delta_low: float = 0.2, delta_high: float = 0.2, tis_cap: float = 20.0):
+        self.delta_low = check_range("delta_low", delta_low, 0.0, low_open=True)
+        self.delta_high = check_range("delta_high", delta_high, 0.0, low_open=True)
+        self.tis_cap = check_range("tis_cap", tis_cap, 0.0, low_open=True)
+
+    def _outside(self, b: Batch) -> tuple[Tensor, Tensor]:  # pragma: no cover - abstract
+        """(A < 0 and moved down past delta_low, A > 0 and moved up past delta_high)."""
+        raise NotImplementedError
+
+    def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
+        raise NotImplementedError(
+            f"{self.name}'s mask tests the probability change p - p_old, which the ratio alone "
+            "does not give: its coefficient has no closed form in (r, A)"
+        )
+
+    def realise(
+        self, r: Tensor, rd: Tensor, b: Batch, z: Zone | None, noise: Tensor | None
+    ) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        low, high = self._outside(b)
+        keep = ~(low | high)
+        coef = torch.where(keep, b.adv * rd.clamp(max=self.tis_cap), 0.0)
+        metrics = {"clip_low_frac": valid_share(low, b), "clip_high_frac": valid_share(high, b)}
+        metrics["tis_frac"] = valid_share(keep & b.mask & (rd > self.tis_cap), b)
+        return -coef * b.logp, lambda: coef, metrics
+
+
+@register_objective("dppo_tv")
+class DPPOTV(_DPPO):
+    r"""DPPO-Binary-TV: a trust region in probability space instead of a ratio clip.
+
+    Equation (``p = pi(token)``, ``p_old = pi_old(token)``, ``w = sg(min(r, tis_cap))``)::
+
+        keep_t = (p - p_old <= delta_high)  if A > 0
+                 (p - p_old >= -delta_low)  if A < 0
+        loss_t = -w * A * logp_t * keep_t
+
+    Gradient weight (coef = g A): ``g = min(r, tis_cap)`` on kept tokens, 0 where the policy moved
+    the token's probability past the total-variation bound in the advantage's direction (moving
+    against it is never masked). A rare token can move far in ratio and little in probability, a
+    common one the reverse: the bound is not a ratio interval, so ``expected_coef`` has no closed
+    form in (r, A). ``clip_low_frac`` / ``clip_high_frac`` count the masked tokens with A < 0 / A > 0;
+    ``tis_frac`` the kept tokens whose weight was truncated.
+
+    Paper: DPPO, arXiv 2602.04879 (§4, binary TV divergence; §5.4, truncated IS with a large cap
+    instead of dual clip). verl ``loss_mode=dppo_tv``: ``clip_ratio_low/high`` are the bounds,
+    ``clip_ratio_c`` the cap (verl's ActorConfig default 3.0; 20 when absent).
+
+    Deviations: none below the ±20 log-ratio clamp of the weight (verl clamps the same way).
+    """
+
+    def _outside(self, b: Batch) -> tuple[Tensor, Tensor]:
+        moved = b.logp.detach().exp() - b.logp_old.exp()
+        return b.adv_neg & (moved < -self.delta_low), b.adv_pos & (moved > self.delta_high)
+
+
+@register_objective("dppo_kl")
+class DPPOKL(_DPPO):
+    r"""DPPO-Binary-KL: DPPO with the binary KL divergence as the trust region.
+
+    Equation (``D = KL(Bern(p_old) || Bern(p))``, ``w = sg(min(r, tis_cap))``)::
+
+        keep_t = (D <= delta_high) or (p <= p_old)   if A > 0
+                 (D <= delta_low)  or (p >= p_old)   if A < 0
+        loss_t = -w * A * logp_t * keep_t
+
+    Gradient weight: ``g = min(r, tis_cap)`` on kept tokens, 0 where the token moved in the
+    advantage's direction by more than the KL bound. No closed form in (r, A) (as ``dppo_tv``).
+
+    Paper: DPPO, arXiv 2602.04879 (§4, binary KL). verl ``loss_mode=dppo_kl`` (bounds from
+    ``clip_ratio_low/high``, cap from ``clip_ratio_c``).
+
+    Deviations: verl's 1e-8 guard in ``log((1 - p_old + 1e-8) / (1 - p + 1e-8))`` is kept.
+    """
+
+    def _outside(self, b: Batch) -> tuple[Tensor, Tensor]:
+        logp = b.logp.detach()
+        d = _binary_kl(b.logp_old.exp(), b.logp_old, logp)
+        up, down = logp > b.logp_old, logp < b.logp_old
+        # "not inside" rather than "beyond": a NaN divergence (p > 1 from a bad log-prob) is
+        # outside, as verl's (D <= delta) test has it
+        return b.adv_neg & down & ~(d <= self.delta_low), b.adv_pos & up & ~(d <= self.delta_high)
