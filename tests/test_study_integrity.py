@@ -199,3 +199,12 @@ def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path):
     assert stuck.name in proc.stderr
     # the folder still says what its remaining parts were made with: a rerun is refused again
     assert json.loads((out / "config.json").read_text())["bandit_steps"] == 3
+
+
+def test_a_sweep_resume_says_what_was_already_done(tmp_path):
+    base = ["-m", "sandbox.cli", "sweep", str(ROOT / "sweeps" / "clip_higher.toml"), "--seeds", "2",
+            "--steps", "2", "--workers", "1", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    assert _run(*base).returncode == 0
+    again = _run(*base)
+    assert again.returncode == 0, again.stderr
+    assert "runs already done" in again.stderr and "running the other 0" in again.stderr

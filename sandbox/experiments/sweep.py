@@ -47,6 +47,7 @@ import importlib.util
 import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -700,6 +701,9 @@ def run_sweep(
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
     runs = plan.runs()
     todo = [r for r in runs if force or not (parts / r.part).exists()]
+    if len(todo) < len(runs):
+        print(f"{len(runs) - len(todo)} of {len(runs)} runs already done in {out_dir}; running the "
+              f"other {len(todo)}", file=sys.stderr, flush=True)  # fmt: skip
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
                desc=f"sweep {plan.name}", unit="run")  # fmt: skip
     try:
