@@ -236,34 +236,45 @@ def test_head_restored_after_error():
 
 DIST_WORKER = textwrap.dedent(
     """
-    import sys, torch, torch.distributed as dist
+    import gc, sys, torch, torch.distributed as dist
     sys.path.insert(0, {tests!r})
     from test_llm_logprobs import batch, full_logits_logp, llama
     from llm import dist as ldist
     from llm.logprobs import completion_logp
 
+
+    def check(info, device):
+        done = []
+        data = batch(B=4, seed=7)
+        rows = slice(2 * info.rank, 2 * info.rank + 2)
+        mask = data[3][rows].bool()
+        ref = llama(True)
+        lp, en = full_logits_logp(ref, *data, 0.7, entropy="grad")
+        (lp[data[3].bool()].sum() + 0.5 * en[data[3].bool()].sum()).backward()
+        for fsdp in (False, True):
+            policy = ldist.wrap(llama(True), info, device, fsdp)
+            logp, ent = completion_logp(policy, *(x[rows] for x in data), 0.7, entropy="grad",
+                                        chunk_size=3)
+            ((logp[mask].sum() + 0.5 * ent[mask].sum()) * info.world).backward()  # ranks averaged
+            torch.testing.assert_close(logp[mask], lp[rows][mask], rtol=0, atol=1e-12)
+            worst = 0.0
+            for (name, p), q in zip(policy.named_parameters(), ref.parameters(), strict=True):
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                worst = max(worst, ((g - q.grad).abs().max() / q.grad.abs().max()).item())
+            assert worst < 1e-10, (fsdp, worst)
+            done.append("fsdp" if fsdp else "ddp")
+        return done
+
+
     info, device = ldist.init("cpu", "gloo")
-    done = []
-    data = batch(B=4, seed=7)
-    rows = slice(2 * info.rank, 2 * info.rank + 2)
-    mask = data[3][rows].bool()
-    ref = llama(True)
-    lp, en = full_logits_logp(ref, *data, 0.7, entropy="grad")
-    (lp[data[3].bool()].sum() + 0.5 * en[data[3].bool()].sum()).backward()
-    for fsdp in (False, True):
-        policy = ldist.wrap(llama(True), info, device, fsdp)
-        logp, ent = completion_logp(policy, *(x[rows] for x in data), 0.7, entropy="grad",
-                                    chunk_size=3)
-        ((logp[mask].sum() + 0.5 * ent[mask].sum()) * info.world).backward()  # ranks averaged
-        torch.testing.assert_close(logp[mask], lp[rows][mask], rtol=0, atol=1e-12)
-        worst = 0.0
-        for (name, p), q in zip(policy.named_parameters(), ref.parameters(), strict=True):
-            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            worst = max(worst, ((g - q.grad).abs().max() / q.grad.abs().max()).item())
-        assert worst < 1e-10, (fsdp, worst)
-        done.append("fsdp" if fsdp else "ddp")
+    done = check(info, device)
     with open(f"{{sys.argv[1]}}/rank{{info.rank}}", "w") as f:
         f.write(" ".join(done))
+    # the DDP reducer and FSDP2's mesh hold the process group: free them, then wait for the other
+    # rank, before destroying it; a group still referenced at interpreter exit can abort the process
+    # ("terminate called without an active exception") after every check has passed
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
     """
 )
