@@ -22,6 +22,7 @@ from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, flag
 from sandbox.correction import IS_LEVELS
 from sandbox.loss import ROLLOUT_IS_CHOICES
+from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 
 
 def objective_choices() -> list[str]:
@@ -53,6 +54,8 @@ class TrainConfig:
     rollout_is_level: str = arg("token", "that ratio per token or per sequence", choices=IS_LEVELS)
     rollout_is_min: float = arg(0.0, "lower bound C_min of the ratio (0: none)")
     rollout_is_max: float = arg(2.0, "upper bound C_max of the ratio")
+    off_policy_mask: float | None = arg(None, "drop A < 0 sequences with mean KL > THRESHOLD")
+    top_entropy_quantile: float = arg(1.0, "keep the top-q share of tokens by entropy (1: off)")
     # -- batch shape ------------------------------------------------------------------------------
     steps: int = arg(100, "rollout + update steps")
     prompts_per_step: int = arg(8, "prompts per step, all ranks together")
@@ -143,6 +146,8 @@ class TrainConfig:
                 f"--rollout-is-min {self.rollout_is_min} and --rollout-is-max "
                 f"{self.rollout_is_max} need 0 <= min <= max and max > 0"
             )
+        check_off_policy_mask(self.off_policy_mask, flag("off_policy_mask"))
+        check_top_entropy_quantile(self.top_entropy_quantile, flag("top_entropy_quantile"))
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(
                 "--vllm-gpu-memory-utilization must be in (0, 1], got "

@@ -60,6 +60,10 @@ rollout_is_mean     with --rollout-is: mean rollout-correction weight (sandbox.c
 rollout_is_clip_frac  share of tokens (sequences) whose rho = pi_old/pi_rollout was clipped
                     (truncate); rollout_is_masked_frac: share zeroed (mask)
 rollout_kl_k3       k3 KL(pi_rollout || pi_old) per token, sampler vs trainer log-probs
+off_policy_masked_frac  with --off-policy-mask: share of sequences dropped (A < 0 and mean k1
+                    KL(pi_sampler || pi) > THRESHOLD; the sampler is vLLM's log-probs, else pi_old)
+entropy_masked_frac with --top-entropy-quantile < 1: share of loss tokens outside the top-q by
+                    entropy (quantile over each rank's micro-batch; sandbox.masks)
 loss                sum of the minibatch losses, mean over optimizer steps
 grad_norm           gradient norm before clipping, mean over optimizer steps
 lr                  learning rate of the step
@@ -231,6 +235,8 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         rollout_is_level=cfg.rollout_is_level,
         rollout_is_min=cfg.rollout_is_min,
         rollout_is_max=cfg.rollout_is_max,
+        off_policy_mask=cfg.off_policy_mask,
+        top_entropy_quantile=cfg.top_entropy_quantile,
     )
     with models.hf_progress(cfg.progress):
         source, tokenizer, model, chat, max_prompt = load(cfg)
@@ -403,6 +409,14 @@ def forward_logp(
         )  # fmt: skip
 
 
+def needs_sampler_logp(cfg: TrainConfig) -> bool:
+    """The sampler's own log-probs are kept for the rollout correction, and for the off-policy
+    mask with vLLM (TRL's ``sampling_per_token_logps``: the mask then also sees the
+    trainer/sampler mismatch; with ``generate`` the trainer's pi_old is the sampler)."""
+    vllm_mask = cfg.off_policy_mask is not None and cfg.rollout_backend == "vllm"
+    return cfg.rollout_is != "none" or vllm_mask
+
+
 def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
     """This rank's share of the step's prompts -> completions, rewards, old and reference
     log-probs; returns every rank's rows, gathered on the CPU."""
@@ -416,7 +430,7 @@ def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
         G,
         (cfg.seed, 0, step),
         lo,
-        return_logp=cfg.rollout_is != "none",
+        return_logp=needs_sampler_logp(cfg),
     )
     local_answers = [a for a in answers[lo : lo + P_local] for _ in range(G)]
     local["rewards"] = torch.tensor(

@@ -7,6 +7,7 @@ here, and nowhere else::
 
     out       = objective(logp, logp_old, adv, mask)                  # sandbox.objectives
     w         = sg(rho)  [* caller's extra weights]                   # sandbox.correction (opt.)
+                [* M_off-policy * M_entropy]                          # sandbox.masks (opt.)
     per_token = w * out.loss
               + kl_coef * kl_weight * KL_k3(pi || pi_ref)            # sandbox.kl (optional)
               - entropy_coef * H(pi)                                  # (optional)
@@ -25,10 +26,20 @@ independent seeds) each with its own counts and sums them; an objective whose ou
 batch statistics (``objective.batch_statistic``: Clip-Cov, KL-Cov) then gets ``groups=S`` too and
 ranks each block on its own, in one call: a block's selection never sees another block's tokens.
 
+The two modifiers of :mod:`sandbox.masks` compose with any objective: ``off_policy_mask=delta``
+drops the negative-advantage sequences whose mean KL(pi_sampler || pi) exceeds delta (DeepSeek-V3.2;
+TRL ``off_policy_mask_threshold``; the sampler is ``rollout_logp`` when given, else ``logp_old``)
+and ``top_entropy_quantile=q`` keeps only the top-q share of valid tokens by entropy (arXiv
+2506.01939; TRL ``top_entropy_quantile``; needs ``entropy``; per block with ``groups``). Both
+multiply the objective's loss only, like the IS weight, and leave the aggregation's counts as
+they are (TRL's convention); the entropy bonus and the KL term are not masked (TRL's entropy
+bonus is: it averages over the kept tokens only).
+
 Metrics (0-d tensors, or ``[groups]`` for a per-block objective's own metrics; detached, no host
 sync): the objective's, the correction's (``rollout_is_*``, ``rollout_kl_k3``), ``kl_ref_k3``
-(mean over valid tokens of the KL term, times ``kl_weight`` when given) and ``entropy`` (mean
-over valid tokens) when given.
+(mean over valid tokens of the KL term, times ``kl_weight`` when given), ``entropy`` (mean
+over valid tokens) when given, ``off_policy_masked_frac`` (share of non-empty sequences dropped)
+and ``entropy_masked_frac`` (share of valid tokens masked) when those options are on.
 """
 
 from __future__ import annotations
@@ -42,6 +53,8 @@ from torch import Tensor
 from .aggregate import AGGREGATION_MODES, aggregate
 from .correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .kl import KL_ESTIMATORS, kl_divergence
+from .masks import check_off_policy_mask, check_top_entropy_quantile, high_entropy_mask
+from .masks import off_policy_mask as off_policy_sequence_mask
 from .objectives import Objective
 
 ROLLOUT_IS_CHOICES = ("none", *IS_MODES)
@@ -76,6 +89,10 @@ class PolicyLoss:
             loss by ``pi_old / pi_rollout`` (:func:`sandbox.correction.rollout_is_weights`);
             needs ``rollout_logp``.
         rollout_is_level, rollout_is_min, rollout_is_max: that weight's level and bounds.
+        off_policy_mask: ``None`` (off) or delta > 0: drop the sequences with A < 0 whose mean
+            k1 KL(pi_sampler || pi) exceeds delta (:func:`sandbox.masks.off_policy_mask`).
+        top_entropy_quantile: q in (0, 1] (1: off): keep the top-q share of valid tokens by
+            entropy (:func:`sandbox.masks.high_entropy_mask`); needs ``entropy``.
     """
 
     objective: Objective
@@ -87,6 +104,8 @@ class PolicyLoss:
     rollout_is_level: str = "token"
     rollout_is_min: float = 0.0
     rollout_is_max: float = 2.0
+    off_policy_mask: float | None = None
+    top_entropy_quantile: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.objective, Objective):
@@ -113,6 +132,8 @@ class PolicyLoss:
             raise ValueError(
                 f"rollout_is_level must be one of {list(IS_LEVELS)}, got {self.rollout_is_level!r}"
             )
+        check_off_policy_mask(self.off_policy_mask)
+        check_top_entropy_quantile(self.top_entropy_quantile)
 
     @property
     def mode(self) -> str:
@@ -137,15 +158,18 @@ class PolicyLoss:
         num_seqs: Tensor | float | None = None,
         max_len: float | None = None,
         groups: int | None = None,
+        entropy_pool: tuple[Tensor, Tensor] | None = None,
     ) -> LossOutput:
         """The loss of one (micro-)batch.
 
         Args:
             logp, logp_old, adv, mask: the objective's inputs (``[B, T]``; ``adv`` ``[B, 1]`` or ``[B]``).
             logp_ref: ``[B, T]`` reference log-probs; required when ``kl_coef > 0``.
-            rollout_logp: ``[B, T]`` the sampler's log-probs; required with ``rollout_is``.
+            rollout_logp: ``[B, T]`` the sampler's log-probs; required with ``rollout_is``; the
+                off-policy mask's sampler when given (else ``logp_old``).
             entropy: ``[B, T]`` per-token entropy (with gradient for the bonus); reported as the
-                ``entropy`` metric when given, required when ``entropy_coef > 0``.
+                ``entropy`` metric when given, required when ``entropy_coef > 0`` or
+                ``top_entropy_quantile < 1``.
             weights: extra detached ``[B, T]`` factors of the objective's loss, applied after
                 the rollout weight (e.g. TRL's off-policy and entropy masks).
             kl_weight: ``[B, T]`` factor of the KL term (TRL's ``use_bias_correction_kl``).
@@ -153,6 +177,8 @@ class PolicyLoss:
             validate: let the objective check its inputs (one host sync); trainers validate
                 their first step only.
             num_tokens, num_seqs, max_len, groups: :func:`sandbox.aggregate.aggregate`'s counts.
+            entropy_pool: ``(entropies, mask)`` the entropy quantile is taken over instead of
+                this call's tokens (TRL's adapter: every process's micro-batch, as TRL gathers).
         """
         if self.kl_coef > 0 and logp_ref is None:
             raise ValueError("logp_ref is required when kl_coef > 0")
@@ -160,6 +186,8 @@ class PolicyLoss:
             raise ValueError("entropy is required when entropy_coef > 0")
         if self.rollout_is != "none" and rollout_logp is None:
             raise ValueError(f"rollout_logp is required with rollout_is={self.rollout_is!r}")
+        if self.top_entropy_quantile < 1 and entropy is None:
+            raise ValueError("entropy is required when top_entropy_quantile < 1")
         per_token, metrics = self._objective(logp, logp_old, adv, mask, generator, validate, groups)
         if self.rollout_is != "none":  # sg(rho), rho = pi_old / pi_rollout
             w, is_metrics = rollout_is_weights(
@@ -170,6 +198,17 @@ class PolicyLoss:
             metrics.update(is_metrics)
         for w in weights:
             per_token = per_token * w
+        if self.off_policy_mask is not None:
+            sampler = logp_old if rollout_logp is None else rollout_logp
+            keep, metrics["off_policy_masked_frac"] = off_policy_sequence_mask(
+                logp, sampler, adv, mask, self.off_policy_mask
+            )
+            per_token = per_token * keep
+        if self.top_entropy_quantile < 1:
+            keep, metrics["entropy_masked_frac"] = high_entropy_mask(
+                entropy, mask, self.top_entropy_quantile, groups=groups, pool=entropy_pool
+            )
+            per_token = per_token * keep
         if logp_ref is not None:
             kl = kl_divergence(logp, logp_ref, self.kl_estimator)
             kl = kl if kl_weight is None else kl * kl_weight

@@ -13,6 +13,7 @@ from sandbox.aggregate import AGGREGATION_MODES, aggregate
 from sandbox.correction import rollout_is_weights
 from sandbox.kl import kl_divergence
 from sandbox.loss import PolicyLoss, masked_mean
+from sandbox.masks import high_entropy_mask, masked_quantile, off_policy_mask
 from sandbox.objectives import available_objectives, get_objective
 
 B, T = 6, 5
@@ -194,3 +195,235 @@ def test_an_all_padding_micro_batch_gives_zero_without_validation():
     assert out.loss.item() == 0.0 and torch.count_nonzero(x["logp"].grad) == 0
     with pytest.raises(ValueError, match="mask"):
         fn(x["logp"], x["logp_old"], x["adv"], zero, logp_ref=x["logp_ref"], entropy=x["entropy"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The two modifiers (sandbox.masks): off-policy sequence mask, high-entropy token mask
+# --------------------------------------------------------------------------------------------------
+
+
+class _OneProcess:
+    """The ``accelerator`` TRL's get_high_entropy_mask reads: one process, nothing to gather."""
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
+    def gather(self, x):
+        return x
+
+
+def _trl_entropy_mask(entropy, mask, q):
+    from trl import GRPOTrainer
+
+    holder = type("Holder", (), {"accelerator": _OneProcess()})()
+    return GRPOTrainer.get_high_entropy_mask(holder, entropy, mask, 1 - q)
+
+
+@pytest.mark.parametrize("threshold", [0.005, 0.05, 0.2])
+@pytest.mark.parametrize("adv_shape", ["B1", "B", "BT"])
+def test_off_policy_mask_equals_trls(threshold, adv_shape):
+    """TRL's own get_off_policy_mask on the same float64 tensors, NaN sampler tokens included."""
+    trl = pytest.importorskip("trl.trainer.grpo_trainer")
+    g = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        x = batch(int(torch.randint(1000, (1,), generator=g)))
+        sampler = x["rollout_logp"].clone()
+        sampler[0, 2] = float("nan")
+        adv = {"B1": x["adv"], "B": x["adv"][:, 0], "BT": torch.randn(B, T, dtype=torch.float64)}
+        adv = adv[adv_shape]
+        theirs = trl.GRPOTrainer.get_off_policy_mask(
+            adv if adv.dim() == 2 else adv[:, None], x["logp"], sampler, x["mask"], threshold
+        )
+        keep, frac = off_policy_mask(x["logp"], sampler, adv, x["mask"], threshold)
+        assert keep.shape == theirs.shape and torch.equal(keep, theirs.to(keep.dtype))
+        assert frac.dim() == 0
+        if adv_shape != "BT":  # share of the non-empty sequences dropped (all 6 are non-empty)
+            assert frac.item() == pytest.approx((1 - keep).sum().item() / B, abs=1e-15)
+
+
+def test_off_policy_mask_hand_cases():
+    """Mean k1 KL of sequence 0 is (0.25 + 0.75) / 2 = 0.5 exactly (the padded 9.0 is ignored)."""
+    logp = torch.zeros(4, 3, dtype=torch.float64)
+    sampler = torch.tensor([[0.25, 0.75, 9.0]] * 4, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0]] * 4)
+    adv = torch.tensor([[-1.0], [-1.0], [1.0], [0.0]], dtype=torch.float64)
+    keep, frac = off_policy_mask(logp, sampler, adv, mask, 0.5)  # at the threshold: kept
+    assert keep.flatten().tolist() == [1.0, 1.0, 1.0, 1.0] and frac.item() == 0.0
+    keep, frac = off_policy_mask(logp, sampler, adv, mask, 0.4999)  # A < 0 above it: dropped
+    assert keep.flatten().tolist() == [0.0, 0.0, 1.0, 1.0]  # A > 0 and A = 0 are never dropped
+    assert frac.item() == 0.5
+
+
+def test_off_policy_mask_is_detached_and_uses_rollout_logp_when_given():
+    """The mask weights the objective's loss only: the loss equals extra weights of sg(M)."""
+    x = batch()
+    x["logp_old"] = x["logp"] + 0.3  # mean KL 0.3 against pi_old, 0.01 against the sampler
+    x["rollout_logp"] = x["logp"] + 0.01
+    keep_old, _ = off_policy_mask(x["logp"], x["logp_old"], x["adv"], x["mask"], 0.1)
+    keep_roll, _ = off_policy_mask(x["logp"], x["rollout_logp"], x["adv"], x["mask"], 0.1)
+    assert keep_old.flatten().tolist() == (x["adv"] >= 0).double().flatten().tolist()
+    assert 0 < keep_old.sum() < B and keep_roll.sum() == B
+    for rollout_logp, keep in ((None, keep_old), (x["rollout_logp"], keep_roll)):
+        grads = []
+        for masked in (True, False):
+            lp = x["logp"].clone().requires_grad_(True)
+            fn = PolicyLoss(get_objective("dapo"), kl_coef=0.1,
+                            off_policy_mask=0.1 if masked else None)  # fmt: skip
+            out = fn(lp, x["logp_old"], x["adv"], x["mask"], logp_ref=x["logp_ref"],
+                     rollout_logp=rollout_logp, weights=() if masked else (keep,))  # fmt: skip
+            out.loss.backward()
+            grads.append((out.loss.detach(), lp.grad))
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("q", [0.01, 0.2, 0.5, 0.8, 0.95, 1.0])
+def test_high_entropy_mask_equals_trls(q):
+    """TRL's own get_high_entropy_mask on the same float64 tensors, with and without ties (both
+    take the threshold in float32; q = 0.95 at n = 21 valid tokens puts the rank at exactly 1)."""
+    pytest.importorskip("trl")
+    g = torch.Generator().manual_seed(5)
+    for trial in range(30):
+        entropy = torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+        if trial % 2:
+            entropy = (entropy * 2).round() / 2  # many ties
+        mask = (torch.rand(B, T, generator=g) > 0.3).long()
+        keep, frac = high_entropy_mask(entropy, mask, q)
+        theirs = _trl_entropy_mask(entropy, mask, q)
+        assert torch.equal(keep.bool(), theirs)
+        assert frac.item() == pytest.approx(1 - theirs.sum().item() / mask.sum().item(), abs=1e-15)
+
+
+def test_masked_quantile_equals_torch_quantile_in_float64():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 40, generator=g, dtype=torch.float64)
+    valid = torch.rand(3, 40, generator=g) > 0.4
+    for p in (0.0, 0.13, 0.5, 0.8, 1.0):
+        got = masked_quantile(x, valid, p)
+        for r in range(3):
+            assert got[r, 0] == torch.quantile(x[r][valid[r]], p)  # bit-identical
+
+
+def test_high_entropy_mask_hand_cases():
+    h = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 99.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # 99 is padding: never kept, not in the pool
+    # q = 0.5: rank (1 - 0.5) * 4 = 2 -> tau = 2, kept {2, 3, 4}
+    keep, frac = high_entropy_mask(h, mask, 0.5)
+    assert keep.tolist() == [[0, 0, 1, 1, 1, 0]] and frac.item() == pytest.approx(0.4)
+    # q = 0.3: rank 0.7 * 4 = 2.8 -> tau = 2 + 0.8 * (3 - 2) = 2.8, kept {3, 4}
+    keep, _ = high_entropy_mask(h, mask, 0.3)
+    assert keep.tolist() == [[0, 0, 0, 1, 1, 0]]
+    # ties: sorted [1, 2, 2, 2, 3], q = 0.4: rank 0.6 * 4 = 2.4 between two 2s -> tau = 2;
+    # every tied token is kept, so 4 of 5 (80 %) survive a 40 % quantile
+    tied = torch.tensor([[2.0, 1.0, 2.0, 3.0, 2.0]], dtype=torch.float64)
+    keep, frac = high_entropy_mask(tied, torch.ones(1, 5), 0.4)
+    assert keep.tolist() == [[1, 0, 1, 1, 1]] and frac.item() == pytest.approx(0.2)
+    # equal entropies everywhere: the threshold is that value, nothing is masked
+    keep, frac = high_entropy_mask(torch.ones(2, 3), torch.ones(2, 3), 0.2)
+    assert keep.sum().item() == 6 and frac.item() == 0.0
+
+
+def test_high_entropy_mask_per_group_and_pool():
+    """groups=S: each block its own threshold (= separate calls); pool: the threshold of the
+    pool's tokens (here the call's own, so the same)."""
+    x = batch()
+    keep, frac = high_entropy_mask(x["entropy"], x["mask"], 0.3, groups=2)
+    n = B // 2
+    parts = [high_entropy_mask(x["entropy"][s * n : (s + 1) * n], x["mask"][s * n : (s + 1) * n],
+                               0.3)[0] for s in range(2)]  # fmt: skip
+    assert torch.equal(keep, torch.cat(parts))
+    valid = x["mask"].sum()
+    assert frac.item() == pytest.approx(((valid - keep.sum()) / valid).item(), abs=1e-15)
+    assert not torch.equal(keep, high_entropy_mask(x["entropy"], x["mask"], 0.3)[0])
+    own = high_entropy_mask(x["entropy"], x["mask"], 0.3, pool=(x["entropy"], x["mask"]))
+    assert torch.equal(own[0], high_entropy_mask(x["entropy"], x["mask"], 0.3)[0])
+    low = (torch.zeros(2, 2), torch.ones(2, 2))  # a pool of zeros: threshold 0, all kept
+    assert high_entropy_mask(x["entropy"], x["mask"], 0.3, pool=low)[1].item() == 0.0
+    with pytest.raises(ValueError, match="pool"):
+        high_entropy_mask(x["entropy"], x["mask"], 0.3, groups=2, pool=low)
+
+
+def test_entropy_mask_in_the_assembly_weights_the_objective_only():
+    x = batch()
+    keep, _ = high_entropy_mask(x["entropy"], x["mask"], 0.4)
+    grads = []
+    for masked in (True, False):
+        lp = x["logp"].clone().requires_grad_(True)
+        ent = x["entropy"].clone().requires_grad_(True)
+        fn = PolicyLoss(get_objective("ppo_clip"), kl_coef=0.1, entropy_coef=0.01,
+                        top_entropy_quantile=0.4 if masked else 1.0)  # fmt: skip
+        out = fn(lp, x["logp_old"], x["adv"], x["mask"], logp_ref=x["logp_ref"], entropy=ent,
+                 weights=() if masked else (keep,))  # fmt: skip
+        out.loss.backward()
+        grads.append((out.loss.detach(), lp.grad, ent.grad))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-13, atol=1e-15)
+    fn = PolicyLoss(get_objective("ppo_clip"), top_entropy_quantile=0.4)
+    metrics = fn(x["logp"], x["logp_old"], x["adv"], x["mask"], entropy=x["entropy"]).metrics
+    valid = x["mask"].sum().item()
+    assert metrics["entropy_masked_frac"].item() == pytest.approx(
+        (valid - keep.sum().item()) / valid, abs=1e-15
+    )
+
+
+def test_quantile_one_is_a_no_op():
+    """q = 1 keeps every token: the same loss without entropies, and no metric."""
+    x = batch()
+    args = (x["logp"], x["logp_old"], x["adv"], x["mask"])
+    plain = PolicyLoss(get_objective("dapo"))(*args)
+    one = PolicyLoss(get_objective("dapo"), top_entropy_quantile=1.0)(*args)
+    assert torch.equal(one.loss, plain.loss) and "entropy_masked_frac" not in one.metrics
+    h = x["entropy"].float()  # the function itself at q = 1: tau = the float32 minimum
+    keep, frac = high_entropy_mask(h, x["mask"], 1.0)
+    assert torch.equal(keep, x["mask"].float()) and frac.item() == 0.0
+
+
+def test_all_masked_micro_batch_is_a_finite_zero_without_a_host_sync():
+    """Every sequence dropped by the off-policy mask, or every token padding: loss 0, zero
+    gradient; the whole call traces as one graph (fullgraph: a .item() or a boolean index, i.e.
+    a host sync, would break it)."""
+    x = batch()
+    fn = PolicyLoss(get_objective("dapo"), off_policy_mask=1e-3, top_entropy_quantile=0.2)
+    adv = -x["adv"].abs() - 0.1  # all negative
+    far = x["logp"] + 1.0  # sampler 1 nat above the current policy: mean KL 1 > 1e-3
+    counts = {"num_tokens": 40.0, "num_seqs": 9.0}
+
+    def call(logp, mask):
+        return fn(logp, x["logp_old"], adv, mask, rollout_logp=far, entropy=x["entropy"],
+                  validate=False, **counts)  # fmt: skip
+
+    compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
+    for mask, dropped in ((x["mask"], 1.0), (torch.zeros_like(x["mask"]), 0.0)):
+        for f in (call, compiled):
+            lp = x["logp"].clone().requires_grad_(True)
+            out = f(lp, mask)
+            out.loss.backward()
+            assert out.loss.item() == 0.0 and torch.count_nonzero(lp.grad) == 0
+            assert out.metrics["off_policy_masked_frac"].item() == dropped
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"off_policy_mask": 0.0}, "off_policy_mask"),
+        ({"off_policy_mask": -0.5}, "off_policy_mask"),
+        ({"off_policy_mask": float("inf")}, "off_policy_mask"),
+        ({"off_policy_mask": float("nan")}, "off_policy_mask"),
+        ({"off_policy_mask": True}, "off_policy_mask"),
+        ({"top_entropy_quantile": 0.0}, "top_entropy_quantile"),
+        ({"top_entropy_quantile": 1.5}, "top_entropy_quantile"),
+        ({"top_entropy_quantile": -0.2}, "top_entropy_quantile"),
+        ({"top_entropy_quantile": float("nan")}, "top_entropy_quantile"),
+        ({"top_entropy_quantile": "0.2"}, "top_entropy_quantile"),
+    ],
+)
+def test_bad_mask_options_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match) as info:
+        PolicyLoss(get_objective("dapo"), **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_entropy_quantile_needs_entropy():
+    x = batch()
+    with pytest.raises(ValueError, match="entropy is required when top_entropy_quantile"):
+        PolicyLoss(get_objective("dapo"), top_entropy_quantile=0.2)(
+            x["logp"], x["logp_old"], x["adv"], x["mask"]
+        )

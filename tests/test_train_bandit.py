@@ -286,3 +286,37 @@ def test_package_docstring_example_runs():
     import sandbox.train
 
     assert doctest.testmod(sandbox.train).failed == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The off-policy mask (sandbox.masks through PolicyLoss)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_off_policy_mask_binds_only_off_policy():
+    """On-policy the mean KL of every sample is 0 <= delta: the run is the unmasked run exactly.
+    With 4 epochs at lr 2 negative-advantage arms fall past e^-0.05 and are dropped."""
+    plain = train_bandit(model("easy"), small_config(steps=10, lr=2.0))
+    on = train_bandit(model("easy"), small_config(steps=10, lr=2.0, off_policy_mask=0.05))
+    pd.testing.assert_frame_equal(on.drop(columns="off_policy_masked_frac"), plain)
+    assert (on["off_policy_masked_frac"] == 0).all()
+    cfg = {"steps": 10, "lr": 2.0, "epochs": 4}
+    off = train_bandit(model("easy"), small_config(**cfg, off_policy_mask=0.05))
+    off_plain = train_bandit(model("easy"), small_config(**cfg))
+    assert off["off_policy_masked_frac"].between(0, 0.5).all()  # only A < 0 can be dropped
+    assert off["off_policy_masked_frac"].max() > 0
+    assert not np.allclose(off["expected_reward"], off_plain["expected_reward"])
+
+
+def test_off_policy_mask_with_a_per_seed_objective():
+    """clip_cov's metrics are per seed ([S]), the mask's pooled (0-d): both become columns."""
+    cfg = small_config(objective="clip_cov", seeds=3, steps=3, epochs=2, off_policy_mask=0.01)
+    df = train_bandit(model("easy"), cfg)
+    assert "off_policy_masked_frac" in df
+    assert np.isfinite(df.drop(columns=["step", "seed"]).to_numpy()).all()
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), True])
+def test_bad_off_policy_mask_raises_naming_it(value):
+    with pytest.raises(ValueError, match="off_policy_mask"):
+        small_config(off_policy_mask=value)

@@ -98,3 +98,33 @@ def test_batch_std_advantages_are_computed_per_seed():
     for s in range(FAST["seeds"]):
         expected = compute_advantages(batch.rewards[s], FAST["group_size"], method="batch_std")
         torch.testing.assert_close(batch.adv[s], expected, rtol=0, atol=0)
+
+
+def test_masks_report_their_shares_and_keep_the_rollout_entropy_column():
+    """Both masks on: the second minibatch/epoch is off-policy, so a small threshold drops
+    sequences; q = 0.5 masks at most half of each seed's minibatch tokens (ties kept). The
+    ``entropy`` column stays the rollout's (the same step-0 value as an unmasked run)."""
+    cfg = {**FAST, "epochs": 2, "minibatches": 2, "lr": 1e-2}
+    plain = train_sequence(SequenceTrainConfig(**cfg))
+    masked = train_sequence(
+        SequenceTrainConfig(**cfg, off_policy_mask=0.005, top_entropy_quantile=0.5)
+    )
+    assert masked["entropy_masked_frac"].between(0.2, 0.5).all()
+    assert masked["off_policy_masked_frac"].max() > 0
+    first = masked["step"] == 0
+    pd.testing.assert_series_equal(masked["entropy"][first], plain["entropy"][first])
+    assert not masked["grad_norm"].equals(plain["grad_norm"])
+    keep_all = train_sequence(SequenceTrainConfig(**cfg, off_policy_mask=1e9))
+    pd.testing.assert_frame_equal(keep_all.drop(columns="off_policy_masked_frac"), plain,
+                                  check_like=True)  # fmt: skip
+    assert (keep_all["off_policy_masked_frac"] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("off_policy_mask", 0.0), ("off_policy_mask", float("nan")),
+     ("top_entropy_quantile", 0.0), ("top_entropy_quantile", 2.0)],
+)  # fmt: skip
+def test_bad_mask_options_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SequenceTrainConfig(**{**FAST, field: value})

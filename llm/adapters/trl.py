@@ -17,10 +17,13 @@ micro-batch, ``_compute_loss``:
    ``_get_per_token_logps_and_entropies``;
 2. calls the sandbox objective ``obj(logp, old_logp, advantages, mask)`` (``old_logp`` is TRL's
    ``old_per_token_logps``, or the detached current log-probs when TRL skipped them on-policy);
-3. multiplies the per-token loss by TRL's weights when their options are on: the off-policy
-   sequence mask (``off_policy_mask_threshold``), the high-entropy token mask
-   (``top_entropy_quantile``) and the vLLM importance-sampling correction
-   (``vllm_importance_sampling_correction``: TRL's truncated or masked, token or sequence ratio);
+3. multiplies the per-token loss by TRL's vLLM importance-sampling correction
+   (``vllm_importance_sampling_correction``: TRL's truncated or masked, token or sequence ratio)
+   and, when their options are on, by the sandbox's own masks (:mod:`sandbox.masks`, options of
+   :class:`sandbox.loss.PolicyLoss`, equal to TRL's): the off-policy sequence mask
+   (``off_policy_mask_threshold``, against TRL's ``sampling_per_token_logps`` when vLLM gave them,
+   else the old log-probs) and the high-entropy token mask (``top_entropy_quantile``, its quantile
+   over the micro-batches of every process, as TRL gathers them);
 4. adds ``beta * k3`` to the reference model (:func:`sandbox.kl.k3`, TRL's estimator; times the
    importance ratio with ``use_bias_correction_kl``);
 5. reduces with :func:`sandbox.aggregate.aggregate` and TRL's normaliser for that mode
@@ -51,7 +54,8 @@ seq-mean-token-sum-norm     dr_grpo        local sequences * max_completion_leng
 =========================== ============== ===================================================
 
 Not supported (a ``ValueError`` at construction, never a silent bypass): TRL's entropy bonus
-(``entropy_coef``, ``use_adaptive_entropy``), ``loss_type="vespo"`` without an explicit objective,
+(``entropy_coef``, ``use_adaptive_entropy``), ``top_entropy_quantile=0`` (TRL: keep only the
+highest-entropy token; the sandbox's quantile is in (0, 1]), ``loss_type="vespo"`` without an explicit objective,
 a token-level objective under ``importance_sampling_level="sequence"``, and any Liger fused-loss path
 that would compute the loss without calling ``_compute_loss`` (``use_liger_loss``). In TRL 1.16
 ``use_liger_kernel`` only patches the model's layers and the loss still comes through here.
@@ -278,7 +282,11 @@ class SandboxGRPOTrainer(GRPOTrainer):
             spec = ObjectiveSpec(objective, dict(objective_params or {}), aggregation or "")
         self.objective = spec.build()
         # the one loss assembly: objective x TRL's weights + beta * k3, aggregated as TRL does
-        self.loss_fn = PolicyLoss(self.objective, spec.aggregation or None, kl_coef=self.beta)
+        self.loss_fn = PolicyLoss(
+            self.objective, spec.aggregation or None, kl_coef=self.beta,
+            off_policy_mask=self.off_policy_mask_threshold,
+            top_entropy_quantile=self.top_entropy_quantile,
+        )  # fmt: skip
         self.aggregation = self.loss_fn.mode
         if self.args.importance_sampling_level == "sequence" and self.objective.level == "token":
             raise ValueError(
@@ -341,14 +349,23 @@ class SandboxGRPOTrainer(GRPOTrainer):
         training = self.model.training
         mode = "train" if training else "eval"
         kl_on = self.beta != 0.0
-        if self.loss_fn.kl_coef != self.beta:  # TRL reads self.beta at every step; so do we
-            self.loss_fn = dataclasses.replace(self.loss_fn, kl_coef=self.beta)
+        # TRL reads these attributes at every step; so do we
+        options = {
+            "kl_coef": self.beta,
+            "off_policy_mask": self.off_policy_mask_threshold,
+            "top_entropy_quantile": self.top_entropy_quantile,
+        }
+        if any(getattr(self.loss_fn, k) != v for k, v in options.items()):
+            self.loss_fn = dataclasses.replace(self.loss_fn, **options)
+        entropy_on = self.loss_fn.top_entropy_quantile < 1
         # validate=False: no host sync, and an all-padding micro-batch gives 0 as in TRL.
         out = self.loss_fn(
             per_token_logps, old_logps, advantages, mask,
             logp_ref=inputs["ref_per_token_logps"] if kl_on else None,
-            weights=self._loss_weights(inputs, per_token_logps, old_logps, advantages, mask,
-                                       entropies),
+            rollout_logp=inputs.get("sampling_per_token_logps"),  # the off-policy mask's sampler
+            entropy=entropies if entropy_on else None,
+            entropy_pool=self._entropy_pool(entropies, mask) if entropy_on else None,
+            weights=self._loss_weights(inputs),
             kl_weight=self._importance_weight(per_token_logps, old_logps, mask)
             if kl_on and self.args.use_bias_correction_kl else None,
             generator=self._objective_rng(per_token_logps.device), validate=False,
@@ -371,26 +388,24 @@ class SandboxGRPOTrainer(GRPOTrainer):
         self._log_objective_metrics(mode, out.metrics, mask, entropies)
         return loss
 
-    def _loss_weights(self, inputs, logps, old_logps, advantages, mask, entropies) -> list[Tensor]:
-        """TRL's multiplicative corrections of the per-token policy loss, in TRL's order."""
-        weights = []
-        if self.off_policy_mask_threshold is not None:
-            weights.append(
-                self.get_off_policy_mask(
-                    advantages=advantages,
-                    per_token_logps=logps,
-                    sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logps),
-                    mask=mask,
-                    off_policy_threshold=self.off_policy_mask_threshold,
-                )
-            )
-        if self.top_entropy_quantile < 1.0:
-            weights.append(
-                self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            )
+    def _loss_weights(self, inputs) -> list[Tensor]:
+        """TRL's vLLM importance-sampling correction of the per-token policy loss (TRL's masks
+        are the loss assembly's options: ``self.loss_fn``)."""
         if self.use_vllm and self.vllm_importance_sampling_correction:
-            weights.append(inputs["importance_sampling_ratio"])
-        return weights
+            return [inputs["importance_sampling_ratio"]]
+        return []
+
+    def _entropy_pool(self, entropies: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Every process's micro-batch entropies and mask (TRL's ``get_high_entropy_mask``
+        quantile spans them all); ``None`` in one process (the call's own tokens)."""
+        if self.accelerator.num_processes == 1:
+            return None
+        pool = []
+        for x in (entropies.detach().float(), mask.float()):
+            for dim in (1, 0):  # pad with mask 0 to the largest micro-batch of any process
+                x = self.accelerator.pad_across_processes(x, dim=dim, pad_index=0)
+            pool.append(self.accelerator.gather(x))
+        return pool[0], pool[1]
 
     def _importance_weight(self, logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:
         """TRL's importance weight of the KL term (``use_bias_correction_kl``): the token ratio, or
@@ -420,6 +435,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
             names = ["entropy"]
             sums = [(entropies.float() * maskf).sum()]
             metrics = dict(metrics)
+            metrics.pop("entropy", None)  # TRL's own "entropy" below
             if "kl_ref_k3" in metrics:  # TRL's "kl": k3 (x the ratio with use_bias_correction_kl)
                 names.append("kl")
                 sums.append(metrics.pop("kl_ref_k3").float() * n)

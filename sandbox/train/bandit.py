@@ -18,6 +18,15 @@ batch dimension; no Python loop over seeds). One step, for every seed::
 
 The loss comes from :func:`sandbox.objectives.get_objective` only; this module defines none.
 
+The loss modifiers of :mod:`sandbox.masks`: the off-policy mask (``off_policy_mask=delta``) is
+meaningful here, a sample being a one-token sequence: with mu > 1 epochs or several minibatches
+it drops a negative-advantage arm whose probability fell by more than a factor ``e^delta`` since
+sampling (``log pi_old(a) - log pi(a) > delta``). The high-entropy token mask is not offered: the
+entropy is a property of the state, not of the sampled arm, so in a plain bandit every sample has
+the same entropy (all ties: the mask keeps everything) and in a contextual one it would select
+prompts, not the "forking tokens" inside a sequence that arXiv 2506.01939 studies; use the
+sequence trainer for it.
+
 How to run (CPU; ``device="cuda"`` runs the same code on one GPU)::
 
     import envs
@@ -70,6 +79,7 @@ zero_var_frac       share of the seed's groups whose G rewards are all equal (ze
                     the per-seed values; ratio_max/min are over all seeds) and repeated on every
                     seed's row. For objectives called per seed (clip_cov, kl_cov) they are
                     per seed.
+off_policy_masked_frac  with ``off_policy_mask``: share of samples dropped (pooled over seeds)
 =================== ========================================================================
 
 The row of step t describes the policy *before* the step's update (the one that sampled the
@@ -95,6 +105,7 @@ from envs.bandit import BanditModel, ContextualBanditModel
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.loss import LossOutput, PolicyLoss
+from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective, get_objective
 
 __all__ = [
@@ -172,6 +183,10 @@ class BanditTrainConfig:
             "objective's recommendation (obj.aggregation)"
         },
     )
+    off_policy_mask: float | None = field(
+        default=None,
+        metadata={"help": "drop A < 0 samples with log pi_old - log pi > this (None: off)"},
+    )
     seed: int = field(default=0, metadata={"help": "base seed of the run's torch.Generator"})
     device: str = field(default="cpu", metadata={"help": "torch device"})
     dtype: str = field(default="float32", metadata={"help": f"one of {list(DTYPES)}"})
@@ -209,6 +224,7 @@ class BanditTrainConfig:
                 f"aggregation must be None or one of {list(AGGREGATION_MODES)}, "
                 f"got {self.aggregation!r}"
             )
+        check_off_policy_mask(self.off_policy_mask)
         _check_int("seed", self.seed, 0)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
@@ -456,6 +472,7 @@ def bandit_update(
     minibatches: int = 1,
     generator: torch.Generator,
     validate: bool = True,
+    off_policy_mask: float | None = None,
 ) -> UpdateStats:
     """mu epochs x minibatches optimizer steps of ``objective`` on one rollout, for all seeds.
 
@@ -476,13 +493,16 @@ def bandit_update(
         generator: for shuffles and the objective's own randomness.
         validate: let the objective check its inputs (finite values; one device->host read per
             call). :func:`run_bandit` validates the first step only.
+        off_policy_mask: ``None`` or delta > 0: :class:`sandbox.loss.PolicyLoss`'s off-policy
+            mask (a sample is a one-token sequence: dropped when A < 0 and
+            ``log pi_old(a) - log pi(a) > delta``).
     """
     S, P, K = logits.shape
     N = rollout.size
     if N % minibatches:
         raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
     n = N // minibatches
-    loss_fn = PolicyLoss(objective, aggregation)
+    loss_fn = PolicyLoss(objective, aggregation, off_policy_mask=off_policy_mask)
     mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
     metric_sum: Tensor | None = None
     names: tuple[str, ...] = ()
@@ -505,7 +525,8 @@ def bandit_update(
 
             if metric_sum is None:
                 names = tuple(out.metrics)
-            values = torch.stack([out.metrics[k].detach() for k in names])
+            # a batch-statistic objective's metrics are [S], the masks' 0-d: broadcast together
+            values = torch.stack(torch.broadcast_tensors(*(out.metrics[k].detach() for k in names)))
             values = values if values.dim() == 2 else values[:, None]  # [M, S] or pooled [M, 1]
             metric_sum = values if metric_sum is None else metric_sum + values
     updates = epochs * minibatches
@@ -608,6 +629,7 @@ def run_bandit(
             minibatches=config.minibatches,
             generator=generator,
             validate=step == 0,
+            off_policy_mask=config.off_policy_mask,
         )
 
         # 4. log on device (no host sync inside the loop)

@@ -10,15 +10,19 @@ GSPO, NSR at token vs sequence level) differ here. One step, for every seed::
     advantage sandbox.advantages per group
     update    mu epochs x minibatches: logp = policy(completion | prompt)
               loss = PolicyLoss(objective)(logp, logp_old, A, mask, groups=S)  (sandbox.loss:
-              the objective, aggregated per seed, + kl_coef * k3 to the initial model
-              - entropy_coef * entropy) -> backward -> per-seed grad clip -> Adam step
+              the objective [x the off-policy / high-entropy masks], aggregated per seed,
+              + kl_coef * k3 to the initial model - entropy_coef * entropy)
+              -> backward -> per-seed grad clip -> Adam step
     log       pass rate, entropy, completion length, gradient norm, the objective's metrics
 
 The S seeds are S independent models (:class:`~sandbox.policies.TinyTransformer`'s ensemble
 dimension), trained in one batched pass: each seed's loss is aggregated over its own rows
 (``groups=S``), gradients are clipped per seed and Adam acts elementwise, so a seed's update depends
 on its own model and data only. Objectives that rank tokens over the batch (clip_cov, kl_cov) rank
-each seed's rows on their own, in one call (``groups=S``). This module defines no loss.
+each seed's rows on their own, in one call (``groups=S``), and so does the entropy mask
+(``top_entropy_quantile``: each seed's threshold from its own minibatch's tokens). The off-policy
+mask (``off_policy_mask``) compares pi_old, which sampled, with the current policy: it binds from
+the second minibatch or epoch of a step. This module defines no loss.
 
 How to run (CPU)::
 
@@ -31,7 +35,8 @@ the step's G x P' completions the verifier accepts, sampled from the pre-update 
 ``expected_reward`` (the same value, under the name the bandit figures use), ``entropy`` (mean
 next-token entropy over the sampled completion tokens), ``completion_len``, ``grad_norm`` (per
 seed, before clipping, mean over the step's updates), ``zero_var_frac`` and the objective's metrics
-(pooled over seeds, mean over updates).
+(pooled over seeds, mean over updates), with ``off_policy_masked_frac`` (share of sequences
+dropped) and ``entropy_masked_frac`` (share of tokens masked) when those masks are on.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from envs.reasoning import available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.loss import LossOutput, PolicyLoss
+from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 from sandbox.objectives import Objective, get_objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
 
@@ -83,6 +89,12 @@ class SequenceTrainConfig:
     )
     kl_coef: float = field(default=0.0, metadata={"help": "k3 KL to the initial model (0: off)"})
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus (0: off)"})
+    off_policy_mask: float | None = field(
+        default=None, metadata={"help": "drop A < 0 sequences with mean KL(pi_old || pi) > this"}
+    )
+    top_entropy_quantile: float = field(
+        default=1.0, metadata={"help": "keep the top-q share of tokens by entropy (1: off)"}
+    )
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "completion budget (None: the task's answer length + 1)"}
     )
@@ -129,6 +141,8 @@ class SequenceTrainConfig:
                 f"aggregation must be None or one of {list(AGGREGATION_MODES)}, "
                 f"got {self.aggregation!r}"
             )
+        check_off_policy_mask(self.off_policy_mask)
+        check_top_entropy_quantile(self.top_entropy_quantile)
         if self.max_new_tokens is not None:
             _positive_int("max_new_tokens", self.max_new_tokens)
         self.model_config()
@@ -185,8 +199,11 @@ class SequenceTrainer:
         self.device = torch.device(config.device)
         self.task = make_task(config.task, **config.task_knobs)
         self.objective = config.build_objective()
-        self.loss_fn = PolicyLoss(self.objective, config.aggregation, kl_coef=config.kl_coef,
-                                  entropy_coef=config.entropy_coef)  # fmt: skip
+        self.loss_fn = PolicyLoss(
+            self.objective, config.aggregation, kl_coef=config.kl_coef,
+            entropy_coef=config.entropy_coef, off_policy_mask=config.off_policy_mask,
+            top_entropy_quantile=config.top_entropy_quantile,
+        )  # fmt: skip
         self.aggregation = self.loss_fn.mode
         S = config.seeds
         self.model = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
@@ -259,6 +276,11 @@ class SequenceTrainer:
                              logp_old, logp_ref, entropy)  # fmt: skip
 
     # -- update -----------------------------------------------------------------------------------
+    @property
+    def needs_entropy(self) -> bool:
+        """The loss reads the update's entropies: the bonus, or the entropy mask."""
+        return self.config.entropy_coef > 0 or self.config.top_entropy_quantile < 1
+
     def _loss(self, batch: SequenceBatch, rows: Tensor, validate: bool) -> LossOutput:
         """The loss of minibatch ``rows`` for all seeds: :class:`sandbox.loss.PolicyLoss` with
         ``groups=S`` (each seed aggregated over its own rows; a batch-statistic objective is
@@ -274,7 +296,7 @@ class SequenceTrainer:
         out = self.loss_fn(
             flat(logp), flat(batch.logp_old[:, rows]), flat(batch.adv[:, rows]), flat(cmask),
             logp_ref=None if batch.logp_ref is None else flat(batch.logp_ref[:, rows]),
-            entropy=flat(entropy) if self.config.entropy_coef > 0 else None,
+            entropy=flat(entropy) if self.needs_entropy else None,
             generator=self.generator, validate=validate, groups=S,
             max_len=self.max_new_tokens,  # Dr. GRPO's L: the budget, not this batch's width
         )  # fmt: skip
