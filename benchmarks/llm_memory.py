@@ -69,8 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--budget-mb", type=float, default=None,
-                   help="also: the largest micro-batch whose peak fits in MB")  # fmt: skip
+    p.add_argument(
+        "--budget-mb",
+        type=float,
+        default=None,
+        help="also: the largest micro-batch whose peak fits in MB",
+    )
     p.add_argument("--trainers", default="llm,trl", help="comma-separated subset of llm,trl")
     p.add_argument("--threads", type=int, default=2, help="torch threads per subprocess (CPU)")
     p.add_argument("--tiny", action="store_true", help="a small model and batch (smoke test)")
@@ -117,12 +121,19 @@ def build_model_dir(args: argparse.Namespace, out: str) -> int:
     )
     tok.save_pretrained(out)
     config = LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-        max_position_embeddings=1024, tie_word_embeddings=True,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     model.save_pretrained(out)
@@ -176,15 +187,42 @@ def run_llm_train(args: argparse.Namespace, micro: int) -> None:
         "--gradient-checkpointing" if args.gradient_checkpointing else "--no-gradient-checkpointing"
     )
     with tempfile.TemporaryDirectory() as out:
-        main([
-            "--model", args.model_dir, "--offline", "--data", data,
-            "--chat-template", "off", "--steps", "1", "--prompts-per-step", str(args.prompts),
-            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
-            "--prompts-per-call", str(args.prompts), "--minibatches", "2",
-            "--grad-accum", str(rows // 2 // micro), "--eval-every", "0", "--kl-coef", "0",
-            "--device", args.device, "--no-progress", "--no-save-model", "--out", out,
-            gc,
-        ])  # fmt: skip
+        main(
+            [
+                "--model",
+                args.model_dir,
+                "--offline",
+                "--data",
+                data,
+                "--chat-template",
+                "off",
+                "--steps",
+                "1",
+                "--prompts-per-step",
+                str(args.prompts),
+                "--group-size",
+                str(args.group_size),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+                "--prompts-per-call",
+                str(args.prompts),
+                "--minibatches",
+                "2",
+                "--grad-accum",
+                str(rows // 2 // micro),
+                "--eval-every",
+                "0",
+                "--kl-coef",
+                "0",
+                "--device",
+                args.device,
+                "--no-progress",
+                "--no-save-model",
+                "--out",
+                out,
+                gc,
+            ]
+        )
 
 
 def run_trl(args: argparse.Namespace, micro: int) -> None:
@@ -204,28 +242,58 @@ def run_trl(args: argparse.Namespace, micro: int) -> None:
 
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=micro,
-            gradient_accumulation_steps=rows // 2 // micro, generation_batch_size=rows,
-            num_generations=args.group_size, max_completion_length=args.max_new_tokens,
-            max_steps=2, learning_rate=1e-6, beta=0.0, temperature=1.0,
+            output_dir=out,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=rows // 2 // micro,
+            generation_batch_size=rows,
+            num_generations=args.group_size,
+            max_completion_length=args.max_new_tokens,
+            max_steps=2,
+            learning_rate=1e-6,
+            beta=0.0,
+            temperature=1.0,
             gradient_checkpointing=args.gradient_checkpointing,
-            use_cpu=args.device == "cpu", bf16=args.device == "cuda",
-            report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-            dataloader_num_workers=0, seed=0,
-        )  # fmt: skip
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config,
-                              train_dataset=Dataset.from_dict({"prompt": prompts}),
-                              processing_class=tokenizer)  # fmt: skip
+            use_cpu=args.device == "cpu",
+            bf16=args.device == "cuda",
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            processing_class=tokenizer,
+        )
         trainer.train()
 
 
 def measure(args: argparse.Namespace, what: str) -> float:
     """Peak MB of ``what`` (``baseline-llm``, ``llm``, ``trl:32``, ...) in a fresh subprocess."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--model-dir",
-           args.model_dir, "--device", args.device, "--threads", str(args.threads),
-           *args.passthrough]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": str(args.threads), "WANDB_DISABLED": "true"}  # fmt: skip
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        what,
+        "--model-dir",
+        args.model_dir,
+        "--device",
+        args.device,
+        "--threads",
+        str(args.threads),
+        *args.passthrough,
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(args.threads),
+        "WANDB_DISABLED": "true",
+    }
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
@@ -236,8 +304,18 @@ def measure(args: argparse.Namespace, what: str) -> float:
 def passthrough(args: argparse.Namespace) -> list[str]:
     """The model/batch flags of the parent, for the children."""
     out = []
-    for name in ("vocab", "hidden", "intermediate", "layers", "heads", "kv_heads", "prompts",
-                 "group_size", "max_new_tokens", "micro_batch"):  # fmt: skip
+    for name in (
+        "vocab",
+        "hidden",
+        "intermediate",
+        "layers",
+        "heads",
+        "kv_heads",
+        "prompts",
+        "group_size",
+        "max_new_tokens",
+        "micro_batch",
+    ):
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     gc = (
         "--gradient-checkpointing" if args.gradient_checkpointing else "--no-gradient-checkpointing"
@@ -255,16 +333,22 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         args.model_dir, args.passthrough = model_dir, passthrough(args)
         state = 12 * n_params / MB  # float32 gradient + AdamW exp_avg + exp_avg_sq per parameter
         rows = args.prompts * args.group_size
-        print(f"model: {args.layers}-layer Llama, vocab {args.vocab}, hidden {args.hidden}, tied "
-              f"head, {n_params / 1e6:.1f}M parameters (float32); device {args.device}, "
-              f"{args.threads} threads")  # fmt: skip
-        print(f"step: 1 rollout of {args.prompts} prompts x {args.group_size} x "
-              f"{args.max_new_tokens} new tokens, old log-probs, 2 optimizer steps of "
-              f"{rows // 2} rows in {args.micro_batch}-row micro-batches; gradient checkpointing "
-              f"{'on' if args.gradient_checkpointing else 'off'}")  # fmt: skip
+        print(
+            f"model: {args.layers}-layer Llama, vocab {args.vocab}, hidden {args.hidden}, tied "
+            f"head, {n_params / 1e6:.1f}M parameters (float32); device {args.device}, "
+            f"{args.threads} threads"
+        )
+        print(
+            f"step: 1 rollout of {args.prompts} prompts x {args.group_size} x "
+            f"{args.max_new_tokens} new tokens, old log-probs, 2 optimizer steps of "
+            f"{rows // 2} rows in {args.micro_batch}-row micro-batches; gradient checkpointing "
+            f"{'on' if args.gradient_checkpointing else 'off'}"
+        )
         what = "max_memory_allocated" if args.device == "cuda" else "RSS high-water mark"
-        print(f"{what}, MB above a process that imports and loads the model "
-              f"(grads + AdamW state: {state:.0f} MB)")  # fmt: skip
+        print(
+            f"{what}, MB above a process that imports and loads the model "
+            f"(grads + AdamW state: {state:.0f} MB)"
+        )
         print(
             f"{'trainer':<22}{'baseline':>10}{'peak':>10}{'state':>10}{'activations':>13}{'s':>7}"
         )
@@ -274,16 +358,25 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             t0 = time.perf_counter()
             peak = measure(args, name) - base
             dt = time.perf_counter() - t0
-            results[name] = {"baseline": base, "peak": peak, "state": state,
-                             "activations": peak - state}  # fmt: skip
+            results[name] = {
+                "baseline": base,
+                "peak": peak,
+                "state": state,
+                "activations": peak - state,
+            }
             label = "llm.train" if name == "llm" else "TRL GRPOTrainer"
-            print(f"{label:<22}{base:>10.0f}{peak:>10.0f}{state:>10.0f}"
-                  f"{peak - state:>13.0f}{dt:>7.0f}", flush=True)  # fmt: skip
+            print(
+                f"{label:<22}{base:>10.0f}{peak:>10.0f}{state:>10.0f}"
+                f"{peak - state:>13.0f}{dt:>7.0f}",
+                flush=True,
+            )
         if len(results) == 2:
             r = {k: results["llm"][k] / results["trl"][k] for k in ("peak", "activations")}
             results["ratio"] = r
-            print(f"ratio llm.train / TRL: peak {r['peak']:.2f} (target <= 1.0), "
-                  f"activations {r['activations']:.2f} (target <= 0.5)")  # fmt: skip
+            print(
+                f"ratio llm.train / TRL: peak {r['peak']:.2f} (target <= 1.0), "
+                f"activations {r['activations']:.2f} (target <= 0.5)"
+            )
         if args.budget_mb is not None:
             results["largest_micro_batch"] = largest_micro_batches(args, results, rows)
     return results

@@ -180,8 +180,14 @@ class OursRunner:
         name = f"ours, seeds={self.seeds}" + (
             f" ({self.seeds} models/step)" if self.seeds > 1 else ""
         )
-        return Timing(name, self.seeds, params, self.seconds[w:],
-                      statistics.median(self.rollouts[w:]), statistics.fmean(self.rewards[w:]))  # fmt: skip
+        return Timing(
+            name,
+            self.seeds,
+            params,
+            self.seconds[w:],
+            statistics.median(self.rollouts[w:]),
+            statistics.fmean(self.rewards[w:]),
+        )
 
 
 # -- TRL ----------------------------------------------------------------------------------------
@@ -198,8 +204,14 @@ def hf_tokenizer(task: Any) -> Any:
         single=f"{bos} $A", special_tokens=[(bos, ct.bos_id)]
     )
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad, bos_token=bos,
-                                   eos_token=eos, unk_token=pad, padding_side="left")  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=pad,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token=pad,
+        padding_side="left",
+    )
 
 
 def hf_model(config: SequenceTrainConfig, task: Any, arch: str, seed: int) -> Any:
@@ -380,8 +392,14 @@ def run_trl(
     others = [t for i, t in enumerate(steps) if i % updates]
     rollout = statistics.median(steps[::updates]) - statistics.median(others)
     params = sum(p.numel() for p in model.parameters())
-    timing = Timing(f"TRL GRPOTrainer ({args.hf_arch})", 1, params, seconds, rollout,
-                    statistics.fmean(rewards[args.warmup :]))  # fmt: skip
+    timing = Timing(
+        f"TRL GRPOTrainer ({args.hf_arch})",
+        1,
+        params,
+        seconds,
+        rollout,
+        statistics.fmean(rewards[args.warmup :]),
+    )
     optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     info = {
         "optimizer": type(optimizer).__name__,

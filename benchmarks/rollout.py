@@ -69,16 +69,31 @@ def main(argv: list[str] | None = None) -> None:
     source = make_source(args.task, {}, None, "auto", 0, 0)
     prompts, _ = source.draw(np.random.default_rng(0), args.prompts)
     ids = rollout.encode_prompts(tok, prompts, bool(getattr(tok, "chat_template", None)), None)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else torch.autocast("cpu", enabled=False))  # fmt: skip
-    common = dict(group_size=args.group_size, max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, return_logp=True)  # fmt: skip
+    autocast = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
+    common = dict(
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        return_logp=True,
+    )
 
     def hf(per_call: int):
         def run(r: int):
             with autocast:
-                return rollout.generate(net, tok, ids, prompts_per_call=per_call, seed_keys=(r,),
-                                        first_index=0, device=device, **common)  # fmt: skip
+                return rollout.generate(
+                    net,
+                    tok,
+                    ids,
+                    prompts_per_call=per_call,
+                    seed_keys=(r,),
+                    first_index=0,
+                    device=device,
+                    **common,
+                )
 
         return run
 
@@ -88,12 +103,18 @@ def main(argv: list[str] | None = None) -> None:
         from llm.vllm_rollout import VLLMRollout
 
         engine = VLLMRollout(
-            net, tok, model_name=args.model, device=device,
+            net,
+            tok,
+            model_name=args.model,
+            device=device,
             dtype="bfloat16" if device.type == "cuda" else "float32",
-            max_model_len=max(len(i) for i in ids) + args.max_new_tokens, seed=0,
-            gpu_memory_utilization=args.gpu_memory_utilization, sleep=False, enforce_eager=False,
+            max_model_len=max(len(i) for i in ids) + args.max_new_tokens,
+            seed=0,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            sleep=False,
+            enforce_eager=False,
             trust_remote_code=False,
-        )  # fmt: skip
+        )
 
         def run_vllm(r: int):
             engine.mark_stale()
@@ -125,18 +146,25 @@ def main(argv: list[str] | None = None) -> None:
             tokens[name].append(valid.sum().item())
             with torch.no_grad(), autocast:
                 lp, _ = logprobs.completion_logp(
-                    net, out["prompt"].to(device), out["prompt_mask"].to(device),
-                    out["completion"].to(device), out["completion_mask"].to(device),
+                    net,
+                    out["prompt"].to(device),
+                    out["prompt_mask"].to(device),
+                    out["completion"].to(device),
+                    out["completion_mask"].to(device),
                     args.temperature,
-                )  # fmt: skip
+                )
             d = (lp.float().cpu() - out["rollout_logp"])[valid]  # log pi_trainer - log pi_rollout
             gaps[name].append(
                 (d.abs().max().item(), d.abs().mean().item(), (d.exp() - 1 - d).mean().item())
             )
-    print(f"model {args.model}, {device}, {args.prompts} prompts x {args.group_size}, "
-          f"<= {args.max_new_tokens} new tokens, {args.repeats} timed rounds")  # fmt: skip
-    print(f"{'backend':<16}{'s/round':>10}{'tokens/s':>12}{'push s':>9}"
-          f"{'max|dlogp|':>12}{'mean|dlogp|':>13}{'k3':>11}")  # fmt: skip
+    print(
+        f"model {args.model}, {device}, {args.prompts} prompts x {args.group_size}, "
+        f"<= {args.max_new_tokens} new tokens, {args.repeats} timed rounds"
+    )
+    print(
+        f"{'backend':<16}{'s/round':>10}{'tokens/s':>12}{'push s':>9}"
+        f"{'max|dlogp|':>12}{'mean|dlogp|':>13}{'k3':>11}"
+    )
     tps = {}
     for name in backends:
         med = statistics.median(times[name])
@@ -147,8 +175,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:<16}{med:>10.3f}{tps[name]:>12.0f}{p:>9}{g[0]:>12.2e}{g[1]:>13.2e}{g[2]:>11.2e}"
         )
     if "vllm" in tps:
-        print(f"vllm / hf tokens per second: {tps['vllm'] / tps['hf']:.2f}x "
-              f"(vs hf per prompt: {tps['vllm'] / tps['hf, per prompt']:.2f}x)")  # fmt: skip
+        print(
+            f"vllm / hf tokens per second: {tps['vllm'] / tps['hf']:.2f}x "
+            f"(vs hf per prompt: {tps['vllm'] / tps['hf, per prompt']:.2f}x)"
+        )
     if engine is not None:
         engine.close()
 

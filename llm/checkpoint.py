@@ -70,9 +70,12 @@ def load(
     """Restore everything :func:`save` wrote; returns the number of steps done."""
     state = torch.load(path_in(out), map_location="cpu", weights_only=True)
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=False),
-    )  # fmt: skip
+    )
     scheduler.load_state_dict(state["scheduler"])
     rng.bit_generator.state = json.loads(state["np_rng"])
     torch.set_rng_state(state["torch_rng"])

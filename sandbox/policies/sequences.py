@@ -153,9 +153,12 @@ class TabularSequencePolicy:
     def with_logits(self, logits: Tensor, *, requires_grad: bool = True) -> TabularSequencePolicy:
         """The same task, length and prompts with other logits (e.g. a perturbed old policy)."""
         return TabularSequencePolicy(
-            self.task, self.max_len, logits, prompt_ids=self.prompts.cpu().numpy(),
+            self.task,
+            self.max_len,
+            logits,
+            prompt_ids=self.prompts.cpu().numpy(),
             requires_grad=requires_grad,
-        )  # fmt: skip
+        )
 
     def parameters(self) -> list[Tensor]:
         return [self.logits]
@@ -306,9 +309,11 @@ class MaskedTransformerPolicy:
     @classmethod
     def from_task(cls, model: TinyTransformer, task: Any) -> MaskedTransformerPolicy:
         return cls(
-            model, task.completion_token_ids, eos_id=task.tokenizer.eos_id,
+            model,
+            task.completion_token_ids,
+            eos_id=task.tokenizer.eos_id,
             pad_id=task.tokenizer.pad_id,
-        )  # fmt: skip
+        )
 
     def parameters(self) -> list[Tensor]:
         return list(self.model.parameters())
@@ -318,9 +323,12 @@ class MaskedTransformerPolicy:
     ) -> tuple[Tensor, Tensor]:
         """``(logp [B, T], entropy [B, T])``, one full pass, 0 where ``completion_mask`` is 0."""
         logp, entropy = self.model.completion_logp(
-            prompt[None], prompt_mask.bool()[None], completion[None], completion_mask.bool()[None],
+            prompt[None],
+            prompt_mask.bool()[None],
+            completion[None],
+            completion_mask.bool()[None],
             self._allowed.to(prompt.device),
-        )  # fmt: skip
+        )
         return logp[0], entropy[0]
 
     @torch.no_grad()
@@ -337,9 +345,14 @@ class MaskedTransformerPolicy:
         ``T = max_new_tokens``, ``<pad>`` after ``<eos>``."""
         T = check_int("max_new_tokens", max_new_tokens, 1)
         completion, mask = self.model.generate(
-            prompt[None], prompt_mask.bool()[None], max_new_tokens=T, eos_id=self.eos_id,
-            pad_id=self.pad_id, generator=generator, allowed=self._allowed.to(prompt.device),
-        )  # fmt: skip
+            prompt[None],
+            prompt_mask.bool()[None],
+            max_new_tokens=T,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            generator=generator,
+            allowed=self._allowed.to(prompt.device),
+        )
         pad = T - completion.shape[-1]  # generation stops early once every row has ended
         completion = torch.nn.functional.pad(completion[0], (0, pad), value=self.pad_id)
         return completion, torch.nn.functional.pad(mask[0], (0, pad), value=False)

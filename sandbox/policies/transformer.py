@@ -78,12 +78,18 @@ class TinyTransformer(nn.Module):
         for _ in range(config.n_layers):
             layer = nn.ParameterDict(
                 {
-                    "ln1_w": ones(D), "ln1_b": zeros(D), "qkv": normal(D, 3 * D),
-                    "proj": normal(D, D, std=proj_std), "ln2_w": ones(D), "ln2_b": zeros(D),
-                    "fc": normal(D, H), "fc_b": zeros(H), "out": normal(H, D, std=proj_std),
+                    "ln1_w": ones(D),
+                    "ln1_b": zeros(D),
+                    "qkv": normal(D, 3 * D),
+                    "proj": normal(D, D, std=proj_std),
+                    "ln2_w": ones(D),
+                    "ln2_b": zeros(D),
+                    "fc": normal(D, H),
+                    "fc_b": zeros(H),
+                    "out": normal(H, D, std=proj_std),
                     "out_b": zeros(D),
                 }
-            )  # fmt: skip
+            )
             self.layers.append(layer)
         self.lnf_w, self.lnf_b = ones(D), zeros(D)
         self.head = normal(D, V)
@@ -172,8 +178,9 @@ class TinyTransformer(nn.Module):
             a = a.transpose(1, 2).reshape(S, B, T, -1)
             x = x + self._linear(a, layer["proj"])
             h = self._ln(x, layer["ln2_w"], layer["ln2_b"])
-            x = x + self._linear(F.gelu(self._linear(h, layer["fc"], layer["fc_b"])),
-                                 layer["out"], layer["out_b"])  # fmt: skip
+            x = x + self._linear(
+                F.gelu(self._linear(h, layer["fc"], layer["fc_b"])), layer["out"], layer["out_b"]
+            )
         x = self._ln(x, self.lnf_w, self.lnf_b)
         return self._linear(x, self.head), new_cache
 
@@ -259,9 +266,12 @@ class TinyTransformer(nn.Module):
                 break
             key_mask = torch.cat([key_mask, alive[..., None]], dim=-1)
             logits, cache = self(
-                tok[..., None], alive[..., None], cache=cache, key_mask=key_mask,
+                tok[..., None],
+                alive[..., None],
+                cache=cache,
+                key_mask=key_mask,
                 positions=position,
-            )  # fmt: skip
+            )
             position = position + alive[..., None].long()
             next_logits = logits[:, :, -1]
         return torch.stack(tokens, -1), torch.stack(masks, -1)
