@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import builtins
 import itertools
+import pickle
 import string
 import subprocess
 import sys
@@ -23,10 +24,16 @@ from envs.reasoning import (
     BitsTask,
     CharTokenizer,
     ExpressionError,
+    ReasoningTask,
     ReasoningTokenEnv,
+    ReasoningTokenVectorEnv,
     available_tasks,
     make_task,
     parse_arithmetic,
+    register_task,
+    task_env_id,
+    token_env,
+    unregister_task,
 )
 from envs.reasoning.verify import (
     MAX_COMPLETION_CHARS,
@@ -490,6 +497,78 @@ def test_reasoning_ids_are_registered_once_per_task():
     assert set(envs.REASONING_ENV_IDS) | set(envs.BANDIT_ENV_IDS) == set(envs.ENV_IDS)
     for env_id in envs.REASONING_ENV_IDS:
         assert gym.spec(env_id).namespace == "sandbox"
+
+
+class _RepeatDigitTask(ReasoningTask):
+    """A throwaway task: ``Repeat 7. Answer:`` -> ``"7"``."""
+
+    answer_kind = "integer"
+    answer_chars = "0123456789"
+    max_prompt_len = len("Repeat 7. Answer:")
+    max_answer_len = 1
+
+    def _sample(self, rng):
+        digit = str(int(rng.integers(10)))
+        return f"Repeat {digit}. Answer:", digit
+
+
+def test_registering_a_task_is_all_it_takes_for_its_env_ids():
+    env_id = "sandbox/Reasoning-RepeatDigit-v0"
+    assert env_id not in gym.registry
+    register_task("repeat_digit")(_RepeatDigitTask)
+    try:
+        assert task_env_id("repeat_digit") == env_id
+        assert env_id in envs.REASONING_ENV_IDS and env_id in envs.ENV_IDS
+        env = gym.make(env_id)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            check_env(env.unwrapped)
+        assert type(env.unwrapped) is token_env.RepeatDigitTokenEnv
+        assert type(env.unwrapped).__name__ == "RepeatDigitTokenEnv"
+        _, info = env.reset(seed=0)
+        digit = info["answer"]
+        assert info["prompt"] == f"Repeat {digit}. Answer:"
+        assert _play(env, env.unwrapped.tokenizer.encode(digit, add_eos=True))[0] == 1.0
+        vec = _make_vec(env_id, 3)
+        assert type(vec.unwrapped) is token_env.task_env_class("repeat_digit", vector=True)
+        _, info = vec.reset(seed=1)
+        digits = vec.unwrapped.tokenizer.encode("".join(info["answer"]))
+        _, rewards, terminations, _, _ = vec.step(np.array(digits))
+        np.testing.assert_array_equal(terminations, False)  # room for "<digit><eos>"
+        _, rewards, terminations, _, _ = vec.step(np.full(3, vec.unwrapped.tokenizer.eos_id))
+        np.testing.assert_array_equal(rewards, 1.0)
+        np.testing.assert_array_equal(terminations, True)
+    finally:
+        unregister_task("repeat_digit")
+    assert "repeat_digit" not in available_tasks() and env_id not in gym.registry
+    assert env_id not in envs.ENV_IDS
+    with pytest.raises(AttributeError, match="RepeatDigitTokenEnv"):
+        token_env.RepeatDigitTokenEnv  # noqa: B018 - the lookup is what is tested
+    with pytest.raises(ValueError, match="unknown task 'repeat_digit'"):
+        token_env.task_env_class("repeat_digit")
+
+
+def test_per_task_env_classes_keep_their_names_and_pickle():
+    from envs.reasoning.token_env import BitsTokenVectorEnv, ModArithTokenEnv
+
+    env = gym.make("sandbox/Reasoning-ModArith-v0", steps=3).unwrapped
+    assert type(env) is ModArithTokenEnv and env.task.knobs["steps"] == 3
+    assert (
+        issubclass(ModArithTokenEnv, ReasoningTokenEnv)
+        and ModArithTokenEnv.task_name == "mod_arith"
+    )
+    assert BitsTokenVectorEnv.task_name == "bits"
+    assert issubclass(BitsTokenVectorEnv, ReasoningTokenVectorEnv)
+    assert {"ModArithTokenEnv", "BitsTokenVectorEnv"} <= set(dir(token_env))
+    env.reset(seed=4)
+    copy = pickle.loads(pickle.dumps(env))
+    assert type(copy) is ModArithTokenEnv and copy.prompt == env.prompt
+
+
+@pytest.mark.parametrize("name", ["ModArith", "mod-arith", "mod__arith", "x_1", "", 3])
+def test_task_names_that_would_not_make_a_unique_env_id_are_refused(name):
+    with pytest.raises(ValueError, match="name must be lower-case words"):
+        register_task(name)
 
 
 @pytest.mark.parametrize("env_id", envs.REASONING_ENV_IDS)
