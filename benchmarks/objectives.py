@@ -517,9 +517,20 @@ def objective_row(name, args, data, gen, pair, verl) -> dict:
 
 
 COLUMNS = [
-    "objective", "params", "agg", "ms", "x_verl", "x_copy", "verl", "verl_ms", "sandbox/verl",
-    "check", "loss_relerr", "grad_relerr", "note",
-]  # fmt: skip
+    "objective",
+    "params",
+    "agg",
+    "ms",
+    "x_verl",
+    "x_copy",
+    "verl",
+    "verl_ms",
+    "sandbox/verl",
+    "check",
+    "loss_relerr",
+    "grad_relerr",
+    "note",
+]
 FORMATS = {
     "ms": "{:.3f}".format,
     "verl_ms": "{:.3f}".format,

@@ -1,7 +1,9 @@
 """Gymnasium environments for the clip sandbox, registered in the ``sandbox/`` namespace.
 
-Importing ``envs`` registers every id in :data:`ENV_IDS` (idempotently), each with a
-``vector_entry_point`` so that::
+Importing ``envs`` registers every id in ``ENV_IDS`` (idempotently): the bandits listed here,
+and one ``sandbox/Reasoning-<Task>-v0`` per reasoning task, registered by the task's own
+``@register_task`` decorator (:mod:`envs.reasoning.tasks`). Each has a ``vector_entry_point``
+so that::
 
     import gymnasium as gym
     import envs
@@ -27,6 +29,7 @@ from envs.bandit import (
     SoftmaxBanditVectorEnv,
     make_bandit_suite,
 )
+from envs.reasoning.tasks import available_tasks, task_env_id  # registers the reasoning ids
 
 __all__ = [
     "BANDIT_ENV_IDS",
@@ -42,7 +45,8 @@ __all__ = [
     "make_bandit_suite",
 ]
 
-# id -> (entry_point, vector_entry_point); the only place an id is spelled out.
+# id -> (entry_point, vector_entry_point) of the bandits. The reasoning ids are not listed here:
+# ``@register_task`` (envs.reasoning.tasks) registers each task's id, imported below.
 _REGISTRATIONS: dict[str, tuple[str, str]] = {
     "sandbox/SoftmaxBandit-v0": (
         "envs.bandit:SoftmaxBandit",
@@ -52,42 +56,21 @@ _REGISTRATIONS: dict[str, tuple[str, str]] = {
         "envs.bandit:ContextualBandit",
         "envs.bandit:ContextualBanditVectorEnv",
     ),
-    # token-level reasoning tasks (envs.reasoning); knobs pass through gym.make(id, **knobs)
-    "sandbox/Reasoning-ModArith-v0": (
-        "envs.reasoning.token_env:ModArithTokenEnv",
-        "envs.reasoning.token_env:ModArithTokenVectorEnv",
-    ),
-    "sandbox/Reasoning-Addition-v0": (
-        "envs.reasoning.token_env:AdditionTokenEnv",
-        "envs.reasoning.token_env:AdditionTokenVectorEnv",
-    ),
-    "sandbox/Reasoning-Parity-v0": (
-        "envs.reasoning.token_env:ParityTokenEnv",
-        "envs.reasoning.token_env:ParityTokenVectorEnv",
-    ),
-    "sandbox/Reasoning-Sequence-v0": (
-        "envs.reasoning.token_env:SequenceTokenEnv",
-        "envs.reasoning.token_env:SequenceTokenVectorEnv",
-    ),
-    "sandbox/Reasoning-Countdown-v0": (
-        "envs.reasoning.token_env:CountdownTokenEnv",
-        "envs.reasoning.token_env:CountdownTokenVectorEnv",
-    ),
-    "sandbox/Reasoning-Boolean-v0": (
-        "envs.reasoning.token_env:BooleanTokenEnv",
-        "envs.reasoning.token_env:BooleanTokenVectorEnv",
-    ),
-    "sandbox/Reasoning-Bits-v0": (
-        "envs.reasoning.token_env:BitsTokenEnv",
-        "envs.reasoning.token_env:BitsTokenVectorEnv",
-    ),
 }
 
-#: Every id this package registers; tests parametrise over it.
-ENV_IDS: tuple[str, ...] = tuple(_REGISTRATIONS)
-#: The token-level reasoning ids (multi-step episodes) and the one-step bandit ids.
-REASONING_ENV_IDS: tuple[str, ...] = tuple(i for i in ENV_IDS if i.startswith("sandbox/Reasoning-"))
-BANDIT_ENV_IDS: tuple[str, ...] = tuple(i for i in ENV_IDS if i not in REASONING_ENV_IDS)
+#: The one-step bandit ids.
+BANDIT_ENV_IDS: tuple[str, ...] = tuple(_REGISTRATIONS)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``REASONING_ENV_IDS`` (one token-env id per registered task, by task name) and
+    ``ENV_IDS`` (every id this package registers; tests parametrise over it), read from the task
+    registry on each access, so a task registered after ``import envs`` is included."""
+    if name == "REASONING_ENV_IDS":
+        return tuple(task_env_id(task) for task in available_tasks())
+    if name == "ENV_IDS":
+        return BANDIT_ENV_IDS + tuple(task_env_id(task) for task in available_tasks())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register_all() -> None:

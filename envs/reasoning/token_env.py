@@ -1,8 +1,10 @@
 """Token-level Gymnasium envs for the reasoning tasks: one token per step, reward at the end.
 
 One generic env (:class:`ReasoningTokenEnv`, task chosen by name) and its numpy-batched vector
-form (:class:`ReasoningTokenVectorEnv`), plus one fixed-task subclass of each per task, which
-``envs/__init__.py`` registers as ``sandbox/Reasoning-<Task>-v0``::
+form (:class:`ReasoningTokenVectorEnv`), plus one fixed-task subclass of each per registered task
+(``ModArithTokenEnv``, ``ModArithTokenVectorEnv``, ...; :func:`task_env_class`), derived from
+the task registry: ``@register_task("mod_arith")`` registers ``sandbox/Reasoning-ModArith-v0``
+with these classes as entry points, and this module makes them on first use::
 
     env = gym.make("sandbox/Reasoning-Addition-v0", digits=4)   # knobs pass through
     vec = gym.make_vec("sandbox/Reasoning-Bits-v0", num_envs=512,
@@ -15,6 +17,7 @@ for ``sandbox/Reasoning-Bits-v0`` a :class:`~envs.reasoning.tasks.BitsTask` with
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -24,26 +27,15 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from envs.reasoning.tasks import ReasoningTask, make_task
+from envs.reasoning.tasks import (
+    ReasoningTask,
+    available_tasks,
+    make_task,
+    task_env_id,
+    task_env_stem,
+)
 
-__all__ = [
-    "AdditionTokenEnv",
-    "AdditionTokenVectorEnv",
-    "BitsTokenEnv",
-    "BitsTokenVectorEnv",
-    "BooleanTokenEnv",
-    "BooleanTokenVectorEnv",
-    "CountdownTokenEnv",
-    "CountdownTokenVectorEnv",
-    "ModArithTokenEnv",
-    "ModArithTokenVectorEnv",
-    "ParityTokenEnv",
-    "ParityTokenVectorEnv",
-    "ReasoningTokenEnv",
-    "ReasoningTokenVectorEnv",
-    "SequenceTokenEnv",
-    "SequenceTokenVectorEnv",
-]
+__all__ = ["ReasoningTokenEnv", "ReasoningTokenVectorEnv", "task_env_class"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -395,89 +387,53 @@ class ReasoningTokenVectorEnv(_TokenLayout, VectorEnv):
 
 
 # --------------------------------------------------------------------------------------------
-# one class per task, so that each registered id names its task
+# one class of each per task, derived from the task registry
 # --------------------------------------------------------------------------------------------
 
+TokenEnvClass = type[ReasoningTokenEnv] | type[ReasoningTokenVectorEnv]
 
-class ModArithTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for ``mod_arith`` (``sandbox/Reasoning-ModArith-v0``)."""
-
-    task_name = "mod_arith"
-
-
-class AdditionTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for ``addition`` (``sandbox/Reasoning-Addition-v0``)."""
-
-    task_name = "addition"
+#: class-name suffix -> base class of the per-task classes
+_TASK_ENV_KINDS: dict[str, TokenEnvClass] = {
+    "TokenEnv": ReasoningTokenEnv,
+    "TokenVectorEnv": ReasoningTokenVectorEnv,
+}
 
 
-class ParityTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for ``parity`` (``sandbox/Reasoning-Parity-v0``)."""
-
-    task_name = "parity"
-
-
-class SequenceTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for ``sequence`` (``sandbox/Reasoning-Sequence-v0``)."""
-
-    task_name = "sequence"
-
-
-class CountdownTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for ``countdown`` (``sandbox/Reasoning-Countdown-v0``)."""
-
-    task_name = "countdown"
+@functools.cache
+def _derived_class(task_name: str, suffix: str) -> TokenEnvClass:
+    base = _TASK_ENV_KINDS[suffix]
+    class_name = task_env_stem(task_name) + suffix
+    doc = (
+        f":class:`{base.__name__}` for the ``{task_name}`` task "
+        f"(``{task_env_id(task_name)}``), derived from the task registry."
+    )
+    namespace = {"task_name": task_name, "__doc__": doc, "__module__": __name__}
+    derived: TokenEnvClass = type(class_name, (base,), namespace)
+    derived.__qualname__ = class_name  # pickle finds it through the module's __getattr__
+    return derived
 
 
-class BooleanTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for ``boolean`` (``sandbox/Reasoning-Boolean-v0``)."""
-
-    task_name = "boolean"
-
-
-class BitsTokenEnv(ReasoningTokenEnv):
-    """:class:`ReasoningTokenEnv` for the enumerable ``bits`` task (``sandbox/Reasoning-Bits-v0``)."""
-
-    task_name = "bits"
-
-
-class ModArithTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for ``mod_arith``."""
-
-    task_name = "mod_arith"
+def task_env_class(task_name: str, *, vector: bool = False) -> TokenEnvClass:
+    """The fixed-task subclass of :class:`ReasoningTokenEnv` (``vector=True``:
+    :class:`ReasoningTokenVectorEnv`) for the registered task ``task_name``; one class per task,
+    made on first use, named ``<Stem>TokenEnv`` / ``<Stem>TokenVectorEnv``
+    (``"mod_arith"`` -> ``ModArithTokenEnv``) and importable from this module under that name.
+    """
+    if task_name not in available_tasks():
+        raise ValueError(f"unknown task {task_name!r}; available tasks: {available_tasks()}")
+    return _derived_class(task_name, "TokenVectorEnv" if vector else "TokenEnv")
 
 
-class AdditionTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for ``addition``."""
-
-    task_name = "addition"
-
-
-class ParityTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for ``parity``."""
-
-    task_name = "parity"
+def __getattr__(name: str) -> TokenEnvClass:
+    """``ModArithTokenEnv``, ``BitsTokenVectorEnv``, ...: the per-task classes, by name."""
+    for task_name in available_tasks():
+        stem = task_env_stem(task_name)
+        for suffix in _TASK_ENV_KINDS:
+            if name == stem + suffix:
+                return _derived_class(task_name, suffix)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class SequenceTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for ``sequence``."""
-
-    task_name = "sequence"
-
-
-class CountdownTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for ``countdown``."""
-
-    task_name = "countdown"
-
-
-class BooleanTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for ``boolean``."""
-
-    task_name = "boolean"
-
-
-class BitsTokenVectorEnv(ReasoningTokenVectorEnv):
-    """:class:`ReasoningTokenVectorEnv` for the enumerable ``bits`` task."""
-
-    task_name = "bits"
+def __dir__() -> list[str]:
+    derived = [task_env_stem(t) + suffix for t in available_tasks() for suffix in _TASK_ENV_KINDS]
+    return sorted([*globals(), *derived])

@@ -19,9 +19,19 @@ FRACTIONS = ("clip_low_frac", "clip_high_frac", "rescue_frac")
 MAX_LINES = 12
 #: Objectives drawn first in the line plots when there are more than :data:`MAX_LINES`.
 HIGHLIGHT = (
-    "grpo", "dapo", "gspo", "nsr_dapo", "nsr_decay_dapo", "dgpo", "atr_dapo", "gppo",
-    "cispo_trl", "sapo", "clip_cov", "kl_cov",
-)  # fmt: skip
+    "grpo",
+    "dapo",
+    "gspo",
+    "nsr_dapo",
+    "nsr_decay_dapo",
+    "dgpo",
+    "atr_dapo",
+    "gppo",
+    "cispo_trl",
+    "sapo",
+    "clip_cov",
+    "kl_cov",
+)
 
 
 def _mpl():
@@ -188,18 +198,26 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
         ):
             color, style = looks[objective]
             style = style if by_objective else styles.get(kind, "-")
-            ax.plot(line["step"], line["mean"], style, color=color,
-                    label=objective if kind == "sampled" else None, lw=1.6)  # fmt: skip
+            ax.plot(
+                line["step"],
+                line["mean"],
+                style,
+                color=color,
+                label=objective if kind == "sampled" else None,
+                lw=1.6,
+            )
             if kind == "sampled":
-                ax.fill_between(line["step"], line["lo"], line["hi"], color=color, alpha=0.12,
-                                lw=0)  # fmt: skip
+                ax.fill_between(line["step"], line["lo"], line["hi"], color=color, alpha=0.12, lw=0)
         ax.set_title(setting)
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
     axes[0][-1].legend(
-        loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False, fontsize="small",
+        loc="center left",
+        bbox_to_anchor=(1.02, 0.5),
+        frameon=False,
+        fontsize="small",
         ncol=1 + len(objectives) // 16,
-    )  # fmt: skip
+    )
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -215,10 +233,11 @@ def plot_curves(
     shown = pick_lines(data, objectives)
     data = data[data["objective"].isin(shown)]
     fig = _line_panels(
-        seed_band(data, metric), metric,
+        seed_band(data, metric),
+        metric,
         (title or f"{metric} (mean over seeds, 95% band)") + _subset_note(results, shown),
         {"sampled": "-"},
-    )  # fmt: skip
+    )
     out = _save(fig, Path(path))
     plt.close(fig)
     return out
@@ -244,10 +263,18 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     # one column per fraction, each with its own x scale: clip shares of ~0.01 stay readable
     # beside rescue shares of 0.4-0.8
     grid = sns.catplot(
-        data=long.dropna(), x="value", y="objective", hue="fraction", col="fraction",
-        row="setting", kind="bar", height=height, aspect=3.2 / height, sharex=False,
+        data=long.dropna(),
+        x="value",
+        y="objective",
+        hue="fraction",
+        col="fraction",
+        row="setting",
+        kind="bar",
+        height=height,
+        aspect=3.2 / height,
+        sharex=False,
         legend=False,
-    )  # fmt: skip
+    )
     grid.set_titles("{row_name}: {col_name}")
     grid.set_axis_labels("share of tokens (mean over steps and seeds)", "objective")
     grid.figure.suptitle("Clip and rescue fractions (mean over steps and seeds)", y=1.01)
@@ -262,11 +289,12 @@ def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=No
     shown = pick_lines(results, objectives)
     data = results[results["objective"].isin(shown)]
     fig = _line_panels(
-        seed_band(data, "expected_reward"), "expected_reward",
+        seed_band(data, "expected_reward"),
+        "expected_reward",
         "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
         + _subset_note(results, shown),
         {"sampled": "-", "exact": "--"},
-    )  # fmt: skip
+    )
     out = _save(fig, Path(path))
     plt.close(fig)
     return out
@@ -313,9 +341,14 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
             for yi, value in zip(y[far], exact[far], strict=True):
                 edge, marker = (x0, "<") if value < x0 else (x1, ">")
                 ax.scatter([edge], [yi], marker=marker, color="k", clip_on=False)
-                ax.annotate(f"exact {value:.2f}", (edge, yi), textcoords="offset points",
-                            xytext=(6 if marker == "<" else -6, 5), fontsize="x-small",
-                            ha="left" if marker == "<" else "right")  # fmt: skip
+                ax.annotate(
+                    f"exact {value:.2f}",
+                    (edge, yi),
+                    textcoords="offset points",
+                    xytext=(6 if marker == "<" else -6, 5),
+                    fontsize="x-small",
+                    ha="left" if marker == "<" else "right",
+                )
         ax.set_xlim(x0, x1)
         ax.set_yticks(y, block["objective"])
         ax.set_title(setting)

@@ -145,8 +145,9 @@ def signals_deferred() -> Iterator[None]:
         return
     pending: list[int] = []
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
-                for sig in signals}  # fmt: skip
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in signals
+    }
     try:
         yield
     finally:
