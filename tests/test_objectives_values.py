@@ -270,17 +270,28 @@ def test_atr_two_sided_also_clips_the_other_side():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.2, 0.2)])
-def test_gspo_token_equals_per_sequence_gspo(eps):
-    g = torch.Generator().manual_seed(0)
-    B, T = 12, 9
+def ragged_sequences(seed: int, spread: float, B: int = 12, T: int = 9):
+    """float64 (logp with grad, logp_old, adv [B, 1], ragged mask) with log-ratios N(0, spread)."""
+    g = torch.Generator().manual_seed(seed)
     lo = -torch.rand(B, T, generator=g, dtype=F64) * 3
-    lp = (lo + 0.05 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_(True)
+    lp = (lo + spread * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_(True)
     adv = torch.randn(B, 1, generator=g, dtype=F64)
     mask = torch.arange(T)[None, :] < torch.randint(2, T + 1, (B, 1), generator=g)
+    return lp, lo, adv, mask
+
+
+def token_form_loss_and_grad(obj, lp, lo, adv, mask):
+    """The objective's per-token loss aggregated with seq-mean-token-mean, and its gradient."""
+    loss = aggregate(obj(lp, lo, adv, mask).loss, mask, "seq-mean-token-mean")
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss, grad
+
+
+@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.2, 0.2)])
+def test_gspo_token_equals_per_sequence_gspo(eps):
+    lp, lo, adv, mask = ragged_sequences(0, 0.05)
     obj = get_objective("gspo", eps_low=eps[0], eps_high=eps[1])
-    ours = aggregate(obj(lp, lo, adv, mask).loss, mask, "seq-mean-token-mean")
-    (g_ours,) = torch.autograd.grad(ours, lp)
+    ours, g_ours = token_form_loss_and_grad(obj, lp, lo, adv, mask)
     # Per-sequence GSPO: s_i = exp(mean_t log r), L = mean_i -min(s_i A_i, clip(s_i) A_i).
     lp2 = lp.detach().clone().requires_grad_(True)
     maskf = mask.to(F64)
@@ -336,15 +347,9 @@ def test_gmpo_values():
 def test_gmpo_token_form_equals_per_sequence_gmpo(eps):
     """The GSPO-token form aggregated with seq-mean-token-mean has GMPO's per-sequence loss and
     gradient, written here independently (verl's geo_mean without its 1e-8 guards)."""
-    g = torch.Generator().manual_seed(1)
-    B, T = 12, 9
-    lo = -torch.rand(B, T, generator=g, dtype=F64) * 3
-    lp = (lo + 0.4 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_(True)
-    adv = torch.randn(B, 1, generator=g, dtype=F64)
-    mask = torch.arange(T)[None, :] < torch.randint(2, T + 1, (B, 1), generator=g)
+    lp, lo, adv, mask = ragged_sequences(1, 0.4)
     obj = get_objective("gmpo", eps_low=eps[0], eps_high=eps[1])
-    ours = aggregate(obj(lp, lo, adv, mask).loss, mask, "seq-mean-token-mean")
-    (g_ours,) = torch.autograd.grad(ours, lp)
+    ours, g_ours = token_form_loss_and_grad(obj, lp, lo, adv, mask)
     lp2 = lp.detach().clone().requires_grad_(True)
     lr = lp2 - lo
     clipped = torch.where(adv > 0, lr.clamp(max=eps[1]), lr.clamp(min=-eps[0]))
