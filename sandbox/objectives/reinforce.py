@@ -228,7 +228,9 @@ class VESPO(RatioObjective):
     Deviations: none from TRL 1.16's ``get_gamma_weights``: each token's log-ratio is clamped to
     ±20 and the sum to ``[log 1e-8, 20]``. TRL folds its vLLM importance ratio (token modes)
     into w; ``llm.adapters.trl`` does the same by giving the rule the sampler's log-probs as
-    ``logp_old`` (docs/adapters.md). TRL clamps lambda at 1e-4 from below; here lambda > 0.
+    ``logp_old`` (docs/adapters.md). TRL clamps lambda at 1e-4 from below (here lambda > 0) and
+    builds k and lambda in float32 (``torch.where`` on Python numbers), so a value not exact in
+    float32 (0.7) gives TRL a phi ~1e-8 off the float64 one.
     """
 
     level = "sequence"
