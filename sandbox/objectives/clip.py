@@ -183,7 +183,8 @@ class GMPO(PPOClip):
     eps_high in log space (verl's defaults 0.2 / 0.2: preset ``gmpo_verl``).
 
     Deviations: the mean clipped log-ratio is clamped to ±20 on its detached value (verl does not
-    clamp); verl divides by ``|o_i| + 1e-8`` (relative difference < 1e-8). verl's ``geo_mean``
+    clamp); verl divides by ``|o_i| + 1e-8`` (relative difference <= 1e-8 / |o_i|; none for a
+    bool mask, whose integer count + 1e-8 rounds in float32). verl's ``geo_mean``
     reduces with a plain mean over the micro-batch's rows whatever ``loss_agg_mode`` (fully padded
     rows included, no global batch counts) and applies rollout IS weights as their per-sequence
     geometric mean: ``llm.adapters.verl`` does the latter, and the former under
