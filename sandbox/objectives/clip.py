@@ -166,7 +166,9 @@ class GMPO(PPOClip):
     is GMPO's per-sequence one, ``-d loss_i / d logp_t = Abar_i s_i / |o_i|`` on a token whose
     log-ratio was not clipped and 0 on a clipped one.
 
-    Gradient weight (per token, coef = g * A; s the clipped geometric mean of its sequence):
+    Gradient weight (per token, coef = g * A with A the sequence's advantage — with token-level
+    advantages, coef = g * Abar_i, as verl's mean advantage has it; s the clipped geometric mean
+    of its sequence):
 
         A > 0:  g = 0 if r_t > e^eps_high (this token clipped), else g = s
         A < 0:  g = 0 if r_t < e^-eps_low,                      else g = s
