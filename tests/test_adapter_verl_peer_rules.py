@@ -125,8 +125,9 @@ GMPO_RTOL = 1e-9
 def test_sandbox_gmpo_equals_verls_geo_mean(low, high, weights):
     # geo_mean reduces with a plain mean over the micro-batch's 8 rows (the empty one included)
     # whatever loss_agg_mode: agg_loss's seq-mean-token-mean with global_batch_size = 8 is that.
-    cfg = actor_config(clip_ratio_low=low, clip_ratio_high=high,
-                       batch_info={"dp_size": 1, "global_batch_size": 8})  # fmt: skip
+    cfg = actor_config(
+        clip_ratio_low=low, clip_ratio_high=high, batch_info={"dp_size": 1, "global_batch_size": 8}
+    )
     data = make_data(noise=0.5)
     out = get_objective("gmpo", eps_low=low, eps_high=high)(*data[:4])
     assert out.metrics["clip_low_frac"] > 0 and out.metrics["clip_high_frac"] > 0  # both clip
@@ -144,8 +145,9 @@ def test_verl_geo_mean_ignores_loss_agg_mode_and_batch_counts():
     over the micro-batch's rows); sandbox_gmpo honours both, as every sandbox loss does."""
     data = make_data(seed=3, noise=0.5)
     plain = actor_config()
-    counted = actor_config(batch_info={"dp_size": 2, "global_batch_size": 32,
-                                       "batch_num_tokens": 200})  # fmt: skip
+    counted = actor_config(
+        batch_info={"dp_size": 2, "global_batch_size": 32, "batch_num_tokens": 200}
+    )
     theirs = [
         run("geo_mean", cfg, data, mode)[0].item() for mode in MODES for cfg in (plain, counted)
     ]

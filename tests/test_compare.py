@@ -198,8 +198,14 @@ def test_exact_flows_of_a_comparison_equal_each_rule_alone(tmp_path):
 def test_gmpo_and_vespo_run_in_both_suites(tmp_path, suite, setting):
     """The sequence-level peer rules (GMPO, VESPO) end to end: sampled runs on either suite, and on
     the bandit the exact flow too (both have a closed form on one-token sequences)."""
-    config = CompareConfig(suite=suite, objectives=["gmpo", "vespo"], settings=[setting], seeds=2,
-                           steps=2, prompts_per_batch=2)  # fmt: skip
+    config = CompareConfig(
+        suite=suite,
+        objectives=["gmpo", "vespo"],
+        settings=[setting],
+        seeds=2,
+        steps=2,
+        prompts_per_batch=2,
+    )
     results, scores = run_compare(
         config, tmp_path / suite, workers=1, progress=False, figures=False
     )
