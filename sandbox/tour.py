@@ -17,7 +17,7 @@ from sandbox.objectives import get_objective
 
 DEFAULT_TOUR = (
     "unclipped", "grpo", "dapo", "dual_clip", "gspo", "nsr_dapo", "nsr_band_dapo", "dgpo", "atr",
-    "gppo", "ce_gppo", "cispo_verl", "cispo_trl", "sapo",
+    "gppo", "ce_gppo", "cispo_verl", "cispo_trl", "sapo", "gmpo", "vespo",
 )  # fmt: skip
 
 

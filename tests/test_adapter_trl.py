@@ -37,10 +37,12 @@ from trl import GRPOConfig, GRPOTrainer
 from llm.adapters.trl import (
     TRL_AGGREGATION,
     SandboxGRPOTrainer,
+    fold_vllm_ratio,
     trl_equivalent,
     trl_normalisers,
 )
 from sandbox.aggregate import aggregate
+from sandbox.objectives import get_objective
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-5
@@ -119,8 +121,10 @@ def make_trainer(cls, tmp_path, tokenizer, args_kwargs, **sandbox_kwargs):
     )
 
 
-def make_inputs(trainer, seed=0, B=8, P=3, T=5, noise=0.5, seq_is=False) -> dict:
-    """An off-policy micro-batch in the format of TRL's ``_generate_and_score_completions``."""
+def make_inputs(trainer, seed=0, B=8, P=3, T=5, noise=0.5, seq_is=False, is_dropped=0) -> dict:
+    """An off-policy micro-batch in the format of TRL's ``_generate_and_score_completions``. The
+    per-token vLLM ratio is 1 on padding, as TRL computes it (``exp(diff * mask)``); with
+    ``is_dropped=k`` the first k valid tokens of row 0 have ratio 0 (TRL's token_mask)."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(3, len(VOCAB), (B, P), generator=g)
     prompt_mask = torch.ones(B, P, dtype=torch.long)
@@ -137,6 +141,10 @@ def make_inputs(trainer, seed=0, B=8, P=3, T=5, noise=0.5, seq_is=False) -> dict
             T,
         )
     is_shape = (B, 1) if seq_is else (B, T)
+    rho = 0.5 + torch.rand(*is_shape, generator=g)
+    if not seq_is:
+        rho = torch.where(completion_mask.bool(), rho, 1.0)
+        rho[0, :is_dropped] = 0.0
     return {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
@@ -146,7 +154,7 @@ def make_inputs(trainer, seed=0, B=8, P=3, T=5, noise=0.5, seq_is=False) -> dict
         "old_per_token_logps": logps + noise * torch.randn(B, T, generator=g),
         "ref_per_token_logps": logps + 0.3 * torch.randn(B, T, generator=g),
         "sampling_per_token_logps": logps + 0.2 * torch.randn(B, T, generator=g),
-        "importance_sampling_ratio": 0.5 + torch.rand(*is_shape, generator=g),
+        "importance_sampling_ratio": rho,
         # the generation batch spans two micro-batches (steps_per_generation = 2)
         "num_items_in_batch": 2 * completion_mask.sum().float(),
     }
@@ -263,6 +271,35 @@ LOSS_CASES = {
         {"seq_is": True},
     ),
     "off_policy_mask": ({"loss_type": "dapo"}, {}, set_attrs(off_policy_mask_threshold=0.02), {}),
+    "vespo": ({"loss_type": "vespo"}, {}, None, {}),
+    "vespo_preset": ({"loss_type": "vespo"}, {"objective": "vespo_trl"}, None, {"noise": 0.2}),
+    "vespo_params": (
+        {"loss_type": "vespo", "vespo_k_pos": 1.5, "vespo_lambda_neg": 0.5},
+        {},
+        None,
+        {"noise": 1.0},
+    ),
+    "vespo_kl": ({"loss_type": "vespo"}, {}, set_attrs(beta=0.04), {}),
+    "vespo_vllm_is_truncate": (
+        {"loss_type": "vespo"},
+        {},
+        set_attrs(
+            use_vllm=True,
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode="token_truncate",
+        ),
+        {},
+    ),
+    "vespo_vllm_is_mask": (  # two tokens of row 0 dropped: log rho = log 1e-8 there
+        {"loss_type": "vespo"},
+        {},
+        set_attrs(
+            use_vllm=True,
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode="token_mask",
+        ),
+        {"is_dropped": 2, "noise": 0.2},
+    ),
     "top_entropy_quantile": ({"loss_type": "grpo"}, {}, set_attrs(top_entropy_quantile=0.5), {}),
 }
 
@@ -401,8 +438,12 @@ def test_trl_equivalent_mapping(tmp_path):
     assert seq.objective == "gspo" and seq.aggregation == "token-mean"  # default loss_type dapo
     cispo = trl_equivalent(make_args(tmp_path, loss_type="cispo", epsilon_high=5.0))
     assert (cispo.objective, cispo.params) == ("cispo", {"lower": 0.0, "upper": 5.0})
-    with pytest.raises(ValueError, match="vespo"):
-        trl_equivalent(make_args(tmp_path, loss_type="vespo"))
+    vespo = trl_equivalent(make_args(tmp_path, loss_type="vespo", vespo_lambda_neg=2.5))
+    assert (vespo.objective, vespo.params, vespo.aggregation) == (
+        "vespo",
+        {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.5},
+        "token-mean",
+    )
     with pytest.raises(ValueError, match="sequence"):
         trl_equivalent(make_args(tmp_path, loss_type="sapo", importance_sampling_level="sequence"))
 
@@ -544,3 +585,52 @@ def test_trl_kl_is_ratio_weighted_by_default(tmp_path, tokenizer):
     assert l_on.item() == pytest.approx(l_off.item(), rel=1e-6)  # same value at r = 1
     diff = max((a - b).abs().max().item() for a, b in zip(g_on, g_off, strict=True))
     assert diff > 1e-3 * max(g.abs().max().item() for g in g_off)  # different gradient
+
+
+# --------------------------------------------------------------------------------------------------
+# VESPO: TRL's gamma weights in float64
+# --------------------------------------------------------------------------------------------------
+
+#: TRL builds k and lambda with ``torch.where`` on Python floats, i.e. in float32 (default dtype):
+#: values exact in float32 keep the float64 comparison at 1e-12 (0.7 would differ by ~4e-8).
+VESPO_PARAMS = {"k_pos": 1.5, "lambda_pos": 2.5, "k_neg": 3.0, "lambda_neg": 0.75}
+
+
+@pytest.mark.parametrize("with_is", [False, True], ids=["plain", "vllm-is"])
+def test_vespo_equals_trls_gamma_weights_in_float64(with_is):
+    """sandbox vespo's coefficient and loss are TRL's ``-phi A logp`` (TRL's get_gamma_weights),
+    in float64 to 1e-12, with TRL's clamps acting: a sequence whose log w passes 20, one below
+    log 1e-8, a token that token_mask dropped (rho = 0), an advantage of 0 and ragged padding
+    (where TRL's own rho is 1)."""
+    g = torch.Generator().manual_seed(0)
+    B, T = 10, 7
+    F64 = torch.float64
+    old = -torch.rand(B, T, generator=g, dtype=F64) * 3 - 0.1
+    lr = 0.4 * torch.randn(B, T, generator=g, dtype=F64)
+    lr[3], lr[4] = 12.0, -9.0  # log w = 84 -> 20; -63 -> log 1e-8
+    logp = old + lr
+    mask = torch.arange(T)[None, :] < torch.randint(1, T + 1, (B, 1), generator=g)
+    mask[3:5] = True
+    adv = torch.randn(B, 1, generator=g, dtype=F64)
+    adv[5] = 0.0
+    rho = torch.where(mask, 0.5 + torch.rand(B, T, generator=g, dtype=F64), 1.0)
+    rho[1, 0] = 0.0  # dropped by token_mask: log rho -> log 1e-8
+    assert lr[1, 0] > -1.58  # the adapter's folded token log-ratio stays inside ±20 (see docs)
+    is_ratio = rho if with_is else None
+    phi = GRPOTrainer.get_gamma_weights(adv, lr, mask.long(), is_ratio, **VESPO_PARAMS)
+    assert phi[3].item() == 0.0 and 0 < phi[4].item() < 1e-10  # TRL's clamps acted
+    old_eff = old if is_ratio is None else fold_vllm_ratio(old, rho)
+    out = get_objective("vespo", **VESPO_PARAMS)(logp, old_eff, adv, mask)
+    theirs = torch.where(mask, phi * adv, 0.0)
+    torch.testing.assert_close(out.coef, theirs, rtol=1e-12, atol=0.0)
+    torch.testing.assert_close(
+        out.loss, torch.where(mask, -theirs * logp, 0.0), rtol=1e-12, atol=0.0
+    )
+
+
+def test_vespo_refuses_a_sequence_level_vllm_ratio(tmp_path, tokenizer):
+    # TRL's vespo needs token_truncate / token_mask (it raises at construction otherwise); a
+    # [B, 1] ratio cannot be folded token by token, so the adapter says so
+    trainer = make_trainer(SandboxGRPOTrainer, tmp_path, tokenizer, {"loss_type": "vespo"})
+    with pytest.raises(ValueError, match="per-token vLLM importance ratio"):
+        trainer._compute_loss(trainer.model, make_inputs(trainer, seq_is=True))

@@ -1,5 +1,6 @@
-"""verl's own gpg, dro, dppo_tv and dppo_kl against sandbox_<name> under the same verl config: loss and
-gradient in float64, every aggregation mode verl honours, with and without rollout IS weights."""
+"""verl's own gpg, dro, dppo_tv, dppo_kl and geo_mean against sandbox_<name> under the same verl
+config: loss and gradient in float64, every aggregation mode verl honours (geo_mean honours none:
+it is a plain mean over the micro-batch's rows), with and without rollout IS weights."""
 
 from __future__ import annotations
 
@@ -106,3 +107,62 @@ def test_gpg_and_dro_by_hand():
 def test_bad_peer_parameters_name_themselves(name, bad):
     with pytest.raises(ValueError, match=f"{next(iter(bad))} must lie in"):
         get_objective(name, **bad)
+
+
+# --------------------------------------------------------------------------------------------------
+# GMPO: verl's geo_mean
+# --------------------------------------------------------------------------------------------------
+
+#: verl's geo_mean takes the geometric mean of the IS weights as exp(mean log(w + 1e-10)): relative
+#: 1e-10 / w <= 2e-10 here (w >= 0.5); measured 2.8e-10 (identical, 1e-16, without weights). Its
+#: |o_i| + 1e-8 denominators vanish for a bool mask (an integer count + 1e-8 is float32: 12.0); a
+#: float64 mask would leave a relative 1e-8 / |o_i|.
+GMPO_RTOL = 1e-9
+
+
+@pytest.mark.parametrize("weights", [False, True], ids=["plain", "rollout-is"])
+@pytest.mark.parametrize(("low", "high"), [(0.2, 0.2), (0.1, 0.3)])
+def test_sandbox_gmpo_equals_verls_geo_mean(low, high, weights):
+    # geo_mean reduces with a plain mean over the micro-batch's 8 rows (the empty one included)
+    # whatever loss_agg_mode: agg_loss's seq-mean-token-mean with global_batch_size = 8 is that.
+    cfg = actor_config(
+        clip_ratio_low=low, clip_ratio_high=high, batch_info={"dp_size": 1, "global_batch_size": 8}
+    )
+    data = make_data(noise=0.5)
+    out = get_objective("gmpo", eps_low=low, eps_high=high)(*data[:4])
+    assert out.metrics["clip_low_frac"] > 0 and out.metrics["clip_high_frac"] > 0  # both clip
+    mode = "seq-mean-token-mean"
+    ours = run("sandbox_gmpo", cfg, data, mode, weights)
+    assert_same(ours, run("geo_mean", cfg, data, mode, weights), rtol=GMPO_RTOL)
+    # the preset is verl's defaults (clip_ratio_low = clip_ratio_high = 0.2, in log space)
+    counted = actor_config(batch_info={"global_batch_size": 8})
+    preset = run("sandbox_gmpo_verl", counted, data, mode, weights)
+    assert_same(preset, run("geo_mean", actor_config(), data, mode, weights), rtol=GMPO_RTOL)
+
+
+def test_verl_geo_mean_ignores_loss_agg_mode_and_batch_counts():
+    """verl's geo_mean is the same in every mode and for any global batch counts (a plain mean
+    over the micro-batch's rows); sandbox_gmpo honours both, as every sandbox loss does."""
+    data = make_data(seed=3, noise=0.5)
+    plain = actor_config()
+    counted = actor_config(
+        batch_info={"dp_size": 2, "global_batch_size": 32, "batch_num_tokens": 200}
+    )
+    theirs = [
+        run("geo_mean", cfg, data, mode)[0].item() for mode in MODES for cfg in (plain, counted)
+    ]
+    assert max(theirs) == pytest.approx(min(theirs), rel=1e-15)
+    ours_tm = run("sandbox_gmpo", plain, data, "token-mean")[0]
+    assert ours_tm.item() != pytest.approx(theirs[0], rel=1e-3)
+
+
+def test_gmpo_rollout_weights_enter_as_their_geometric_mean():
+    # One sequence of two tokens with weights 0.5 and 2: verl multiplies its sequence loss by
+    # exp((log 0.5 + log 2) / 2) = 1, not by their arithmetic mean 1.25.
+    from llm.adapters.verl import _rollout_weights
+
+    w = torch.tensor([[0.5, 2.0, 7.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False]])
+    got = _rollout_weights(get_objective("gmpo"), w, mask)
+    assert got.shape == (1, 1) and got.item() == pytest.approx(1.0, abs=1e-9)
+    assert _rollout_weights(get_objective("ppo_clip"), w, mask) is w  # per token elsewhere

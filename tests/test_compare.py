@@ -190,3 +190,27 @@ def test_exact_flows_of_a_comparison_equal_each_rule_alone(tmp_path):
         mine = results[(results["kind"] == "exact") & (results["objective"] == name)]
         for column in ("expected_reward", "entropy", "grad_norm", "clip_high_frac"):
             np.testing.assert_array_equal(mine[column].to_numpy(), alone[column].to_numpy())
+
+
+@pytest.mark.parametrize(
+    ("suite", "setting"), [("bandit", "needle"), ("reasoning", "bits-parity-2")]
+)
+def test_gmpo_and_vespo_run_in_both_suites(tmp_path, suite, setting):
+    """The sequence-level peer rules (GMPO, VESPO) end to end: sampled runs on either suite, and on
+    the bandit the exact flow too (both have a closed form on one-token sequences)."""
+    config = CompareConfig(
+        suite=suite,
+        objectives=["gmpo", "vespo"],
+        settings=[setting],
+        seeds=2,
+        steps=2,
+        prompts_per_batch=2,
+    )
+    results, scores = run_compare(
+        config, tmp_path / suite, workers=1, progress=False, figures=False
+    )
+    sampled = results[results["kind"] == "sampled"]
+    assert len(sampled) == 2 * 2 * 2 and set(scores["objective"]) == {"gmpo", "vespo"}
+    assert np.isfinite(sampled["expected_reward"]).all()
+    exact = set(results.loc[results["kind"] == "exact", "objective"])
+    assert exact == ({"gmpo", "vespo"} if suite == "bandit" else set())

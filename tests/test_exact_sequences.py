@@ -296,7 +296,20 @@ MC_RULES = {  # name -> (objective, a wrong rule whose gradient the MC must tell
         lambda: get_objective("nsr", level="sequence", eps_low=0.1, eps_high=0.1),
         lambda: get_objective("gspo", eps_low=0.1, eps_high=0.1),
     ),
+    "gmpo": (  # token clips against GSPO's whole-sequence clip at the same ratio bounds
+        lambda: get_objective("gmpo", eps_low=0.2, eps_high=0.2),
+        lambda: get_objective("gspo", eps_low=1 - math.exp(-0.2), eps_high=math.exp(0.2) - 1),
+    ),
+    "vespo": (  # the gamma weight of the product ratio against CISPO's clipped token ratio
+        lambda: get_objective("vespo"),
+        lambda: get_objective("cispo", lower=0.8, upper=1.2),
+    ),
 }
+#: Completions per prompt in each replicate (default 100). VESPO weights every token by the whole
+#: sequence's ratio, so at rarely visited nodes a replicate's gradient is mostly 0 with a rare
+#: large value, and 200 such replicates underestimate the standard error (the check then fails
+#: at 7-15 "se" with the exact value right: 2000 replicates, or 400 completions, agree with it).
+MC_PER_PROMPT = {"vespo": 400}
 MC_SETTINGS = [  # (advantage, group size, aggregation)
     ("population", None, "seq-mean-token-mean"),
     ("grpo", 4, "seq-mean-token-mean"),
@@ -312,9 +325,10 @@ def test_monte_carlo_converges_to_exact_tabular(rule, setting):
     """80k sampled completions in 200 replicates. token-mean: each replicate aggregates 400
     sequences, so its O(1/N) ratio bias (~1e-4 relative) is far below the Monte Carlo resolution
     (~2% of |g|); the check is of the large-batch limit."""
-    seed = 10 * setting + sorted(MC_RULES).index(rule)
+    seed = 10 * setting + list(MC_RULES).index(rule)  # new rules go last
     advantage, group_size, aggregation = MC_SETTINGS[setting]
     make, make_wrong = MC_RULES[rule]
+    per_prompt = MC_PER_PROMPT.get(rule, 100)
     task = make_task("bits", op="reverse", length=2)
     T = 3
     policy, old = tabular_pair(task, T, seed=3, shift=0.4)
@@ -326,7 +340,7 @@ def test_monte_carlo_converges_to_exact_tabular(rule, setting):
     (exact,) = sequence_gradient(make(), policy, task, **kw)
     (wrong,) = sequence_gradient(make_wrong(), policy, task, **kw)
     per = tabular_mc(make(), policy, old, task, T, advantage=advantage, aggregation=aggregation,
-                     group_size=group_size, seed=seed)  # fmt: skip
+                     group_size=group_size, seed=seed, per_prompt=per_prompt)  # fmt: skip
     se = assert_mc_matches(per, exact.reshape(-1))
     gap = (exact - wrong).reshape(-1).abs() / se.clamp(min=1e-300)
     assert float(gap.max()) > 2 * Z_MAX, "the Monte Carlo cannot tell the rule from a wrong one"

@@ -270,17 +270,28 @@ def test_atr_two_sided_also_clips_the_other_side():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.2, 0.2)])
-def test_gspo_token_equals_per_sequence_gspo(eps):
-    g = torch.Generator().manual_seed(0)
-    B, T = 12, 9
+def ragged_sequences(seed: int, spread: float, B: int = 12, T: int = 9):
+    """float64 (logp with grad, logp_old, adv [B, 1], ragged mask) with log-ratios N(0, spread)."""
+    g = torch.Generator().manual_seed(seed)
     lo = -torch.rand(B, T, generator=g, dtype=F64) * 3
-    lp = (lo + 0.05 * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_(True)
+    lp = (lo + spread * torch.randn(B, T, generator=g, dtype=F64)).requires_grad_(True)
     adv = torch.randn(B, 1, generator=g, dtype=F64)
     mask = torch.arange(T)[None, :] < torch.randint(2, T + 1, (B, 1), generator=g)
+    return lp, lo, adv, mask
+
+
+def token_form_loss_and_grad(obj, lp, lo, adv, mask):
+    """The objective's per-token loss aggregated with seq-mean-token-mean, and its gradient."""
+    loss = aggregate(obj(lp, lo, adv, mask).loss, mask, "seq-mean-token-mean")
+    (grad,) = torch.autograd.grad(loss, lp)
+    return loss, grad
+
+
+@pytest.mark.parametrize("eps", [(3e-4, 4e-4), (0.2, 0.2)])
+def test_gspo_token_equals_per_sequence_gspo(eps):
+    lp, lo, adv, mask = ragged_sequences(0, 0.05)
     obj = get_objective("gspo", eps_low=eps[0], eps_high=eps[1])
-    ours = aggregate(obj(lp, lo, adv, mask).loss, mask, "seq-mean-token-mean")
-    (g_ours,) = torch.autograd.grad(ours, lp)
+    ours, g_ours = token_form_loss_and_grad(obj, lp, lo, adv, mask)
     # Per-sequence GSPO: s_i = exp(mean_t log r), L = mean_i -min(s_i A_i, clip(s_i) A_i).
     lp2 = lp.detach().clone().requires_grad_(True)
     maskf = mask.to(F64)
@@ -291,3 +302,91 @@ def test_gspo_token_equals_per_sequence_gspo(eps):
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-12)
     assert torch.any(g_ref == 0) and torch.any(g_ref != 0)  # some sequences clipped, some not
+
+
+# ---------------------------------------------------------------------------------------------
+# GMPO and VESPO (sequence-level, GSPO-token form)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_gmpo_values():
+    obj = get_objective("gmpo")  # log-space clip: eps_low = eps_high = 0.4
+    lo = torch.full((2, 2), -1.0, dtype=F64)
+    lp = (lo + torch.tensor([[0.6, -0.2], [0.6, -0.5]], dtype=F64)).requires_grad_(True)
+    adv = torch.tensor([[1.0], [-2.0]], dtype=F64)
+    out = obj(lp, lo, adv)
+    # Row 0, A = 1 > 0: log r = 0.6 > 0.4 is clipped to 0.4 (no gradient), -0.2 stays:
+    # s = exp((0.4 - 0.2) / 2) = e^0.1 = 1.105171; each token's loss is -A s = -1.105171;
+    # coef = (0, A s) = (0, 1.105171).
+    # Row 1, A = -2 < 0: log r = -0.5 < -0.4 is clipped to -0.4, 0.6 stays (A < 0 clips below
+    # only): s = exp((0.6 - 0.4) / 2) = e^0.1; loss = 2 s = 2.210342; coef = (-2 s, 0).
+    s = math.exp(0.1)
+    torch.testing.assert_close(
+        out.loss, torch.tensor([[-s, -s], [2 * s, 2 * s]], dtype=F64), rtol=0, atol=1e-12
+    )
+    torch.testing.assert_close(
+        out.coef, torch.tensor([[0.0, s], [-2 * s, 0.0]], dtype=F64), rtol=0, atol=1e-12
+    )
+    # one clipped token of four on each side; the ratio statistics are of s (both rows e^0.1)
+    assert out.metrics["clip_high_frac"].item() == 0.25
+    assert out.metrics["clip_low_frac"].item() == 0.25
+    assert out.metrics["ratio_mean"].item() == pytest.approx(s, abs=1e-12)
+    # seq-mean-token-mean: d/d logp of (1/2)(-s_0 + 2 s_1) is -coef / (2 rows * 2 tokens)
+    full = torch.ones(2, 2, dtype=torch.bool)
+    (grad,) = torch.autograd.grad(aggregate(out.loss, full, obj.aggregation), lp)
+    torch.testing.assert_close(grad, -out.coef / 4, rtol=0, atol=1e-12)
+    # one token: ppo_clip with bounds (e^-0.4, e^0.4) = (0.670320, 1.491825)
+    assert obj.bounds() == pytest.approx((0.670320, 1.491825), abs=1e-6)
+    torch.testing.assert_close(
+        obj.expected_coef(torch.tensor([1.4, 1.5, 0.68, 0.66], dtype=F64), 1.0),
+        torch.tensor([1.4, 0.0, 0.68, 0.66], dtype=F64),
+    )
+
+
+@pytest.mark.parametrize("eps", [(0.4, 0.4), (0.2, 0.3)])
+def test_gmpo_token_form_equals_per_sequence_gmpo(eps):
+    """The GSPO-token form aggregated with seq-mean-token-mean has GMPO's per-sequence loss and
+    gradient, written here independently (verl's geo_mean without its 1e-8 guards)."""
+    lp, lo, adv, mask = ragged_sequences(1, 0.4)
+    obj = get_objective("gmpo", eps_low=eps[0], eps_high=eps[1])
+    ours, g_ours = token_form_loss_and_grad(obj, lp, lo, adv, mask)
+    lp2 = lp.detach().clone().requires_grad_(True)
+    lr = lp2 - lo
+    clipped = torch.where(adv > 0, lr.clamp(max=eps[1]), lr.clamp(min=-eps[0]))
+    maskf = mask.to(F64)
+    s = torch.exp((clipped * maskf).sum(-1) / maskf.sum(-1))
+    ref = (-adv[:, 0] * s).mean()
+    (g_ref,) = torch.autograd.grad(ref, lp2)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-12)
+    some_clipped = (g_ref == 0) & mask
+    assert bool(some_clipped.any()) and bool(((g_ref != 0) & mask).any())
+
+
+def test_vespo_values():
+    obj = get_objective("vespo")  # (k, lambda) = (2, 3) for A >= 0, (3, 2) for A < 0
+    lo = torch.full((3, 2), -1.0, dtype=F64)
+    lr = torch.tensor([[0.1, 0.2], [0.1, 0.2], [-15.0, -15.0]], dtype=F64)
+    lp = (lo + lr).requires_grad_(True)
+    adv = torch.tensor([[1.0], [-1.0], [1.0]], dtype=F64)
+    out = obj(lp, lo, adv)
+    # Rows 0, 1: w = e^(0.1 + 0.2) = 1.349859 (the product of the token ratios, no length
+    # normalisation). A = 1: log phi = 3 + 2 (0.3) - 3 w = -0.449576, phi = 0.637898.
+    # A = -1: log phi = 2 + 3 (0.3) - 2 w = 0.200282, phi = 1.221748.
+    # Row 2: log w = -30 is clamped to log 1e-8 (TRL's bound): phi = e^3 1e-16 e^(-3e-8)
+    # = 2.008554e-15.
+    phi = torch.tensor([0.637898293623749, 1.2217477124950182, 2.008553632062145e-15], dtype=F64)
+    expected = (adv[:, 0] * phi)[:, None].expand(3, 2)
+    torch.testing.assert_close(out.coef, expected, rtol=1e-12, atol=0.0)
+    # loss_t = -phi A logp_t (its value is not a surrogate of J, only its gradient is)
+    torch.testing.assert_close(out.loss, -expected * lp.detach(), rtol=1e-12, atol=0.0)
+    (grad,) = torch.autograd.grad(out.loss.sum(), lp)
+    torch.testing.assert_close(grad, -expected, rtol=1e-12, atol=0.0)
+    # phi(1) = 1 (on-policy REINFORCE); the peak is at w = k / lambda: for A > 0 at 2/3,
+    # phi = e^3 (4/9) e^-2 = 4e/9 = 1.208125; for A < 0 at 3/2, phi = e^2 (27/8) e^-3 = 1.241593
+    assert obj.expected_coef(1.0, 1.0).item() == 1.0
+    assert obj.expected_coef(2 / 3, 1.0).item() == pytest.approx(4 * math.e / 9, abs=1e-12)
+    assert obj.expected_coef(1.5, -1.0).item() == pytest.approx(-27 / 8 / math.e, abs=1e-12)
+    # the sequence ratio its closed form takes is the product: e^0.3, e^0.3, 1e-8
+    w = obj.sequence_ratio(lp.detach() - lo, torch.ones(3, 2, dtype=torch.bool))
+    torch.testing.assert_close(w, torch.tensor([math.exp(0.3), math.exp(0.3), 1e-8], dtype=F64))

@@ -18,8 +18,9 @@ micro-batch, ``_compute_loss``:
 2. calls the sandbox objective ``obj(logp, old_logp, advantages, mask)`` (``old_logp`` is TRL's
    ``old_per_token_logps``, or the detached current log-probs when TRL skipped them on-policy);
 3. multiplies the per-token loss by TRL's vLLM importance-sampling correction
-   (``vllm_importance_sampling_correction``: TRL's truncated or masked, token or sequence ratio)
-   and, when their options are on, by the sandbox's own masks (:mod:`sandbox.masks`, options of
+   (``vllm_importance_sampling_correction``: TRL's truncated or masked, token or sequence ratio;
+   for ``vespo``, as TRL's own vespo does, the token ratios go into the sequence ratio instead:
+   :data:`TRL_IS_IN_RATIO`) and, when their options are on, by the sandbox's own masks (:mod:`sandbox.masks`, options of
    :class:`sandbox.loss.PolicyLoss`, equal to TRL's): the off-policy sequence mask
    (``off_policy_mask_threshold``, against TRL's ``sampling_per_token_logps`` when vLLM gave them,
    else the old log-probs) and the high-entropy token mask (``top_entropy_quantile``, its quantile
@@ -36,7 +37,7 @@ micro-batch, ``_compute_loss``:
 
 Which objective runs: ``objective=None`` (default) runs the sandbox equivalent of the
 ``GRPOConfig`` (:func:`trl_equivalent`: ``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``,
-``importance_sampling_level``, ``sapo_temperature_*``), i.e. TRL's own loss computed by the sandbox.
+``importance_sampling_level``, ``sapo_temperature_*``, ``vespo_*``), i.e. TRL's own loss computed by the sandbox.
 With ``objective=`` a registry name or preset, ``objective_params`` are its keyword arguments and
 those ``GRPOConfig`` loss fields are not read (the trainer logs this once); ``aggregation`` defaults
 to the objective's (or preset's) own mode.
@@ -46,7 +47,8 @@ Aggregation <-> TRL normaliser (:data:`TRL_AGGREGATION`):
 =========================== ============== ===================================================
 sandbox mode                TRL loss_type  normaliser (train; eval drops the accumulation terms)
 =========================== ============== ===================================================
-token-mean                  dapo, cispo    global tokens of the generation batch * ga / steps_per_generation / processes
+token-mean                  dapo, cispo,   global tokens of the generation batch * ga / steps_per_generation / processes
+                            vespo
 token-mean (loss_type=bnpo) bnpo           local tokens of the micro-batch * ga
 seq-mean-token-mean         grpo, sapo     local sequences * ga (all-padding sequences count)
 seq-mean-token-sum          luspo          local sequences * ga
@@ -55,8 +57,8 @@ seq-mean-token-sum-norm     dr_grpo        local sequences * max_completion_leng
 
 Not supported (a ``ValueError`` at construction, never a silent bypass): TRL's entropy bonus
 (``entropy_coef``, ``use_adaptive_entropy``), ``top_entropy_quantile=0`` (TRL: keep only the
-highest-entropy token; the sandbox's quantile is in (0, 1]), ``loss_type="vespo"`` without an explicit objective,
-a token-level objective under ``importance_sampling_level="sequence"``, and any Liger fused-loss path
+highest-entropy token; the sandbox's quantile is in (0, 1]), ``vespo`` with a sequence-level vLLM
+importance ratio (TRL refuses it too), a token-level objective under ``importance_sampling_level="sequence"``, and any Liger fused-loss path
 that would compute the loss without calling ``_compute_loss`` (``use_liger_loss``). In TRL 1.16
 ``use_liger_kernel`` only patches the model's layers and the loss still comes through here.
 
@@ -86,13 +88,16 @@ except ImportError as exc:  # a clear hint instead of a bare ModuleNotFoundError
     ) from exc
 
 from sandbox.loss import PolicyLoss
-from sandbox.objectives import Objective, get_objective, log_ratio
+from sandbox.objectives import LOG_RATIO_CLAMP, Objective, get_objective, log_ratio
+from sandbox.objectives.reinforce import VESPO_LOG_W_MIN
 
 __all__ = [
     "SUPPORTED_TRL",
     "TRL_AGGREGATION",
+    "TRL_IS_IN_RATIO",
     "ObjectiveSpec",
     "SandboxGRPOTrainer",
+    "fold_vllm_ratio",
     "trl_equivalent",
     "trl_normalisers",
 ]
@@ -116,7 +121,17 @@ TRL_AGGREGATION: dict[str, str] = {
     "cispo": "token-mean",
     "luspo": "seq-mean-token-sum",
     "dr_grpo": "seq-mean-token-sum-norm",
+    "vespo": "token-mean",
 }
+
+#: Objectives into whose sequence ratio TRL folds its vLLM importance ratio (token modes) instead
+#: of multiplying the loss by it: TRL's vespo, ``log w = sum_t log r_t + sum_t clamp(log rho_t,
+#: log 1e-8, 20)``. The adapter passes ``old_logp - clamp(log rho, log 1e-8, 20)`` as the rule's
+#: ``logp_old``, so that its own sum gives that ``w`` (the ±20 clamp then applies per token to
+#: the sum of the two log-ratios, TRL's to each: they differ only where a token's combined
+#: log-ratio passes ±20, e.g. a token_mask-dropped token, log rho = log 1e-8, whose own log-ratio
+#: is below -1.58; TRL also sums log rho over padding, where its rho is 1).
+TRL_IS_IN_RATIO: frozenset[str] = frozenset({"vespo"})
 
 #: GRPOConfig fields that define TRL's loss; read only when ``objective=None``.
 TRL_LOSS_FIELDS = (
@@ -127,6 +142,10 @@ TRL_LOSS_FIELDS = (
     "importance_sampling_level",
     "sapo_temperature_pos",
     "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
 )
 
 
@@ -189,6 +208,15 @@ _TRL_RULES: dict[str, Callable[[Any], tuple[str, dict[str, Any]]]] = {
             "tau_neg": float(a.sapo_temperature_neg),
         },
     ),
+    # TRL's vespo reads only the token log-ratios (its weight is of their product), whatever
+    # importance_sampling_level (which then sets only the KL term's importance weight)
+    "vespo": lambda a: (
+        "vespo",
+        {
+            key: float(getattr(a, f"vespo_{key}"))
+            for key in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")
+        },
+    ),
 }
 
 
@@ -197,8 +225,9 @@ def trl_equivalent(args: Any) -> ObjectiveSpec:
 
     ``loss_type`` in grpo/bnpo/dapo/luspo/dr_grpo -> ``ppo_clip`` (``eps_low=epsilon``,
     ``eps_high=epsilon_high``), or ``gspo`` at ``importance_sampling_level="sequence"``;
-    ``cispo`` -> ``cispo(lower=0, upper=epsilon_high)``; ``sapo`` -> ``sapo(tau_pos, tau_neg)``.
-    Raises ``ValueError`` for loss types without an equivalent (vespo).
+    ``cispo`` -> ``cispo(lower=0, upper=epsilon_high)``; ``sapo`` -> ``sapo(tau_pos, tau_neg)``;
+    ``vespo`` -> ``vespo(k_pos, lambda_pos, k_neg, lambda_neg)`` from ``vespo_*``. Raises
+    ``ValueError`` for loss types without an equivalent.
 
     TRL's ``delta`` (any value >= 1) caps the unclipped term at ``min(r, delta)`` for both signs
     of A. The exact equivalent is ``ppo_clip(eps_low, eps_high=min(eps_high, delta - 1),
@@ -249,6 +278,14 @@ def trl_normalisers(
     return kwargs
 
 
+def fold_vllm_ratio(old_logps: Tensor, importance_sampling_ratio: Tensor) -> Tensor:
+    """``old_logps - clamp(log rho, log 1e-8, 20)``: the ``logp_old`` under which a rule's
+    log-ratio is TRL's vespo one, ``log r + clamp(log rho)`` per token, with ``rho`` TRL's
+    per-token vLLM ratio ``pi_old / pi_sampler`` (0 where token_mask dropped a token)."""
+    log_rho = torch.log(importance_sampling_ratio).clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP)
+    return old_logps - log_rho
+
+
 class SandboxGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` whose loss is a sandbox objective (see the module docstring).
 
@@ -292,6 +329,16 @@ class SandboxGRPOTrainer(GRPOTrainer):
             raise ValueError(
                 f"importance_sampling_level='sequence' but objective {spec.objective!r} is "
                 "token-level; use a sequence-level objective (gspo, nsr with level='sequence')"
+            )
+        if (
+            self.objective.name in TRL_IS_IN_RATIO
+            and self._vllm_is()
+            and self.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")
+        ):
+            raise ValueError(
+                f"objective {spec.objective!r} folds TRL's vLLM importance ratio into its sequence "
+                "ratio per token; set vllm_importance_sampling_mode to 'token_truncate' or "
+                f"'token_mask' (got {self.vllm_importance_sampling_mode!r}), as TRL's vespo requires"
             )
         self.objective_spec = ObjectiveSpec(spec.objective, spec.params, self.aggregation)
         self._objective_seed = (self.args.seed if seed is None else seed) + (
@@ -360,7 +407,7 @@ class SandboxGRPOTrainer(GRPOTrainer):
         entropy_on = self.loss_fn.top_entropy_quantile < 1
         # validate=False: no host sync, and an all-padding micro-batch gives 0 as in TRL.
         out = self.loss_fn(
-            per_token_logps, old_logps, advantages, mask,
+            per_token_logps, self._objective_old_logps(old_logps, inputs), advantages, mask,
             logp_ref=inputs["ref_per_token_logps"] if kl_on else None,
             rollout_logp=inputs.get("sampling_per_token_logps"),  # the off-policy mask's sampler
             entropy=entropies if entropy_on else None,
@@ -390,10 +437,28 @@ class SandboxGRPOTrainer(GRPOTrainer):
 
     def _loss_weights(self, inputs) -> list[Tensor]:
         """TRL's vLLM importance-sampling correction of the per-token policy loss (TRL's masks
-        are the loss assembly's options: ``self.loss_fn``)."""
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        are the loss assembly's options: ``self.loss_fn``); none for a :data:`TRL_IS_IN_RATIO`
+        rule, whose ratio takes it (:meth:`_objective_old_logps`)."""
+        if self._vllm_is() and self.objective.name not in TRL_IS_IN_RATIO:
             return [inputs["importance_sampling_ratio"]]
         return []
+
+    def _vllm_is(self) -> bool:
+        return bool(self.use_vllm and self.vllm_importance_sampling_correction)
+
+    def _objective_old_logps(self, old_logps: Tensor, inputs) -> Tensor:
+        """The objective's ``logp_old``: TRL's old log-probs, less TRL's clamped log vLLM ratio
+        ``log(pi_old / pi_sampler)`` for a :data:`TRL_IS_IN_RATIO` rule (its ratio is then to the
+        sampler, as in TRL, whose vespo reads the ratio whenever the batch carries one)."""
+        rho = inputs.get("importance_sampling_ratio")
+        if rho is None or self.objective.name not in TRL_IS_IN_RATIO:
+            return old_logps
+        if rho.shape != old_logps.shape:
+            raise ValueError(
+                f"objective {self.objective.name!r} needs TRL's per-token vLLM importance ratio "
+                f"(token_truncate / token_mask), got shape {tuple(rho.shape)}"
+            )
+        return fold_vllm_ratio(old_logps, rho)
 
     def _entropy_pool(self, entropies: Tensor, mask: Tensor) -> tuple[Tensor, Tensor] | None:
         """Every process's micro-batch entropies and mask (TRL's ``get_high_entropy_mask``
@@ -409,9 +474,11 @@ class SandboxGRPOTrainer(GRPOTrainer):
 
     def _importance_weight(self, logps: Tensor, old_logps: Tensor, mask: Tensor) -> Tensor:
         """TRL's importance weight of the KL term (``use_bias_correction_kl``): the token ratio, or
-        the sequence ratio ``exp(mean_t log r)`` for sequence-level objectives; with gradient."""
+        the sequence ratio ``exp(mean_t log r)`` at ``importance_sampling_level="sequence"``, as
+        TRL sets it whatever the loss (under TRL's vespo, token level by default, it is the token
+        ratio although the loss weighs the sequence ratio); with gradient."""
         lr = log_ratio(logps, old_logps)
-        if self.objective.level == "sequence":
+        if self.args.importance_sampling_level == "sequence":
             maskf = mask.to(lr.dtype)
             lr = (lr * maskf).sum(-1, keepdim=True) / maskf.sum(-1, keepdim=True).clamp(min=1.0)
         return lr.exp()

@@ -10,7 +10,8 @@ with verl's policy-loss signature::
 
 Each call: the per-token loss comes from the sandbox objective (``obj(log_prob, old_log_prob,
 advantages, response_mask)``), is multiplied by ``rollout_is_weights`` when verl passes them
-(rollout/trainer mismatch correction), and is reduced with verl's own ``agg_loss`` under
+(rollout/trainer mismatch correction; for ``gmpo``, as verl's ``geo_mean`` does, by their
+per-sequence geometric mean, :data:`VERL_GEOMETRIC_IS`), and is reduced with verl's own ``agg_loss`` under
 ``loss_agg_mode`` and ``config.global_batch_info`` (dp size, global token and sequence counts,
 ``loss_scale_factor``), exactly as verl's built-in losses do. Nothing here defines a loss.
 
@@ -26,6 +27,11 @@ Hyperparameters, highest precedence first:
    ``kl_cov_ratio``, ``ppo_kl_coef``, ``policy_loss.dro_beta`` -> ``beta`` (dro), and for DPPO
    ``clip_ratio_low/high`` -> ``delta_low/delta_high``, ``clip_ratio_c`` -> ``tis_cap``;
 4. the objective's own defaults (its paper's settings).
+
+verl's ``geo_mean`` (GMPO) ignores ``loss_agg_mode`` and ``global_batch_info``: it is a plain mean
+over the micro-batch's rows, fully padded ones included. ``sandbox_gmpo`` reduces with ``agg_loss``
+like every sandbox loss; it equals ``geo_mean`` under ``seq-mean-token-mean`` when the global batch
+is the micro-batch (``global_batch_size`` = its rows, ``dp_size`` 1).
 
 Stochastic objectives (``nsr``, ``clip_cov``) draw from their own generator, seeded with
 ``seed + rank`` (the torch.distributed rank), so data-parallel ranks draw independent noise and a
@@ -78,6 +84,7 @@ from sandbox.objectives import (
 __all__ = [
     "PREFIX",
     "SUPPORTED_VERL",
+    "VERL_GEOMETRIC_IS",
     "VERL_SOURCES",
     "SandboxPolicyLossConfig",
     "make_policy_loss",
@@ -208,6 +215,20 @@ def resolve_params(name: str, config: Any) -> dict[str, Any]:
     return params
 
 
+#: Sandbox objectives whose verl loss applies the rollout IS weights as their per-sequence
+#: geometric mean ``exp(mean_t log w_t)`` (verl ``geo_mean``, with its 1e-10 and 1e-8 guards),
+#: which keeps GMPO's sequence value a geometric mean; every other loss multiplies per token.
+VERL_GEOMETRIC_IS: frozenset[str] = frozenset({"gmpo"})
+
+
+def _rollout_weights(obj: Objective, weights: Tensor, mask: Tensor) -> Tensor:
+    if obj.name not in VERL_GEOMETRIC_IS:
+        return weights
+    maskf = mask.to(weights.dtype)
+    log_w = (torch.log(weights + 1e-10) * maskf).sum(-1, keepdim=True)
+    return torch.exp(log_w / (maskf.sum(-1, keepdim=True) + 1e-8))
+
+
 _OBJECTIVES: dict[tuple[str, str], Objective] = {}
 
 
@@ -267,7 +288,9 @@ def make_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, float]]
         obj = objective_for(name, config)
         # validate=False: no host sync, and an all-padding micro-batch gives 0 as in verl.
         out = obj(log_prob, old_log_prob, advantages, response_mask, validate=False)
-        pg_losses = out.loss if rollout_is_weights is None else out.loss * rollout_is_weights
+        pg_losses = out.loss
+        if rollout_is_weights is not None:
+            pg_losses = pg_losses * _rollout_weights(obj, rollout_is_weights, response_mask)
         batch_info = _get(config, "global_batch_info") or {}
         pg_loss = agg_loss(
             loss_mat=pg_losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info

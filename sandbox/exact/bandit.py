@@ -414,8 +414,8 @@ def bandit_gradient(
 
     Args:
         obj: an objective with ``expected_coef`` (every token-level one; not clip_cov/kl_cov).
-            Sequence-level objectives (gspo, nsr at level "sequence") act on the one-token
-            sequence ratio, which equals the token ratio.
+            Sequence-level objectives (gspo, gmpo, vespo, nsr at level "sequence") act on the
+            one-token sequence ratio, which equals the token ratio.
         logits: ``[..., K]`` logits z of the policy being optimised.
         old_logits: ``[..., K]`` logits of the sampling policy (same shape).
         rewards: ``[..., K]`` (broadcastable to ``logits``): per-arm deterministic reward, or the

@@ -24,10 +24,14 @@ re-implemented here), evaluated at
 * token-level rules: the token ratio ``r_t = exp(clamp(log pi - log pi_old, ±20))``, times
   ``obj.clamp_passes(raw log-ratio)`` (the ±20 clamp cuts the gradient where it binds, exactly as
   :class:`~sandbox.objectives.RatioObjective` does);
-* sequence-level rules (``obj.level == "sequence"``: gspo, nsr / nsr_decay with
-  ``level="sequence"``): the sequence ratio ``s = exp(clamp(mean_t log r_t, ±20))`` (GSPO,
-  the clamp on the detached value), the same coefficient for every token of the sequence (the
-  GSPO-token form of the objective contract).
+* sequence-level rules (``obj.level == "sequence"``: gspo, gmpo, vespo, nsr / nsr_decay with
+  ``level="sequence"``): a stochastic rule's closed form at the sequence ratio
+  :meth:`~sandbox.objectives.Objective.sequence_ratio` (GSPO's ``s = exp(clamp(mean_t log r_t,
+  ±20))``), the same coefficient for every token of the sequence (the GSPO-token form of the
+  objective contract); a deterministic rule has no randomness to average, and its coefficient
+  is the one the objective itself realises on the enumerated sequence, called once per value of
+  the advantage (this covers gmpo, whose per-token clip makes the coefficient depend on more
+  than the sequence ratio).
 
 Advantages (``advantage``), per prompt, under ``pi_old``; ``R(p, y)`` the task's reward:
 
@@ -321,18 +325,27 @@ def _advantage_law(
 def _expected_token_coef(
     obj: Objective,
     level: str,
-    raw: Tensor,
+    logp: Tensor,
+    logp_old: Tensor,
     mask: Tensor,
-    lengths: Tensor,
     adv_values: Tensor,
     adv_probs: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """``(ratio [n, T], E[coef] [n, T])`` for rows with raw log-ratios ``raw`` (0 on padding)."""
+    """``(ratio [n, T], E[coef] [n, T])`` for rows with log-probs ``logp``, ``logp_old`` (0 on
+    padding)."""
+    raw = logp - logp_old
     if level == "sequence":
-        seq_lr = raw.sum(-1) / lengths.to(F64)
-        s = seq_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # [n]
-        ec = (adv_probs * _expected_coef(obj, s[:, None], adv_values)).sum(-1)  # [n]
-        ratio, coef = s[:, None].expand_as(raw), ec[:, None].expand_as(raw)
+        s = obj.sequence_ratio(raw, mask)  # [n]
+        ratio = s[:, None].expand_as(raw)
+        if obj.stochastic:  # E over its own draws: the closed form at the sequence ratio
+            ec = (adv_probs * _expected_coef(obj, s[:, None], adv_values)).sum(-1)  # [n]
+            coef = ec[:, None].expand_as(raw)
+        else:  # deterministic: the coefficient realised by the objective itself, per token
+            coef = sum(
+                adv_probs[:, m, None]
+                * obj(logp, logp_old, adv_values[:, m, None], mask, validate=False).coef
+                for m in range(adv_values.shape[1])
+            )
     else:
         ratio = raw.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # [n, T]
         ec = _expected_coef(obj, ratio[..., None], adv_values[:, None, :])  # [n, T, M]
@@ -402,13 +415,17 @@ def sequence_terms(
         mean_len = (w[space.prompt_index] * seq_prob_old * lengths).sum()
         norm = torch.full_like(lengths, 1.0 / float(mean_len))
 
-    raw = torch.where(space.mask, logp - logp_old, 0.0)
     ratios, coefs = [], []
     for rows in _chunks(len(space.reward), chunk_size):
         r, c = _expected_token_coef(
-            obj, level, raw[rows], space.mask[rows], space.lengths[rows],
-            adv_values[rows], adv_probs[rows],
-        )  # fmt: skip
+            obj,
+            level,
+            logp[rows],
+            logp_old[rows],
+            space.mask[rows],
+            adv_values[rows],
+            adv_probs[rows],
+        )
         ratios.append(r)
         coefs.append(c)
     ratio, coef = torch.cat(ratios), torch.cat(coefs)
@@ -458,8 +475,9 @@ def sequence_gradient(
     and group members, and the objective's own randomness, of the sampled ascent direction
     ``-grad aggregate(obj(logp, logp_old, adv, mask).loss, mask, aggregation)`` (for
     ``token-mean``: its large-batch limit). ``E[coef_t]`` is ``obj.expected_coef`` at the token
-    ratio (token-level rules, times ``obj.clamp_passes``) or at the sequence ratio ``s`` for every
-    token (``obj.level == "sequence"``). On-policy every rule gives REINFORCE,
+    ratio (token-level rules, times ``obj.clamp_passes``), at the sequence ratio
+    ``obj.sequence_ratio`` for every token (stochastic sequence-level rules), or the coefficient
+    the objective realises on the sequence (deterministic sequence-level rules). On-policy every rule gives REINFORCE,
     ``sum_p w_p sum_y pi(y|p) E[A | p, y] norm(y) sum_t grad log pi(y_t | ...)``.
 
     Args:

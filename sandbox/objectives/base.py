@@ -633,6 +633,16 @@ class Objective:
             return raw_log_ratio.abs() <= LOG_RATIO_CLAMP
         return torch.ones_like(raw_log_ratio, dtype=torch.bool)
 
+    def sequence_ratio(self, raw_log_ratio: Tensor, mask: Tensor) -> Tensor:
+        """``[B]`` the sequence ratio a sequence-level rule's :meth:`expected_coef` takes, from the
+        raw token log-ratios ``[B, T]`` (0 on padding) and the bool ``mask``: GSPO's length-
+        normalised ``exp(clamp(mean_t log r_t, ±20))`` unless the rule says otherwise (VESPO: the
+        product of the token ratios). Detached; :mod:`sandbox.exact` and the tests read it."""
+        with torch.no_grad():
+            lengths = mask.sum(-1).to(raw_log_ratio.dtype).clamp(min=1)
+            mean = torch.where(mask, raw_log_ratio, 0.0).sum(-1) / lengths
+            return mean.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+
     def has_expected_coef(self) -> bool:
         """Whether :meth:`expected_coef` has a closed form (False for batch-statistic rules)."""
         try:

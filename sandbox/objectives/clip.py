@@ -1,4 +1,5 @@
-"""Hard-clip family: unclipped IS, PPO/GRPO clip (with dual clip and DAPO clip-higher), GSPO, ATR."""
+"""Hard-clip family: unclipped IS, PPO/GRPO clip (with dual clip and DAPO clip-higher), GSPO, GMPO,
+ATR."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from scipy.special import lambertw
 from torch import Tensor
 
 from .base import (
+    LOG_RATIO_CLAMP,
     Batch,
     CoefFn,
     RatioObjective,
     Zone,
     check_range,
+    clip_metrics,
+    ratio_metrics,
     register_objective,
     valid_share,
 )
@@ -145,6 +149,83 @@ class GSPO(PPOClip):
 
     def __init__(self, eps_low: float = 3e-4, eps_high: float = 4e-4) -> None:
         super().__init__(eps_low=eps_low, eps_high=eps_high, clip_c=None)
+
+
+@register_objective("gmpo")
+class GMPO(PPOClip):
+    r"""GMPO: the geometric mean of the token ratios, each clipped in log space (GSPO-token form).
+
+    Equation (``l_t = log r_t``; the clip range on the ratio is ``(e^-eps_low, e^eps_high)``)::
+
+        c_t = min(l_t, eps_high) if A_t > 0,   max(l_t, -eps_low) if A_t < 0,   0 if A_t = 0
+        s_i = exp(mean_t c_t)                  (geometric mean of the clipped token ratios)
+        loss_i = -Abar_i * s_i                 (Abar_i = mean_t A_t, the sequence advantage)
+
+    written per token as ``loss_{i,t} = -Abar_i s_{i,t}`` with ``log s_{i,t} = sg(log s_i) + c_t -
+    sg(c_t)``: every token's value is the sequence's, and with ``seq-mean-token-mean`` the gradient
+    is GMPO's per-sequence one, ``-d loss_i / d logp_t = Abar_i s_i / |o_i|`` on a token whose
+    log-ratio was not clipped and 0 on a clipped one.
+
+    Gradient weight (per token, coef = g * A with A the sequence's advantage — with token-level
+    advantages, coef = g * Abar_i, as verl's mean advantage has it; s the clipped geometric mean
+    of its sequence):
+
+        A > 0:  g = 0 if r_t > e^eps_high (this token clipped), else g = s
+        A < 0:  g = 0 if r_t < e^-eps_low,                      else g = s
+
+    A clipped token stops only its own gradient (GSPO stops the whole sequence); s stays below
+    e^eps_high for A > 0 and above e^-eps_low for A < 0. ``expected_coef(s, A)`` is the
+    coefficient of a sequence whose tokens share one ratio s (a one-token sequence, the bandit,
+    included): ppo_clip with bounds ``(e^-eps_low, e^eps_high)``. With unequal token ratios the
+    coefficient depends on which tokens were clipped, which s does not tell, so
+    :mod:`sandbox.exact.sequences` calls the objective itself (it is deterministic).
+
+    Paper: GMPO, arXiv 2507.20673 §4 (token-level clipping in log space, range (e^-0.4, e^0.4),
+    the defaults here). verl ``loss_mode=geo_mean`` reads ``clip_ratio_low/high`` as eps_low /
+    eps_high in log space (verl's defaults 0.2 / 0.2: preset ``gmpo_verl``).
+
+    Deviations: the mean clipped log-ratio is clamped to ±20 on its detached value (verl does not
+    clamp); verl divides by ``|o_i| + 1e-8`` (relative difference <= 1e-8 / |o_i|; none for a
+    bool mask, whose integer count + 1e-8 rounds in float32). verl's ``geo_mean``
+    reduces with a plain mean over the micro-batch's rows whatever ``loss_agg_mode`` (fully padded
+    rows included, no global batch counts) and applies rollout IS weights as their per-sequence
+    geometric mean: ``llm.adapters.verl`` does the latter, and the former under
+    ``seq-mean-token-mean`` when the global batch is the micro-batch (docs/adapters.md).
+    Metrics: ``clip_low_frac`` / ``clip_high_frac`` are the shares of valid tokens clipped with
+    A < 0 / A > 0 (verl's ``pg_clipfrac`` also counts A > 0 tokens below e^-eps_low, which it does
+    not clip); ``ratio_*`` are of s.
+    """
+
+    level = "sequence"
+    aggregation = "seq-mean-token-mean"
+    paper = "2507.20673"
+
+    def __init__(self, eps_low: float = 0.4, eps_high: float = 0.4) -> None:
+        self.eps_low = check_range("eps_low", eps_low, 0.0, low_open=True)
+        self.eps_high = check_range("eps_high", eps_high, 0.0, low_open=True)
+        self.clip_c = None
+
+    def bounds(self) -> tuple[float, float]:
+        return math.exp(-self.eps_low), math.exp(self.eps_high)
+
+    def compute(self, b: Batch, noise: Tensor | None) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        lr = b.raw_lr  # 0 on padding, carries the graph
+        lrd = lr.detach()
+        z_lo, z_hi = b.adv_neg & (lrd < -self.eps_low), b.adv_pos & (lrd > self.eps_high)
+        free = b.mask & (b.adv != 0) & ~(z_lo | z_hi)  # tokens whose c_t follows l_t
+        with torch.no_grad():
+            c = torch.where(z_hi, self.eps_high, torch.where(z_lo, -self.eps_low, lrd))
+            c = torch.where(free | z_lo | z_hi, c, 0.0)  # A = 0 (and padding): c = 0, as verl
+            lengths = b.mask.sum(-1, keepdim=True).to(lrd.dtype).clamp(min=1)
+            seq = (c.sum(-1, keepdim=True) / lengths).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            abar = b.adv.sum(-1, keepdim=True) / lengths
+        log_s = seq + torch.where(free, lr - lrd, 0.0)  # value log s_i, gradient 1 where free
+        s = log_s.exp()
+        sd = s.detach()
+        loss = torch.where(b.mask, -abar * s, 0.0)
+        metrics = ratio_metrics(log_s, sd, b, lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        metrics.update(clip_metrics(z_lo, z_hi, b))
+        return loss, lambda: torch.where(free, abar * sd, 0.0), metrics
 
 
 def atr_bounds(delta: float) -> tuple[float, float]:

@@ -87,6 +87,19 @@ PRESETS: dict[str, Preset] = {
         {"delta": 0.03314},  # k3 region with u = 1.28 (DAPO's upper bound), l = 0.7642
         source="arXiv 2602.05494",
     ),
+    "gmpo_verl": Preset(
+        "gmpo",
+        {"eps_low": 0.2, "eps_high": 0.2},  # verl geo_mean: clip_ratio_low/high, ActorConfig 0.2
+        aggregation="seq-mean-token-mean",  # GMPO's per-sequence objective
+        source="verl loss_mode=geo_mean (clip_ratio_low = clip_ratio_high = 0.2, in log space)",
+    ),
+    "vespo_trl": Preset(
+        "vespo",
+        # TRL GRPOConfig vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg
+        {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+        aggregation="token-mean",  # TRL's vespo normaliser: the generation batch's tokens
+        source="TRL loss_type=vespo defaults",
+    ),
     "cispo_verl": Preset(
         "cispo",
         {"lower": 0.8, "upper": 1.2},  # verl: clamp(r, 1 - clip_ratio_low, 1 + clip_ratio_high)

@@ -1,7 +1,10 @@
-"""REINFORCE family without a ratio surrogate: GPG (plain -A log pi), DRO's quadratic penalty and
-DPPO's probability-space trust region (a truncated IS weight on the tokens it keeps)."""
+"""REINFORCE family without a ratio surrogate: GPG (plain -A log pi), DRO's quadratic penalty,
+DPPO's probability-space trust region (a truncated IS weight on the tokens it keeps) and VESPO's
+gamma weight of the sequence ratio."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -14,6 +17,7 @@ from .base import (
     Zone,
     as_tensor_pair,
     check_range,
+    ratio_metrics,
     register_objective,
     valid_share,
 )
@@ -190,3 +194,89 @@ class DPPOKL(_DPPO):
         # "not inside" rather than "beyond": a NaN divergence (p > 1 from a bad log-prob) is
         # outside, as verl's (D <= delta) test has it
         return b.adv_neg & down & ~(d <= self.delta_low), b.adv_pos & up & ~(d <= self.delta_high)
+
+
+#: VESPO's lower bound on the log of the sequence ratio, ``log 1e-8`` (TRL's and the reference
+#: code's ``w.clamp(min=1e-8)``); the upper bound is the usual 20.
+VESPO_LOG_W_MIN = math.log(1e-8)
+
+
+@register_objective("vespo")
+class VESPO(RatioObjective):
+    r"""VESPO: REINFORCE with a detached gamma-kernel weight of the sequence ratio.
+
+    Equation (``w_i = prod_t r_{i,t}``, the unnormalised sequence ratio; ``(k, lam) = (k_pos,
+    lambda_pos)`` if A >= 0 else ``(k_neg, lambda_neg)``)::
+
+        phi(w) = e^lam * w^k * e^(-lam w)       (phi(1) = 1, maximal at w = k / lam)
+        loss_t = -sg(phi(w_i)) * A_t * logp_t
+
+    Gradient weight (coef = g * A, the same for every token of the sequence):
+
+        A >= 0:  g = phi(w) with (k_pos, lambda_pos)      A < 0:  g = phi(w) with (k_neg, lambda_neg)
+
+    never exactly 0: g rises as w^k from 0 at w -> 0 to its peak at w = k / lam and then decays as
+    e^(-lam w), a soft trust region on the whole sequence (no length normalisation: one token that
+    moved far moves w as much as many that moved a little). ``expected_coef(w, A)`` takes the
+    sequence ratio w (:meth:`sequence_ratio`), as gspo's takes its length-normalised one.
+
+    Paper: VESPO, arXiv 2602.10693 (the variational reshaping kernel). TRL ``loss_type="vespo"``
+    defaults (k, lam) = (2, 3) for A >= 0 and (3, 2) for A < 0, the defaults here (preset
+    ``vespo_trl``, with TRL's token-mean normaliser); [open] the paper's own defaults are not
+    checked here.
+
+    Deviations: none from TRL 1.16's ``get_gamma_weights``: each token's log-ratio is clamped to
+    ±20 and the sum to ``[log 1e-8, 20]``. TRL folds its vLLM importance ratio (token modes)
+    into w; ``llm.adapters.trl`` does the same by giving the rule the sampler's log-probs as
+    ``logp_old`` (docs/adapters.md). TRL clamps lambda at 1e-4 from below (here lambda > 0) and
+    builds k and lambda in float32 (``torch.where`` on Python numbers), so a value not exact in
+    float32 (0.7) gives TRL a phi ~1e-8 off the float64 one.
+    """
+
+    level = "sequence"
+    through_ratio = False
+    aggregation = "token-mean"  # TRL's normaliser for vespo (its dapo / cispo one)
+    paper = "2602.10693"
+
+    def __init__(
+        self,
+        k_pos: float = 2.0,
+        lambda_pos: float = 3.0,
+        k_neg: float = 3.0,
+        lambda_neg: float = 2.0,
+    ) -> None:
+        self.k_pos = check_range("k_pos", k_pos, 0.0, low_open=True)
+        self.lambda_pos = check_range("lambda_pos", lambda_pos, 0.0, low_open=True)
+        self.k_neg = check_range("k_neg", k_neg, 0.0, low_open=True)
+        self.lambda_neg = check_range("lambda_neg", lambda_neg, 0.0, low_open=True)
+
+    def sequence_ratio(self, raw_log_ratio: Tensor, mask: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self._log_w(raw_log_ratio, mask).squeeze(-1).exp()
+
+    @staticmethod
+    def _log_w(raw_log_ratio: Tensor, mask: Tensor) -> Tensor:
+        """``[B, 1]`` ``clamp(sum_t clamp(log r_t, ±20), log 1e-8, 20)`` (detached)."""
+        lr = torch.where(mask, raw_log_ratio.detach(), 0.0)
+        total = lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).sum(-1, keepdim=True)
+        return total.clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP)
+
+    def _log_phi(self, log_w: Tensor, adv: Tensor) -> Tensor:
+        nonneg = adv >= 0
+        k = torch.where(nonneg, adv.new_tensor(self.k_pos), adv.new_tensor(self.k_neg))
+        lam = torch.where(nonneg, adv.new_tensor(self.lambda_pos), adv.new_tensor(self.lambda_neg))
+        return lam + k * log_w - lam * log_w.exp()
+
+    def weight(self, ratio: Tensor, adv: Tensor, z: Zone | None = None) -> Tensor:
+        log_w = ratio.log().clamp(VESPO_LOG_W_MIN, LOG_RATIO_CLAMP)
+        return self._log_phi(log_w, adv).exp()
+
+    def compute(self, b: Batch, noise: Tensor | None) -> tuple[Tensor, CoefFn, dict[str, Tensor]]:
+        log_w = self._log_w(b.raw_lr, b.mask)  # [B, 1]
+        phi = self._log_phi(log_w, b.adv).exp()  # [B, T] (the sign of A per token)
+        coef = torch.where(b.mask, b.adv * phi, 0.0)
+        token_lr = b.raw_lr.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_w = log_w.expand_as(token_lr)
+        metrics = ratio_metrics(log_w, log_w.exp(), b, token_lr)
+        metrics["phi_mean"] = b.total(phi * b.maskf) / b.n
+        return -coef * b.logp, lambda: coef, metrics
