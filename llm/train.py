@@ -95,7 +95,14 @@ import torch
 import sandbox.objectives as registry
 from llm import checkpoint, dist, rollout
 from llm import model as models
-from llm.config import TrainConfig, as_json, check_optional, check_resume, objective_choices
+from llm.config import (
+    TrainConfig,
+    as_json,
+    check_optional,
+    check_resume,
+    decode_settings,
+    objective_choices,
+)
 from llm.data import PromptSource, make_source
 from llm.logprobs import completion_logp
 from llm.report import Reporter, StepMetrics
@@ -364,6 +371,7 @@ def sample(
         )
     else:
         run.model.eval()
+        cache, compile_decode = decode_settings(cfg, run.device.type)
         with run.autocast:
             out = rollout.generate(
                 run.model,
@@ -378,6 +386,8 @@ def sample(
                 device=run.device,
                 synced_gpus=cfg.fsdp and run.info.enabled,
                 return_logp=return_logp,
+                cache=cache,
+                compile_decode=compile_decode,
             )
     texts = run.tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
     return out, texts
@@ -406,6 +416,7 @@ def forward_logp(
         return completion_logp(
             net, sub["prompt"], sub["prompt_mask"], sub["completion"], sub["completion_mask"],
             run.cfg.temperature, entropy=entropy, chunk_size=run.cfg.logp_chunk,
+            head=run.cfg.lm_head,
         )  # fmt: skip
 
 
