@@ -87,6 +87,35 @@ def pad_left(x: Tensor, length: int, value: float | int = 0) -> Tensor:
     return torch.nn.functional.pad(x, (length - x.shape[-1], 0), value=value)
 
 
+# per-token tensors of a rollout, [n, Tc]: right-padded when rollouts are joined
+COMPLETION_KEYS = (
+    "completion",
+    "completion_mask",
+    "loss_mask",
+    "rollout_logp",
+    "logp_old",
+    "logp_ref",
+)
+
+
+def pad_to_common(parts: list[dict[str, Tensor]], pad_id: int) -> dict[str, list[Tensor]]:
+    """Each key's tensors of several rollouts (ranks, or ensemble members), padded to common
+    widths: prompts and their masks on the left, :data:`COMPLETION_KEYS` on the right (pad ids
+    for prompts and completions, 0 elsewhere); other tensors as they are."""
+    Tp = max(p["prompt"].shape[1] for p in parts)
+    Tc = max(p["completion"].shape[1] for p in parts)
+    out = {}
+    for key in parts[0]:
+        value = pad_id if key in ("prompt", "completion") else 0
+        rows = [p[key] for p in parts]
+        if key in ("prompt", "prompt_mask"):
+            rows = [pad_left(r, Tp, value) for r in rows]
+        elif key in COMPLETION_KEYS:
+            rows = [pad_right(r, Tc, value) for r in rows]
+        out[key] = rows
+    return out
+
+
 def completion_masks(completion: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
     """``(mask, truncated)``: tokens up to and including the first EOS; rows with no EOS."""
     is_eos = completion == eos_id

@@ -462,19 +462,7 @@ def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
 def gather_rollout(local: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
     """Concatenate every rank's rollout in rank order (prompts left-, completions right-padded)."""
     parts = dist.all_gather_object({k: v.cpu() for k, v in local.items()})
-    Tp = max(p["prompt"].shape[1] for p in parts)
-    Tc = max(p["completion"].shape[1] for p in parts)
-    out = {}
-    for key in parts[0]:
-        rows = [p[key] for p in parts]
-        if key in ("prompt", "prompt_mask"):
-            value = pad_id if key == "prompt" else 0
-            rows = [rollout.pad_left(r, Tp, value) for r in rows]
-        elif rows[0].dim() == 2:
-            value = pad_id if key == "completion" else 0
-            rows = [rollout.pad_right(r, Tc, value) for r in rows]
-        out[key] = torch.cat(rows)
-    return out
+    return {k: torch.cat(rows) for k, rows in rollout.pad_to_common(parts, pad_id).items()}
 
 
 # --------------------------------------------------------------------------------------------------
