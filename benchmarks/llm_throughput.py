@@ -52,7 +52,7 @@ import tempfile
 import time
 
 MB = 2**20
-PATHS = ("today", "fast", "trl")
+PATHS = ("today", "fast", "ensemble", "trl")
 HEADS = ("chunked", "trl")
 # GRPOConfig settings that only keep the run quiet: no logging backend, checkpoints or progress bar
 TRL_DEFAULTS = dict(
@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="steps before the measured ones")
     p.add_argument("--runs-today", type=int, default=7, help="today's runs side by side")
     p.add_argument("--runs-fast", type=int, default=1, help="fast runs side by side")
+    p.add_argument("--ensemble", type=int, default=7, help="runs in the ensemble's one process")
     p.add_argument("--fast-head", default="trl", choices=HEADS, help="--lm-head of the fast path")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of paths")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process (CPU)")
@@ -89,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.smoke:
         args.device, args.model, args.digits = "cpu", "tiny", 1
         args.prompts, args.group_size, args.max_new_tokens = 2, 2, 4
-        args.steps, args.warmup, args.runs_today, args.runs_fast = 1, 1, 1, 1
+        args.steps, args.warmup, args.runs_today, args.runs_fast, args.ensemble = 1, 1, 1, 1, 2
     args.paths = [x for x in args.paths.split(",") if x]
     if not args.paths or not set(args.paths) <= set(PATHS):
         raise ValueError(f"--paths must be a subset of {','.join(PATHS)}, got {args.paths}")
@@ -99,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("runs_today", "runs_fast"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.ensemble < 2:
+        raise ValueError("--ensemble must be >= 2 (runs in one process)")
     if args.warmup < 0:
         raise ValueError("--warmup must be >= 0")
     if (args.prompts * args.group_size) % args.minibatches:
@@ -121,8 +124,13 @@ def path_flags(args: argparse.Namespace, path: str) -> list[str]:
     ]
 
 
-def run_llm_train(args: argparse.Namespace, path: str, out: str) -> list[float]:
-    """``warmup + steps`` steps of ``python -m llm.train`` in this process; their step times."""
+def run_llm_train(args: argparse.Namespace, path: str, out: str) -> dict:
+    """``warmup + steps`` steps of ``python -m llm.train`` in this process (``ensemble``: of
+    ``--ensemble`` runs of the fast path, seeds 0, 1, ..., in one :mod:`llm.ensemble`); the
+    seconds of each step (of all the ensemble's runs) and the runs it holds."""
+    import dataclasses
+
+    from llm.ensemble import train_ensemble
     from llm.train import parse_args as train_args
     from llm.train import train
 
@@ -157,8 +165,16 @@ def run_llm_train(args: argparse.Namespace, path: str, out: str) -> list[float]:
         out,
         *path_flags(args, path),
     ]
-    rows = train(train_args(argv))
-    return [r["step_time"] for r in rows if r.get("step", 0) >= 1]
+    cfg = train_args(argv)
+    if path != "ensemble":
+        return {"times": [r["step_time"] for r in train(cfg) if r.get("step", 0) >= 1], "runs": 1}
+    cfgs = [
+        dataclasses.replace(cfg, seed=s, out=os.path.join(out, f"seed{s}"))
+        for s in range(args.ensemble)
+    ]
+    rows = train_ensemble(cfgs)  # every run's step_time runs from the ensemble step's start
+    per_run = [[r["step_time"] for r in run] for run in rows]
+    return {"times": [max(step) for step in zip(*per_run, strict=True)], "runs": args.ensemble}
 
 
 def trl_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, list[str], object]:
@@ -253,12 +269,12 @@ def child(args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats()
     path, model_dir = args.child.split(":", 1)
     if path == "trl":
-        times = run_trl(args, model_dir)
+        result = {"times": run_trl(args, model_dir), "runs": 1}
     else:
         with tempfile.TemporaryDirectory() as out:
-            times = run_llm_train(args, path, out)
+            result = run_llm_train(args, path, out)
     peak = torch.cuda.max_memory_allocated() / MB if args.device == "cuda" else None
-    return {"times": times, "peak_mb": peak}
+    return {**result, "peak_mb": peak}
 
 
 def launch(args: argparse.Namespace, argv: list[str], path: str, model_dir: str, runs: int):
@@ -298,8 +314,9 @@ def launch(args: argparse.Namespace, argv: list[str], path: str, model_dir: str,
 
 
 def summarise(args: argparse.Namespace, results: list[dict]) -> dict[str, float]:
-    """Seconds per step (mean over runs of the steady mean), run-steps per second (sum over the
-    runs side by side), the first steps' excess over the steady mean, the largest peak."""
+    """Seconds per step (mean over processes of the steady mean), run-steps per second (summed
+    over the processes side by side, each counting the runs it holds), the first steps' excess
+    over the steady mean, the largest peak of a process."""
     steady = [statistics.fmean(r["times"][args.warmup :]) for r in results]
     first = [
         sum(r["times"][: args.warmup]) - args.warmup * s
@@ -307,9 +324,9 @@ def summarise(args: argparse.Namespace, results: list[dict]) -> dict[str, float]
     ]
     peaks = [r["peak_mb"] for r in results if r["peak_mb"] is not None]
     return {
-        "runs": len(results),
+        "runs": sum(r["runs"] for r in results),
         "s_per_step": statistics.fmean(steady),
-        "run_steps_per_s": sum(1 / s for s in steady),
+        "run_steps_per_s": sum(r["runs"] / s for r, s in zip(results, steady, strict=True)),
         "first_excess_s": statistics.fmean(first),
         "peak_mb": max(peaks) if peaks else float("nan"),
     }
@@ -331,7 +348,12 @@ def model_dir_for(args: argparse.Namespace, tmp: str) -> str:
     return args.model
 
 
-LABELS = {"today": "today (llm.train)", "fast": "fast (llm.train)", "trl": "TRL GRPOTrainer"}
+LABELS = {
+    "today": "today (llm.train)",
+    "fast": "fast (llm.train)",
+    "ensemble": "fast, one ensemble",
+    "trl": "TRL GRPOTrainer",
+}
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -344,7 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     import transformers
     import trl
 
-    runs = {"today": args.runs_today, "fast": args.runs_fast, "trl": 1}
+    runs = {"today": args.runs_today, "fast": args.runs_fast, "ensemble": 1, "trl": 1}
     rows = args.prompts * args.group_size
     print(
         f"device {args.device}; torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -380,7 +402,11 @@ def fmt_mb(value: float) -> str:
 
 
 def print_ratios(results: dict[str, dict[str, float]]) -> None:
-    today, fast, trl = (results.get(k) for k in PATHS)
+    today, fast, ensemble, trl = (results.get(k) for k in PATHS)
+    if ensemble and today:
+        r = ensemble["run_steps_per_s"] / today["run_steps_per_s"]
+        results["ratio_ensemble_today"] = r
+        print(f"ratio ensemble / today, run-steps per second: {r:.2f} (goal >= 5)")
     if fast and today:
         r = fast["run_steps_per_s"] / today["run_steps_per_s"]
         results["ratio_fast_today"] = r

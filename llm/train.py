@@ -509,12 +509,7 @@ def update(
         for mb, mb_rows in enumerate(perm.tensor_split(cfg.minibatches)):
             if mb_rows.numel() == 0:
                 continue
-            mb_mask = batch["loss_mask"][mb_rows.to(run.device)]
-            counts = {
-                "num_tokens": mb_mask.sum().float(),
-                "num_seqs": (mb_mask.sum(-1) > 0).sum().float(),
-                "max_len": cfg.max_new_tokens,
-            }
+            counts = minibatch_counts(run, batch, mb_rows)
             pieces = mb_rows.tensor_split(info.world * A)
             for a in range(A):
                 piece = a * info.world + info.rank
@@ -530,6 +525,18 @@ def update(
             if run.engine is not None:
                 run.engine.mark_stale()
     return metrics
+
+
+def minibatch_counts(
+    run: Run, batch: dict[str, torch.Tensor], mb_rows: torch.Tensor
+) -> dict[str, Any]:
+    """The global counts every micro-batch of a minibatch aggregates with."""
+    mb_mask = batch["loss_mask"][mb_rows.to(run.device)]
+    return {
+        "num_tokens": mb_mask.sum().float(),
+        "num_seqs": (mb_mask.sum(-1) > 0).sum().float(),
+        "max_len": run.cfg.max_new_tokens,
+    }
 
 
 def micro_step(

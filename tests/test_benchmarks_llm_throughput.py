@@ -37,11 +37,15 @@ def test_smoke_in_process(monkeypatch, capsys):
     monkeypatch.setattr(llm_throughput, "launch", in_process)
     results = llm_throughput.main(["--smoke", "--threads", "1"])
     out = capsys.readouterr().out
-    assert launched == [("today", 1), ("fast", 1), ("trl", 1)]
+    assert launched == [("today", 1), ("fast", 1), ("ensemble", 1), ("trl", 1)]
     for path in llm_throughput.PATHS:
         r = results[path]
-        assert r["runs"] == 1 and r["s_per_step"] > 0
-        assert r["run_steps_per_s"] == pytest.approx(1 / r["s_per_step"])
+        runs = 2 if path == "ensemble" else 1  # --smoke: an ensemble of 2 runs in one process
+        assert r["runs"] == runs and r["s_per_step"] > 0
+        assert r["run_steps_per_s"] == pytest.approx(runs / r["s_per_step"])
+    assert results["ratio_ensemble_today"] == pytest.approx(
+        results["ensemble"]["run_steps_per_s"] / results["today"]["run_steps_per_s"]
+    )
     assert results["ratio_fast_today"] == pytest.approx(
         results["fast"]["run_steps_per_s"] / results["today"]["run_steps_per_s"]
     )
@@ -51,23 +55,25 @@ def test_smoke_in_process(monkeypatch, capsys):
     assert "ratio fast / today, run-steps per second:" in out
     assert "ratio fast / TRL, seconds per step:" in out
     assert "peak memory per run: n/a (CUDA only)" in out
-    for label in ("today (llm.train)", "fast (llm.train)", "TRL GRPOTrainer"):
+    assert "ratio ensemble / today, run-steps per second:" in out
+    for label in ("today (llm.train)", "fast (llm.train)", "fast, one ensemble", "TRL GRPOTrainer"):
         assert label in out
 
 
 def test_summary_of_runs_side_by_side():
-    """Two runs of 1 warm-up + 2 measured steps: steady means 2 s and 4 s, so 3 s per step on
-    average, 1/2 + 1/4 = 0.75 run-steps per second together, first-step excess (5-2 + 6-4)/2."""
+    """Two processes of 1 warm-up + 2 measured steps, the second an ensemble of 3 runs: steady
+    means 2 s and 4 s, so 3 s per step on average, 1/2 + 3/4 = 1.25 run-steps per second
+    together, first-step excess (5-2 + 6-4)/2."""
     args = argparse.Namespace(warmup=1)
     results = [
-        {"times": [5.0, 2.0, 2.0], "peak_mb": 100.0},
-        {"times": [6.0, 3.0, 5.0], "peak_mb": 120.0},
+        {"times": [5.0, 2.0, 2.0], "runs": 1, "peak_mb": 100.0},
+        {"times": [6.0, 3.0, 5.0], "runs": 3, "peak_mb": 120.0},
     ]
     s = llm_throughput.summarise(args, results)
     assert s == {
-        "runs": 2,
+        "runs": 4,
         "s_per_step": 3.0,
-        "run_steps_per_s": 0.75,
+        "run_steps_per_s": 1.25,
         "first_excess_s": 2.5,
         "peak_mb": 120.0,
     }
@@ -98,6 +104,7 @@ def test_path_flags_select_the_paths():
         (["--paths", "today,vllm"], "--paths must be a subset"),
         (["--steps", "0"], "--steps must be >= 1"),
         (["--runs-today", "0"], "--runs-today must be >= 1"),
+        (["--ensemble", "1"], "--ensemble must be >= 2"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--prompts", "3", "--group-size", "1", "--minibatches", "2"], "--minibatches must"),
     ],

@@ -6,6 +6,7 @@ clipping is live), member by member."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -208,3 +209,140 @@ def test_batched_logp_equals_each_member_alone(tok, attention):
         Tc = ref[0].shape[1]
         torch.testing.assert_close(logp[k, :, :Tc], ref[0], atol=tol, rtol=0)
         torch.testing.assert_close(ent[k, :, :Tc], ref[1], atol=tol, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# K runs of llm.train in one process (llm.ensemble.train_ensemble)
+# --------------------------------------------------------------------------------------------------
+
+TIMING = ("tokens_per_s", "step_time")
+RUN = dict(
+    model="tiny",
+    task="parity",
+    task_knobs={"length": 2},
+    lr=1e-2,
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=8,
+    steps=2,
+    epochs=2,
+    progress=False,
+    save_model=False,
+    device="cpu",
+)
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # two seeds of one rule; mu = 2 x 2 in 2 micro-batches each
+        [dict(seed=0, minibatches=2, grad_accum=2), dict(seed=1, minibatches=2, grad_accum=2)],
+        # three runs, two rules (one stochastic), dynamic sampling: the runs keep unequal numbers
+        # of rows (stand-in rows pad them), and a run may keep none in a step (seed 0, step 2)
+        [
+            dict(seed=0, drop_zero_variance=True, minibatches=2, grad_accum=2),
+            dict(
+                seed=4,
+                objective="nsr",
+                objective_params={"noise": "band", "sigma": 0.1},
+                drop_zero_variance=True,
+                entropy_coef=0.01,
+                minibatches=2,
+                grad_accum=2,
+            ),
+            dict(seed=5, drop_zero_variance=True, entropy_coef=0.01, minibatches=2, grad_accum=2),
+        ],
+    ],
+)
+def test_train_ensemble_equals_separate_runs(tmp_path, members):
+    from llm.checkpoint import model_state
+    from llm.config import TrainConfig
+    from llm.ensemble import train_ensemble
+    from llm.train import train
+
+    def cfgs(tag):
+        return [
+            TrainConfig(**RUN, **m, out=str(tmp_path / f"{tag}{k}")) for k, m in enumerate(members)
+        ]
+
+    alone = [train(c) for c in cfgs("alone")]
+    together = train_ensemble(cfgs("ens"))
+    for k, (rows_a, rows_e) in enumerate(zip(alone, together, strict=True)):
+        assert len(rows_a) == len(rows_e) == 2
+        for ra, re_ in zip(rows_a, rows_e, strict=True):
+            assert set(ra) == set(re_)
+            for key in ra:
+                if key in TIMING:
+                    continue
+                assert re_[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), (k, key)
+        state_a = model_state(str(tmp_path / f"alone{k}"))
+        state_e = model_state(str(tmp_path / f"ens{k}"))
+        init = tiny_model(len(tok_global()), members[k]["seed"]).state_dict()
+        assert max((state_a[n] - init[n]).abs().max().item() for n in init) > 1e-3
+        for name, p in state_a.items():
+            torch.testing.assert_close(state_e[name], p, atol=2e-6, rtol=1e-5, msg=name)
+        metrics = (tmp_path / f"ens{k}" / "metrics.jsonl").read_text().splitlines()
+        assert len(metrics) == 2
+
+
+def tok_global():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ([{}], "at least two runs"),
+        ([{}, {"group_size": 2}], "must share --group-size"),
+        ([{}, {"lora_r": 4}], "without --lora-r"),
+        ([{"out": "same"}, {"out": "same"}], "one --out each"),
+    ],
+)
+def test_train_ensemble_checks(tmp_path, changes, match):
+    from llm.config import TrainConfig
+    from llm.ensemble import check_members
+
+    cfgs = [
+        TrainConfig(**{**RUN, "out": str(tmp_path / str(k)), **c}) for k, c in enumerate(changes)
+    ]
+    with pytest.raises(ValueError, match=match):
+        check_members(cfgs)
+
+
+def test_cli_runs_one_ensemble_per_seed(tmp_path, capsys):
+    from llm.ensemble import main
+
+    argv = [
+        "--model",
+        "tiny",
+        "--task",
+        "parity",
+        "--task-knobs",
+        "length=2",
+        "--steps",
+        "1",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--no-save-model",
+        "--out",
+        str(tmp_path),
+    ]
+    main(["--seeds", "3,4", *argv])
+    for seed in (3, 4):
+        config = json.loads((tmp_path / f"seed{seed}" / "config.json").read_text())
+        assert config["seed"] == seed and config["steps"] == 1
+        assert len((tmp_path / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()) == 1
+        assert (tmp_path / f"seed{seed}" / "checkpoint.pt").exists()
+    for bad in ("3,3", "3,x"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--seeds", bad, *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: --seeds must be distinct comma-separated integers")
