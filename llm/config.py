@@ -253,13 +253,15 @@ RESUMABLE_CHANGES = frozenset(
 
 def decode_settings(cfg: TrainConfig, device_type: str) -> tuple[str, bool]:
     """``(cache, compile_decode)`` for :func:`llm.rollout.generate`: ``auto`` is the fast path
-    (static cache, compiled decoding) on CUDA and the reference path (dynamic cache) elsewhere."""
-    cuda = device_type == "cuda"
+    (static cache, compiled decoding) on CUDA without ``--fsdp`` (sharded parameters gathered
+    inside a compiled, CUDA-graphed forward are untested) and the reference path (dynamic cache)
+    elsewhere."""
+    fast = device_type == "cuda" and not cfg.fsdp
     cache = (
-        cfg.generate_cache if cfg.generate_cache != "auto" else ("static" if cuda else "dynamic")
+        cfg.generate_cache if cfg.generate_cache != "auto" else ("static" if fast else "dynamic")
     )
     if cfg.generate_compile == "auto":
-        return cache, cuda and cache == "static"
+        return cache, fast and cache == "static"
     if cfg.generate_compile == "on" and cache != "static":
         raise ValueError("--generate-compile on needs a static cache (--generate-cache static)")
     return cache, cfg.generate_compile == "on"

@@ -130,6 +130,7 @@ def test_decode_settings_defaults_fast_on_cuda_only():
     assert decode_settings(TrainConfig(generate_compile="off"), "cuda") == ("static", False)
     assert decode_settings(TrainConfig(generate_cache="dynamic"), "cuda") == ("dynamic", False)
     assert decode_settings(TrainConfig(generate_compile="on"), "cuda") == ("static", True)
+    assert decode_settings(TrainConfig(fsdp=True), "cuda") == ("dynamic", False)
     with pytest.raises(ValueError, match="--generate-compile on needs a static cache"):
         decode_settings(TrainConfig(generate_compile="on"), "cpu")
 
