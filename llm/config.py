@@ -24,6 +24,10 @@ from sandbox.correction import IS_LEVELS
 from sandbox.loss import ROLLOUT_IS_CHOICES
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 
+CACHES = ("auto", "dynamic", "static")
+AUTO_ON_OFF = ("auto", "on", "off")
+HEADS = ("chunked", "trl")
+
 
 def objective_choices() -> list[str]:
     """Every name ``--objective`` accepts: the registry's objectives, then its presets."""
@@ -72,6 +76,13 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = arg(0.3, "vLLM: GPU memory share (weights + KV cache)")
     vllm_sleep: bool = arg(False, "vLLM: release its memory between rollouts (CUDA)")
     vllm_enforce_eager: bool = arg(False, "vLLM: no CUDA graphs (faster start, slower decode)")
+    generate_cache: str = arg("auto", "generate's KV cache (auto: static on CUDA)", choices=CACHES)
+    generate_compile: str = arg(
+        "auto", "compile decoding (auto: static cache on CUDA)", choices=AUTO_ON_OFF
+    )
+    lm_head: str = arg(
+        "chunked", "log-prob head: torch chunks or TRL's fused kernel", choices=HEADS
+    )
     chat_template: str = arg("auto", "the tokenizer's chat template", choices=("auto", "on", "off"))
     system_prompt: str | None = arg(None, "system message with the chat template")
     # -- optimisation -----------------------------------------------------------------------------
@@ -193,6 +204,11 @@ class TrainConfig:
                 "--fsdp shards over several processes: launch with torchrun "
                 "--nproc_per_node N (one process has nothing to shard)"
             )
+        if self.generate_compile == "on" and self.generate_cache == "dynamic":
+            raise ValueError("--generate-compile on needs --generate-cache static (or auto)")
+        explicit = self.generate_cache != "auto" or self.generate_compile != "auto"
+        if self.rollout_backend == "vllm" and explicit:
+            raise ValueError("--generate-cache/--generate-compile set generate's path, not vLLM's")
         if self.eval_data is not None and not self.eval_every:
             raise ValueError("--eval-data is only read with --eval-every N > 0")
         for name in self.report_to:
@@ -228,8 +244,27 @@ RESUMABLE_CHANGES = frozenset(
         "backend",
         "offline",
         "logp_chunk",
+        "generate_cache",
+        "generate_compile",
+        "lm_head",
     }
 )
+
+
+def decode_settings(cfg: TrainConfig, device_type: str) -> tuple[str, bool]:
+    """``(cache, compile_decode)`` for :func:`llm.rollout.generate`: ``auto`` is the fast path
+    (static cache, compiled decoding) on CUDA without ``--fsdp`` (sharded parameters gathered
+    inside a compiled, CUDA-graphed forward are untested) and the reference path (dynamic cache)
+    elsewhere."""
+    fast = device_type == "cuda" and not cfg.fsdp
+    cache = (
+        cfg.generate_cache if cfg.generate_cache != "auto" else ("static" if fast else "dynamic")
+    )
+    if cfg.generate_compile == "auto":
+        return cache, fast and cache == "static"
+    if cfg.generate_compile == "on" and cache != "static":
+        raise ValueError("--generate-compile on needs a static cache (--generate-cache static)")
+    return cache, cfg.generate_compile == "on"
 
 
 def as_json(cfg: TrainConfig) -> dict[str, Any]:
@@ -287,6 +322,7 @@ def check_optional(cfg: TrainConfig) -> None:
         "tensorboard": ("tensorboard" in cfg.report_to, "tracking"),
         "wandb": ("wandb" in cfg.report_to, "tracking"),
         "peft": (cfg.lora_r > 0, "llm"),
+        "trl": (cfg.lm_head == "trl", "trl"),
     }
     for module, (needed, extra) in needs.items():
         if needed:

@@ -32,6 +32,13 @@ model would apply that transform to the log-probs. A head that is not a plain
 ``torch.nn.Linear`` (a LoRA- or quantisation-wrapped head) is refused too, since its ``weight`` is
 not the map it computes.
 
+``head="trl"`` (``--lm-head trl``) computes the same statistics with TRL 1.16's fused kernel,
+``trl.kernels.ChunkedLogProbFunction``: ``[4096, 32768]`` tiles of logits folded into online
+log-sum-exp statistics by a Triton kernel on CUDA (torch ops elsewhere, which is how CI checks it
+against the chunked path on CPU), the backward recomputing each tile. ``chunk_size`` is then its
+vocabulary width (default :data:`TRL_VOCAB_CHUNK`, TRL's own); its statistics are float32 whatever
+the model's dtype.
+
 Under CUDA autocast the head's matmul runs in the autocast dtype (bf16), like the full path, and
 everything after it in float32; the weight gradient is accumulated in float32 across chunks.
 """
@@ -61,6 +68,8 @@ POST_HEAD_FIELDS = (
 )
 
 ENTROPY_MODES = (None, "metric", "grad")
+HEADS = ("chunked", "trl")
+TRL_VOCAB_CHUNK = 32768  # vocabulary columns per tile of trl.kernels.ChunkedLogProbFunction
 # torch.addmm(..., out_dtype=torch.float32) from bf16/fp16 inputs: CUDA, torch >= 2.8 (TRL's check)
 MM_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
 
@@ -188,9 +197,10 @@ class _LogProbHead(torch.nn.Module):
     real head's weight. The head is held outside the module tree (not a submodule)."""
 
     def __init__(self, head: torch.nn.Linear, targets: Tensor, mask: Tensor, *, temperature: float,
-                 chunk_size: int, with_entropy: bool) -> None:  # fmt: skip
+                 chunk_size: int, with_entropy: bool, kernel: str = "chunked") -> None:  # fmt: skip
         super().__init__()
         object.__setattr__(self, "head", head)
+        self.kernel = kernel
         self.targets, self.mask = targets, mask
         self.temperature, self.chunk_size, self.with_entropy = temperature, chunk_size, with_entropy
 
@@ -201,10 +211,19 @@ class _LogProbHead(torch.nn.Module):
             weight = weight.full_tensor()
             bias = None if bias is None else bias.full_tensor()
         keep = self.mask.bool()
-        logp, ent = ChunkedLogProb.apply(
-            hidden[keep], weight, bias, self.targets[keep],
-            self.temperature, self.chunk_size, self.with_entropy,
-        )  # fmt: skip
+        if self.kernel == "trl":
+            from trl.kernels import ChunkedLogProbFunction
+
+            outputs = ("entropy",) if self.with_entropy else ()
+            args = (self.temperature, self.chunk_size, None, 1.0, outputs)
+            logp, ent = ChunkedLogProbFunction.apply(
+                hidden[keep], weight, bias, self.targets[keep], *args
+            )[:2]
+        else:
+            logp, ent = ChunkedLogProb.apply(
+                hidden[keep], weight, bias, self.targets[keep],
+                self.temperature, self.chunk_size, self.with_entropy,
+            )  # fmt: skip
         stats = [logp] if ent is None else [logp, ent]
         # masked_scatter keeps the output attached to the graph even when no token is kept
         return torch.stack([x.new_zeros(keep.shape).masked_scatter(keep, x) for x in stats], -1)
@@ -267,6 +286,7 @@ def completion_logp(
     *,
     entropy: str | None = None,
     chunk_size: int | None = None,
+    head: str = "chunked",
 ) -> tuple[Tensor, Tensor | None]:
     """``(logp, entropy)``, each ``[B, Tc]`` float32 (float64 for a float64 model): the
     completion tokens' log-probs under ``softmax(logits / temperature)`` and the next-token
@@ -277,7 +297,11 @@ def completion_logp(
     right-padded completions). Both outputs are 0 where ``completion_mask`` is 0 (those positions
     are not computed). ``entropy``: None (not computed), ``"metric"`` (no gradient) or ``"grad"``
     (with gradient when grad mode is on). ``chunk_size``: token rows per chunk of logits, default
-    :func:`default_chunk_size` of the vocabulary (``2**25`` logits, 128 MiB in float32)."""
+    :func:`default_chunk_size` of the vocabulary (``2**25`` logits, 128 MiB in float32).
+    ``head``: ``"chunked"`` (this module's :class:`ChunkedLogProb`) or ``"trl"`` (TRL's fused
+    kernel; ``chunk_size`` is then vocabulary columns per tile, default :data:`TRL_VOCAB_CHUNK`)."""
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {list(HEADS)}, got {head!r}")
     if entropy not in ENTROPY_MODES:
         raise ValueError(f"entropy must be one of {ENTROPY_MODES}, got {entropy!r}")
     if not temperature > 0:
@@ -291,10 +315,11 @@ def completion_logp(
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     Tc = completion.shape[1]
 
-    def make(head: torch.nn.Linear) -> _LogProbHead:
-        size = chunk_size or default_chunk_size(head.out_features)
-        return _LogProbHead(head, completion, completion_mask, temperature=float(temperature),
-                            chunk_size=size, with_entropy=entropy is not None)  # fmt: skip
+    def make(linear: torch.nn.Linear) -> _LogProbHead:
+        default = TRL_VOCAB_CHUNK if head == "trl" else default_chunk_size(linear.out_features)
+        return _LogProbHead(linear, completion, completion_mask, temperature=float(temperature),
+                            chunk_size=chunk_size or default, with_entropy=entropy is not None,
+                            kernel=head)  # fmt: skip
 
     with _swapped_head(model, make):
         stats = model(

@@ -95,7 +95,14 @@ import torch
 import sandbox.objectives as registry
 from llm import checkpoint, dist, rollout
 from llm import model as models
-from llm.config import TrainConfig, as_json, check_optional, check_resume, objective_choices
+from llm.config import (
+    TrainConfig,
+    as_json,
+    check_optional,
+    check_resume,
+    decode_settings,
+    objective_choices,
+)
 from llm.data import PromptSource, make_source
 from llm.logprobs import completion_logp
 from llm.report import Reporter, StepMetrics
@@ -364,6 +371,7 @@ def sample(
         )
     else:
         run.model.eval()
+        cache, compile_decode = decode_settings(cfg, run.device.type)
         with run.autocast:
             out = rollout.generate(
                 run.model,
@@ -378,6 +386,8 @@ def sample(
                 device=run.device,
                 synced_gpus=cfg.fsdp and run.info.enabled,
                 return_logp=return_logp,
+                cache=cache,
+                compile_decode=compile_decode,
             )
     texts = run.tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
     return out, texts
@@ -406,6 +416,7 @@ def forward_logp(
         return completion_logp(
             net, sub["prompt"], sub["prompt_mask"], sub["completion"], sub["completion_mask"],
             run.cfg.temperature, entropy=entropy, chunk_size=run.cfg.logp_chunk,
+            head=run.cfg.lm_head,
         )  # fmt: skip
 
 
@@ -451,19 +462,7 @@ def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
 def gather_rollout(local: dict[str, torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
     """Concatenate every rank's rollout in rank order (prompts left-, completions right-padded)."""
     parts = dist.all_gather_object({k: v.cpu() for k, v in local.items()})
-    Tp = max(p["prompt"].shape[1] for p in parts)
-    Tc = max(p["completion"].shape[1] for p in parts)
-    out = {}
-    for key in parts[0]:
-        rows = [p[key] for p in parts]
-        if key in ("prompt", "prompt_mask"):
-            value = pad_id if key == "prompt" else 0
-            rows = [rollout.pad_left(r, Tp, value) for r in rows]
-        elif rows[0].dim() == 2:
-            value = pad_id if key == "completion" else 0
-            rows = [rollout.pad_right(r, Tc, value) for r in rows]
-        out[key] = torch.cat(rows)
-    return out
+    return {k: torch.cat(rows) for k, rows in rollout.pad_to_common(parts, pad_id).items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -510,12 +509,7 @@ def update(
         for mb, mb_rows in enumerate(perm.tensor_split(cfg.minibatches)):
             if mb_rows.numel() == 0:
                 continue
-            mb_mask = batch["loss_mask"][mb_rows.to(run.device)]
-            counts = {
-                "num_tokens": mb_mask.sum().float(),
-                "num_seqs": (mb_mask.sum(-1) > 0).sum().float(),
-                "max_len": cfg.max_new_tokens,
-            }
+            counts = minibatch_counts(run, batch, mb_rows)
             pieces = mb_rows.tensor_split(info.world * A)
             for a in range(A):
                 piece = a * info.world + info.rank
@@ -531,6 +525,18 @@ def update(
             if run.engine is not None:
                 run.engine.mark_stale()
     return metrics
+
+
+def minibatch_counts(
+    run: Run, batch: dict[str, torch.Tensor], mb_rows: torch.Tensor
+) -> dict[str, Any]:
+    """The global counts every micro-batch of a minibatch aggregates with."""
+    mb_mask = batch["loss_mask"][mb_rows.to(run.device)]
+    return {
+        "num_tokens": mb_mask.sum().float(),
+        "num_seqs": (mb_mask.sum(-1) > 0).sum().float(),
+        "max_len": run.cfg.max_new_tokens,
+    }
 
 
 def micro_step(

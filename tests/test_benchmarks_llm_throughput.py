@@ -1,0 +1,137 @@
+"""Smoke tests of benchmarks/llm_throughput.py in its ``--smoke`` mode (CPU, the tiny Llama).
+
+``main`` runs each path in this process instead of a fresh subprocess, which keeps the test to
+seconds; the script as a user runs it (subprocesses) is a ``slow`` test. No timing is asserted:
+the figures are the benchmark's output. What is checked: every path runs its warm-up and measured
+steps, the table and the ratio lines are printed, and the ratios are the table's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "llm_throughput.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import llm_throughput  # noqa: E402
+
+
+def test_smoke_in_process(monkeypatch, capsys):
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    launched = []
+
+    def in_process(args, argv, path, model_dir, runs):
+        launched.append((path, runs))
+        child = llm_throughput.parse_args([*argv, "--child", f"{path}:{model_dir}"])
+        return [llm_throughput.child(child) for _ in range(runs)]
+
+    monkeypatch.setattr(llm_throughput, "launch", in_process)
+    results = llm_throughput.main(["--smoke", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert launched == [("today", 1), ("fast", 1), ("ensemble", 1), ("trl", 1)]
+    for path in llm_throughput.PATHS:
+        r = results[path]
+        runs = 2 if path == "ensemble" else 1  # --smoke: an ensemble of 2 runs in one process
+        assert r["runs"] == runs and r["s_per_step"] > 0
+        assert r["run_steps_per_s"] == pytest.approx(runs / r["s_per_step"])
+    assert results["ratio_ensemble_today"] == pytest.approx(
+        results["ensemble"]["run_steps_per_s"] / results["today"]["run_steps_per_s"]
+    )
+    assert results["ratio_fast_today"] == pytest.approx(
+        results["fast"]["run_steps_per_s"] / results["today"]["run_steps_per_s"]
+    )
+    assert results["ratio_fast_trl"] == pytest.approx(
+        results["fast"]["s_per_step"] / results["trl"]["s_per_step"]
+    )
+    assert "ratio fast / today, run-steps per second:" in out
+    assert "ratio fast / TRL, seconds per step:" in out
+    assert "peak memory per run: n/a (CUDA only)" in out
+    assert "ratio ensemble / today, run-steps per second:" in out
+    for label in ("today (llm.train)", "fast (llm.train)", "fast, one ensemble", "TRL GRPOTrainer"):
+        assert label in out
+
+
+def test_summary_of_runs_side_by_side():
+    """Two processes of 1 warm-up + 2 measured steps, the second an ensemble of 3 runs: steady
+    means 2 s and 4 s, so 3 s per step on average, 1/2 + 3/4 = 1.25 run-steps per second
+    together, first-step excess (5-2 + 6-4)/2."""
+    args = argparse.Namespace(warmup=1)
+    results = [
+        {"times": [5.0, 2.0, 2.0], "runs": 1, "peak_mb": 100.0},
+        {"times": [6.0, 3.0, 5.0], "runs": 3, "peak_mb": 120.0},
+    ]
+    s = llm_throughput.summarise(args, results)
+    assert s == {
+        "runs": 4,
+        "s_per_step": 3.0,
+        "run_steps_per_s": 1.25,
+        "first_excess_s": 2.5,
+        "peak_mb": 120.0,
+    }
+
+
+def test_path_flags_select_the_paths():
+    args = llm_throughput.parse_args(["--device", "cuda"])
+    today = llm_throughput.path_flags(args, "today")
+    assert today == [
+        "--generate-cache",
+        "dynamic",
+        "--generate-compile",
+        "off",
+        "--lm-head",
+        "chunked",
+    ]
+    fast = llm_throughput.path_flags(args, "fast")
+    assert fast == ["--generate-cache", "static", "--generate-compile", "on", "--lm-head", "trl"]
+    smoke = llm_throughput.parse_args(["--smoke"])
+    assert smoke.device == "cpu" and "off" in llm_throughput.path_flags(smoke, "fast")
+    assert (args.prompts, args.group_size, args.max_new_tokens) == (32, 8, 32)
+    assert (args.epochs * args.minibatches, args.runs_today) == (4, 7)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--paths", "today,vllm"], "--paths must be a subset"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--runs-today", "0"], "--runs-today must be >= 1"),
+        (["--ensemble", "1"], "--ensemble must be >= 2"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--prompts", "3", "--group-size", "1", "--minibatches", "2"], "--minibatches must"),
+    ],
+)
+def test_bad_arguments(argv, match):
+    with pytest.raises(ValueError, match=match):
+        llm_throughput.parse_args(argv)
+
+
+@pytest.mark.slow
+def test_script_runs_smoke_for_llm_train():
+    path = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--smoke", "--paths", "today,fast", "--threads", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio fast / today, run-steps per second:" in proc.stdout
+    bad = subprocess.run(
+        [sys.executable, SCRIPT, "--steps", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --steps must be >= 1"

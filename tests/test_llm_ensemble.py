@@ -1,0 +1,348 @@
+"""K runs in one process equal K separate runs (llm.ensemble, issue 20), with the tiny Llama in
+float64 on CPU: the same completions, the same old log-probs, and the same parameters and AdamW
+states after 2 steps of mu = 2 updates (so the second update of each step is off-policy and the
+clipping is live), member by member."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import sandbox.objectives as registry
+from llm import rollout
+from llm.ensemble import Ensemble, ensemble_step, stack_batches
+from llm.logprobs import completion_logp
+from llm.model import tiny_model, tiny_tokenizer
+from sandbox.advantages import compute_advantages
+from sandbox.loss import PolicyLoss
+
+G = 4
+# the members' prompts differ (a study's seeds draw their own), and so do their lengths
+PROMPTS = [["12+3=", "7*8="], ["1+1=", "99-40="]]
+LR, MAX_NORM = 1e-2, 0.05
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def rollout_of(model, tok, member, step):
+    ids = rollout.encode_prompts(tok, PROMPTS[member], True, None)
+    out = rollout.generate(
+        model,
+        tok,
+        ids,
+        group_size=G,
+        max_new_tokens=6,
+        temperature=1.0,
+        prompts_per_call=2,
+        seed_keys=(member, 0, step),
+        first_index=0,
+        device=torch.device("cpu"),
+    )
+    rewards = (out["completion"][:, 0] % 2).double()  # a reward the completions decide
+    out["adv"] = compute_advantages(rewards, G, method="grpo")[:, None]
+    return out
+
+
+def separate_update(model, optimizer, batch, loss_fn, logp_old):
+    logp, ent = completion_logp(
+        model,
+        *(batch[k] for k in ("prompt", "prompt_mask", "completion", "completion_mask")),
+        1.0,
+        entropy="metric",
+    )
+    out = loss_fn(logp, logp_old, batch["adv"], batch["completion_mask"], entropy=ent)
+    out.loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(list(model.parameters()), MAX_NORM)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return out, norm
+
+
+@pytest.mark.parametrize("objective", ["dapo", "gspo"])
+def test_two_members_equal_two_separate_runs(tok, objective):
+    loss_fn = PolicyLoss(registry.get_objective(objective), None)
+    alone = [tiny_model(len(tok), s).double() for s in (0, 1)]
+    members = [copy.deepcopy(m) for m in alone]
+    ens = Ensemble(members)
+    opt_alone = [torch.optim.AdamW(m.parameters(), lr=LR) for m in alone]
+    opt_ens = torch.optim.AdamW(ens.parameters(), lr=LR)
+    clipped = 0
+    for step in range(2):
+        b_alone = [rollout_of(m.eval(), tok, k, step) for k, m in enumerate(alone)]
+        b_ens = [rollout_of(m.eval(), tok, k, step) for k, m in enumerate(members)]
+        for a, e in zip(b_alone, b_ens, strict=True):
+            assert torch.equal(a["completion"], e["completion"])
+            assert torch.equal(a["adv"], e["adv"])
+        stacked = stack_batches(b_ens, tok.pad_token_id)
+        assert stacked["prompt"].shape[0] == 2 and stacked["adv"].shape == (2, 2 * G, 1)
+        with torch.no_grad():
+            old_alone = [
+                completion_logp(
+                    m, b["prompt"], b["prompt_mask"], b["completion"], b["completion_mask"], 1.0
+                )[0]
+                for m, b in zip(alone, b_alone, strict=True)
+            ]
+            stacked["logp_old"] = ens.completion_logp(stacked, 1.0)[0]
+        for k, old in enumerate(old_alone):
+            Tc = old.shape[1]
+            torch.testing.assert_close(stacked["logp_old"][k, :, :Tc], old, atol=1e-12, rtol=0)
+            assert (stacked["logp_old"][k, :, Tc:] == 0).all()  # padding beyond the member's own
+        for _ in range(2):  # mu = 2: the second update sees ratios != 1
+            outs = []
+            for m, opt, b, old in zip(alone, opt_alone, b_alone, old_alone, strict=True):
+                outs.append(separate_update(m.train(), opt, b, loss_fn, old))
+            ens_outs, norms = ensemble_step(
+                ens, stacked, [loss_fn, loss_fn], opt_ens, temperature=1.0, max_grad_norm=MAX_NORM
+            )
+            for (out, norm), e_out, e_norm in zip(outs, ens_outs, norms, strict=True):
+                torch.testing.assert_close(e_out.loss, out.loss, atol=1e-12, rtol=0)
+                torch.testing.assert_close(e_norm, norm, atol=1e-12, rtol=1e-10)
+                clipped += int(norm > MAX_NORM)
+    assert clipped > 0  # the per-member clipping was exercised
+    for m_alone, m_ens, opt in zip(alone, members, opt_alone, strict=True):
+        init = tiny_model(len(tok), 0).double().state_dict()
+        moved = max((p - init[n]).abs().max().item() for n, p in m_alone.state_dict().items())
+        assert moved > 1e-3  # the runs trained
+        for (name, p), q in zip(m_alone.named_parameters(), m_ens.parameters(), strict=True):
+            torch.testing.assert_close(q, p, atol=1e-10, rtol=0, msg=name)
+            for key in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(
+                    opt_ens.state[q][key], opt.state[p][key], atol=1e-10, rtol=1e-8
+                )
+
+
+def test_stochastic_objective_gets_one_generator_per_member(tok):
+    """NSR's band noise draws from the generator: a member's draws are its run's draws."""
+    loss_fn = PolicyLoss(registry.get_objective("nsr", noise="band", sigma=0.1), None)
+    assert loss_fn.objective.stochastic
+    alone = [tiny_model(len(tok), s).double() for s in (0, 1)]
+    ens = Ensemble([copy.deepcopy(m) for m in alone])
+    batches = [rollout_of(m.eval(), tok, k, 0) for k, m in enumerate(alone)]
+    stacked = stack_batches(batches, tok.pad_token_id)
+    with torch.no_grad():
+        stacked["logp_old"] = ens.completion_logp(stacked, 1.0)[0] + 0.3  # off-policy: r != 1
+    opt = torch.optim.AdamW(ens.parameters(), lr=LR)
+    gens = [torch.Generator().manual_seed(10 + k) for k in range(2)]
+    outs, _ = ensemble_step(
+        ens, stacked, [loss_fn] * 2, opt, temperature=1.0, max_grad_norm=MAX_NORM, generators=gens
+    )
+    for k, (m, b) in enumerate(zip(alone, batches, strict=True)):
+        logp, ent = completion_logp(
+            m,
+            b["prompt"],
+            b["prompt_mask"],
+            b["completion"],
+            b["completion_mask"],
+            1.0,
+            entropy="metric",
+        )
+        Tc = logp.shape[1]
+        ref = loss_fn(
+            logp,
+            stacked["logp_old"][k, :, :Tc],
+            b["adv"],
+            b["completion_mask"],
+            entropy=ent,
+            generator=torch.Generator().manual_seed(10 + k),
+        )
+        torch.testing.assert_close(outs[k].loss, ref.loss, atol=1e-12, rtol=0)
+
+
+def test_ensemble_checks(tok):
+    with pytest.raises(ValueError, match="members must hold at least one"):
+        Ensemble([])
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    wider = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            intermediate_size=64,
+        )
+    )
+    with pytest.raises(ValueError, match="share one architecture"):
+        Ensemble([tiny_model(len(tok), 0), wider])
+    ens = Ensemble([tiny_model(len(tok), 0)] * 2)
+    batch = stack_batches([rollout_of(ens.members[0], tok, 0, 0)] * 3, tok.pad_token_id)
+    with pytest.raises(ValueError, match="batch must hold 2 members"):
+        ens.completion_logp(batch, 1.0)
+    loss_fn = PolicyLoss(registry.get_objective("dapo"), None)
+    opt = torch.optim.AdamW(ens.parameters())
+    with pytest.raises(ValueError, match="loss_fns must hold one PolicyLoss per member"):
+        ensemble_step(ens, batch, [loss_fn], opt, temperature=1.0, max_grad_norm=1.0)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_batched_logp_equals_each_member_alone(tok, attention):
+    """The 4D masks built outside vmap, boolean for SDPA and additive for eager attention: each
+    member's log-probs and entropies are its own forward's (padded prompts of unequal lengths).
+    Eager in float32: transformers' own eager forward of a left-padded float64 batch is NaN."""
+    dtype, tol = (torch.float64, 1e-12) if attention == "sdpa" else (torch.float32, 1e-5)
+    alone = [tiny_model(len(tok), s).to(dtype) for s in (0, 1, 2)]
+    batches = [rollout_of(m.eval(), tok, k % 2, 0) for k, m in enumerate(alone)]
+    for m in alone:
+        m.set_attn_implementation(attention)
+    ens = Ensemble(alone)
+    stacked = stack_batches(batches, tok.pad_token_id)
+    logp, ent = ens.completion_logp(stacked, 0.7, entropy="metric")
+    assert logp.shape[0] == 3
+    for k, (m, b) in enumerate(zip(alone, batches, strict=True)):
+        ref = completion_logp(
+            m,
+            b["prompt"],
+            b["prompt_mask"],
+            b["completion"],
+            b["completion_mask"],
+            0.7,
+            entropy="metric",
+        )
+        Tc = ref[0].shape[1]
+        torch.testing.assert_close(logp[k, :, :Tc], ref[0], atol=tol, rtol=0)
+        torch.testing.assert_close(ent[k, :, :Tc], ref[1], atol=tol, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# K runs of llm.train in one process (llm.ensemble.train_ensemble)
+# --------------------------------------------------------------------------------------------------
+
+TIMING = ("tokens_per_s", "step_time")
+RUN = dict(
+    model="tiny",
+    task="parity",
+    task_knobs={"length": 2},
+    lr=1e-2,
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=8,
+    steps=2,
+    epochs=2,
+    progress=False,
+    save_model=False,
+    device="cpu",
+)
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # two seeds of one rule; mu = 2 x 2 in 2 micro-batches each
+        [dict(seed=0, minibatches=2, grad_accum=2), dict(seed=1, minibatches=2, grad_accum=2)],
+        # three runs, two rules (one stochastic), dynamic sampling: the runs keep unequal numbers
+        # of rows (stand-in rows pad them), and a run may keep none in a step (seed 0, step 2)
+        [
+            dict(seed=0, drop_zero_variance=True, minibatches=2, grad_accum=2),
+            dict(
+                seed=4,
+                objective="nsr",
+                objective_params={"noise": "band", "sigma": 0.1},
+                drop_zero_variance=True,
+                entropy_coef=0.01,
+                minibatches=2,
+                grad_accum=2,
+            ),
+            dict(seed=5, drop_zero_variance=True, entropy_coef=0.01, minibatches=2, grad_accum=2),
+        ],
+    ],
+)
+def test_train_ensemble_equals_separate_runs(tmp_path, members):
+    from llm.checkpoint import model_state
+    from llm.config import TrainConfig
+    from llm.ensemble import train_ensemble
+    from llm.train import train
+
+    def cfgs(tag):
+        return [
+            TrainConfig(**RUN, **m, out=str(tmp_path / f"{tag}{k}")) for k, m in enumerate(members)
+        ]
+
+    alone = [train(c) for c in cfgs("alone")]
+    together = train_ensemble(cfgs("ens"))
+    for k, (rows_a, rows_e) in enumerate(zip(alone, together, strict=True)):
+        assert len(rows_a) == len(rows_e) == 2
+        for ra, re_ in zip(rows_a, rows_e, strict=True):
+            assert set(ra) == set(re_)
+            for key in ra:
+                if key in TIMING:
+                    continue
+                assert re_[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), (k, key)
+        state_a = model_state(str(tmp_path / f"alone{k}"))
+        state_e = model_state(str(tmp_path / f"ens{k}"))
+        init = tiny_model(len(tok_global()), members[k]["seed"]).state_dict()
+        assert max((state_a[n] - init[n]).abs().max().item() for n in init) > 1e-3
+        for name, p in state_a.items():
+            torch.testing.assert_close(state_e[name], p, atol=2e-6, rtol=1e-5, msg=name)
+        metrics = (tmp_path / f"ens{k}" / "metrics.jsonl").read_text().splitlines()
+        assert len(metrics) == 2
+
+
+def tok_global():
+    return tiny_tokenizer()
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ([{}], "at least two runs"),
+        ([{}, {"group_size": 2}], "must share --group-size"),
+        ([{}, {"lora_r": 4}], "without --lora-r"),
+        ([{"out": "same"}, {"out": "same"}], "one --out each"),
+    ],
+)
+def test_train_ensemble_checks(tmp_path, changes, match):
+    from llm.config import TrainConfig
+    from llm.ensemble import check_members
+
+    cfgs = [
+        TrainConfig(**{**RUN, "out": str(tmp_path / str(k)), **c}) for k, c in enumerate(changes)
+    ]
+    with pytest.raises(ValueError, match=match):
+        check_members(cfgs)
+
+
+def test_cli_runs_one_ensemble_per_seed(tmp_path, capsys):
+    from llm.ensemble import main
+
+    argv = [
+        "--model",
+        "tiny",
+        "--task",
+        "parity",
+        "--task-knobs",
+        "length=2",
+        "--steps",
+        "1",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--no-save-model",
+        "--out",
+        str(tmp_path),
+    ]
+    main(["--seeds", "3,4", *argv])
+    for seed in (3, 4):
+        config = json.loads((tmp_path / f"seed{seed}" / "config.json").read_text())
+        assert config["seed"] == seed and config["steps"] == 1
+        assert len((tmp_path / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()) == 1
+        assert (tmp_path / f"seed{seed}" / "checkpoint.pt").exists()
+    for bad in ("3,3", "3,x"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--seeds", bad, *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: --seeds must be distinct comma-separated integers")
