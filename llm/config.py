@@ -76,9 +76,11 @@ class TrainConfig:
     vllm_gpu_memory_utilization: float = arg(0.3, "vLLM: GPU memory share (weights + KV cache)")
     vllm_sleep: bool = arg(False, "vLLM: release its memory between rollouts (CUDA)")
     vllm_enforce_eager: bool = arg(False, "vLLM: no CUDA graphs (faster start, slower decode)")
-    generate_cache: str = arg("auto", "generate's KV cache (auto: static on CUDA)", choices=CACHES)
+    generate_cache: str = arg(
+        "auto", "generate's KV cache (auto: dynamic until a GPU measures static)", choices=CACHES
+    )
     generate_compile: str = arg(
-        "auto", "compile decoding (auto: static cache on CUDA)", choices=AUTO_ON_OFF
+        "auto", "compile decoding (auto: off; on needs a static cache)", choices=AUTO_ON_OFF
     )
     lm_head: str = arg(
         "chunked", "log-prob head: torch chunks or TRL's fused kernel", choices=HEADS
@@ -251,17 +253,13 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
-def decode_settings(cfg: TrainConfig, device_type: str) -> tuple[str, bool]:
-    """``(cache, compile_decode)`` for :func:`llm.rollout.generate`: ``auto`` is the fast path
-    (static cache, compiled decoding) on CUDA without ``--fsdp`` (sharded parameters gathered
-    inside a compiled, CUDA-graphed forward are untested) and the reference path (dynamic cache)
-    elsewhere."""
-    fast = device_type == "cuda" and not cfg.fsdp
-    cache = (
-        cfg.generate_cache if cfg.generate_cache != "auto" else ("static" if fast else "dynamic")
-    )
-    if cfg.generate_compile == "auto":
-        return cache, fast and cache == "static"
+def decode_settings(cfg: TrainConfig) -> tuple[str, bool]:
+    """``(cache, compile_decode)`` for :func:`llm.rollout.generate`. ``auto`` is the reference
+    path (dynamic cache, eager decoding) on every device: the fast path (static cache, compiled
+    decoding) is proven equal on CPU, but what it buys on a GPU is unmeasured (a static cache is
+    sized per call, so a batch of a new prompt length recompiles), so it is opt-in until
+    ``benchmarks/llm_throughput.py`` measures it on a GPU."""
+    cache = "dynamic" if cfg.generate_cache == "auto" else cfg.generate_cache
     if cfg.generate_compile == "on" and cache != "static":
         raise ValueError("--generate-compile on needs a static cache (--generate-cache static)")
     return cache, cfg.generate_compile == "on"

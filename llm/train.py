@@ -371,7 +371,7 @@ def sample(
         )
     else:
         run.model.eval()
-        cache, compile_decode = decode_settings(cfg, run.device.type)
+        cache, compile_decode = decode_settings(cfg)
         with run.autocast:
             out = rollout.generate(
                 run.model,

@@ -121,18 +121,14 @@ def test_generation_config_checks():
     assert ref.cache_implementation is None and ref.disable_compile
 
 
-def test_decode_settings_defaults_fast_on_cuda_only():
-    cfg = TrainConfig()
-    assert decode_settings(cfg, "cuda") == ("static", True)
-    assert decode_settings(cfg, "cpu") == ("dynamic", False)
-    static = TrainConfig(generate_cache="static")
-    assert decode_settings(static, "cpu") == ("static", False)
-    assert decode_settings(TrainConfig(generate_compile="off"), "cuda") == ("static", False)
-    assert decode_settings(TrainConfig(generate_cache="dynamic"), "cuda") == ("dynamic", False)
-    assert decode_settings(TrainConfig(generate_compile="on"), "cuda") == ("static", True)
-    assert decode_settings(TrainConfig(fsdp=True), "cuda") == ("dynamic", False)
+def test_decode_settings_default_is_the_reference_path_until_measured():
+    assert decode_settings(TrainConfig()) == ("dynamic", False)
+    assert decode_settings(TrainConfig(generate_cache="static")) == ("static", False)
+    assert decode_settings(TrainConfig(generate_compile="off")) == ("dynamic", False)
+    fast = TrainConfig(generate_cache="static", generate_compile="on")
+    assert decode_settings(fast) == ("static", True)
     with pytest.raises(ValueError, match="--generate-compile on needs a static cache"):
-        decode_settings(TrainConfig(generate_compile="on"), "cpu")
+        decode_settings(TrainConfig(generate_compile="on"))
 
 
 @pytest.mark.parametrize(
