@@ -64,14 +64,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import shlex
-import shutil
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +77,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from llm.runs import RunSpec
 from sandbox.configs import add_arguments, check_device
-from sandbox.experiments.results import (
-    check_settings,
-    part_name,
-    prepare_out_dir,
-    read_parts,
-    write_parquet_atomic,
-)
-from sandbox.objectives import get_objective
+from sandbox.experiments.planner import Job, RunFolder
+from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
+from sandbox.experiments.runs import objective_of, run_specs
 
 RULES = ("grpo", "dapo", "gspo", "nsr_dapo", "dgpo", "cispo_trl", "sapo")
 RUNGS = ("bandit_exact", "bandit_sampled", "tiny_tf", "llm")
@@ -144,7 +138,7 @@ class TransferConfig:
     def validate(self) -> None:
         """``ValueError`` naming the first bad field."""
         for name in self.rules + (self.llm_rules or []):
-            get_objective(name)  # ValueError listing the valid names
+            objective_of(name)  # ValueError listing the valid names
         for rung in self.rungs:
             if rung not in RUNGS:
                 raise ValueError(f"--rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
@@ -197,96 +191,38 @@ PROFILES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def _bandit_model(config: TransferConfig) -> Any:
-    from envs import make_bandit_suite
-
-    suite = make_bandit_suite()
-    if config.bandit_setting not in suite:
-        raise ValueError(f"--bandit-setting must be one of {sorted(suite)}")
-    return suite[config.bandit_setting].make().unwrapped
-
-
-def run_bandit_exact(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
-    """The exact expected-gradient flow (deterministic; ``seed`` unused)."""
-    from sandbox.exact import exact_flow
-
-    frame = exact_flow(get_objective(rule), _bandit_model(config), steps=config.bandit_steps,
-                       lr=config.bandit_lr, advantage="grpo", group_size=config.group_size,
-                       epochs=config.epochs * config.minibatches, optimizer="sgd")  # fmt: skip
-    frame["pass_rate"] = frame["train_reward"] = frame["expected_reward"]
-    return frame
-
-
-def run_bandit_sampled(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
-    """``inner_seeds`` sampled softmax bandits, averaged per step."""
-    from sandbox.train import BanditTrainConfig, run_bandit
-
-    cfg = BanditTrainConfig(
-        objective=rule, seeds=config.inner_seeds, steps=config.bandit_steps,
-        group_size=config.group_size, prompts_per_batch=config.bandit_prompts,
-        epochs=config.epochs, minibatches=config.minibatches, optimizer="sgd",
-        lr=config.bandit_lr, seed=1000 * seed, device=config.device,
-    )  # fmt: skip
-    frame = run_bandit(_bandit_model(config), cfg).to_frame()
-    frame["pass_rate"], frame["train_reward"] = frame["expected_reward"], frame["reward"]
-    return frame.groupby("step", as_index=False).mean(numeric_only=True)
-
-
-def run_tiny_tf(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
-    """``tf_seeds`` tiny transformers from scratch on bits reverse-3, averaged per step."""
-    from sandbox.train import SequenceTrainConfig, train_sequence
-
-    cfg = SequenceTrainConfig(
-        task="bits", task_knobs={"op": "reverse", "length": 3}, objective=rule,
-        seeds=config.tf_seeds, steps=config.tf_steps, prompts_per_batch=config.tf_prompts,
-        group_size=config.group_size, epochs=config.epochs, minibatches=config.minibatches,
-        lr=config.tf_lr, seed=1000 * seed, device=config.device,
-    )  # fmt: skip
-    frame = train_sequence(cfg)
-    frame["train_reward"] = frame["reward"]
-    return frame.groupby("step", as_index=False).mean(numeric_only=True)
-
-
 def llm_extra_flags(config: TransferConfig) -> list[str]:
     """``--llm-extra`` as llm.train's argv: each value split like a shell line, so that
     ``--llm-extra="--kl-coef 0.01 --lr 1e-5"`` passes four words."""
     return [word for item in config.llm_extra for word in shlex.split(item)]
 
 
-def llm_config(config: TransferConfig, rule: str, seed: int, out: str) -> Any:
-    """The :class:`llm.train.TrainConfig` of one llm-rung run."""
-    from llm.train import TrainConfig, parse_args
-
-    extra = llm_extra_flags(config)
-    base = parse_args(extra) if extra else TrainConfig()
-    return replace(
-        base, model=config.model, task="addition", task_knobs={"digits": config.llm_digits},
-        objective=rule,
-        steps=config.llm_steps, prompts_per_step=config.llm_prompts, group_size=config.llm_group,
-        max_new_tokens=config.llm_tokens, epochs=config.epochs, minibatches=config.minibatches,
-        lr=config.llm_lr, eval_every=config.llm_eval_every, eval_prompts=config.llm_eval_prompts,
-        eval_k=config.llm_eval_k, prompts_per_call=base.prompts_per_call, seed=seed,
-        device=config.device, offline=True, save_model=False, progress=False, out=out,
+def run_spec(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> RunSpec:
+    """The run spec of one (rung, rule, seed): the rung is the run kind."""
+    shared = dict(seed=seed, epochs=config.epochs, minibatches=config.minibatches,
+                  group_size=config.group_size, device=config.device)  # fmt: skip
+    if rung.startswith("bandit_"):  # the sampled rung: inner_seeds replicates per seed
+        seeds, seed = (1, 0) if rung == "bandit_exact" else (config.inner_seeds, 1000 * seed)
+        return RunSpec.make(
+            rung, config.bandit_setting, rule, **{**shared, "seed": seed}, seeds=seeds,
+            steps=config.bandit_steps, prompts_per_step=config.bandit_prompts, optimizer="sgd",
+            lr=config.bandit_lr,
+        )  # fmt: skip
+    if rung == "tiny_tf":
+        return RunSpec.make(
+            rung, "bits-reverse-3", rule, **{**shared, "seed": 1000 * seed}, seeds=config.tf_seeds,
+            steps=config.tf_steps, prompts_per_step=config.tf_prompts, lr=config.tf_lr,
+            definition={"task": "bits", "op": "reverse", "length": 3},
+        )  # fmt: skip
+    train = dict(model=config.model, max_new_tokens=config.llm_tokens,
+                 eval_every=config.llm_eval_every, eval_prompts=config.llm_eval_prompts,
+                 eval_k=config.llm_eval_k, offline=True, save_model=False, progress=False,
+                 out=str(out / "llm_runs" / f"{rule}__s{seed}"), argv=llm_extra_flags(config))  # fmt: skip
+    return RunSpec.make(
+        rung, f"addition-{config.llm_digits}", rule, **{**shared, "group_size": config.llm_group},
+        steps=config.llm_steps, prompts_per_step=config.llm_prompts, lr=config.llm_lr,
+        definition={"task": "addition", "digits": config.llm_digits}, train=train,
     )  # fmt: skip
-
-
-def run_llm(config: TransferConfig, rule: str, seed: int, work: Path) -> pd.DataFrame:
-    """One ``llm.train`` run; ``pass_rate`` = held-out pass@1 at its evaluation steps."""
-    from llm.train import train
-
-    out = work / f"{rule}__s{seed}"
-    shutil.rmtree(out, ignore_errors=True)  # an interrupted run restarts from step 0
-    rows = train(llm_config(config, rule, seed, str(out)))
-    frame = pd.DataFrame(rows)
-    shutil.rmtree(out, ignore_errors=True)  # the checkpoint holds the optimizer: ~1.6 GB
-    frame["train_reward"] = frame.get("reward")
-    frame["pass_rate"] = frame.get("eval_pass@1")
-    # a step that also evaluated is one row; step 0 (before training) only evaluates
-    return frame.groupby("step", as_index=False).first()
-
-
-RUNNERS = {"bandit_exact": run_bandit_exact, "bandit_sampled": run_bandit_sampled,
-           "tiny_tf": run_tiny_tf}  # fmt: skip
 
 
 def jobs(config: TransferConfig) -> list[tuple[str, str, int]]:
@@ -299,14 +235,28 @@ def jobs(config: TransferConfig) -> list[tuple[str, str, int]]:
     return out
 
 
+#: Per rung, which of the run kind's columns the study's ``pass_rate`` and ``train_reward`` are.
+RUNG_METRICS = {
+    "bandit_exact": {"pass_rate": "expected_reward", "train_reward": "expected_reward"},
+    "bandit_sampled": {"pass_rate": "expected_reward", "train_reward": "reward"},
+    "tiny_tf": {"pass_rate": "pass_rate", "train_reward": "reward"},
+    "llm": {"pass_rate": "pass_rate", "train_reward": "reward"},
+}
+
+
 def run_job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> pd.DataFrame:
-    """One run as tidy rows: rung, rule, seed, step and :data:`METRICS` (NaN where undefined)."""
+    """One run as tidy rows: rung, rule, seed, step and :data:`METRICS` (NaN where undefined).
+
+    Steps count updates: step 0 is the initial policy (the llm's evaluation before training),
+    so the toy kinds' 1-based steps move down by one; replicates are averaged per step."""
     torch.manual_seed(seed)
     start = time.perf_counter()
-    if rung == "llm":
-        frame = run_llm(config, rule, seed, out / "llm_runs")
-    else:
-        frame = RUNNERS[rung](config, rule, seed)
+    [frame] = run_specs([run_spec(config, rung, rule, seed, out)])
+    for name, column in RUNG_METRICS[rung].items():
+        frame[name] = frame.get(column)
+    if rung != "llm":
+        frame["step"] -= 1
+        frame = frame.groupby("step", as_index=False).mean(numeric_only=True)
     tidy = pd.DataFrame({"rung": rung, "rule": rule, "seed": seed, "step": frame["step"]})
     for name in (*METRICS, "ratio_max", "ratio_min"):
         tidy[name] = frame[name].astype(float) if name in frame else np.nan
@@ -314,34 +264,27 @@ def run_job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) 
     return tidy
 
 
+def _job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> list:
+    return [run_job(config, rung, rule, seed, out)]
+
+
 def run_study(
     config: TransferConfig, out: str | Path, *, progress: bool = True, force: bool = False
 ) -> pd.DataFrame:
     """Run (or resume) the study into ``out``; writes every table and the figure. A folder whose
     parts were made with other settings is refused (``force``: its parts are deleted first)."""
-    from tqdm import tqdm
-
     config.validate()
-    out = prepare_out_dir(out)
-    check_settings(out, config.training_fields(), force=force)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    todo = jobs(config)
-    paths = {job: out / "parts" / part_name(job[0], job[1], f"s{job[2]}") for job in todo}
-    done = sum(p.exists() for p in paths.values())
-    if done:
-        print(f"{done} of {len(todo)} runs already done in {out}; running the other "
-              f"{len(todo) - done}", file=sys.stderr, flush=True)  # fmt: skip
-    bar = tqdm(todo, disable=not progress, desc="transfer", unit="run")
-    for job in bar:
-        bar.set_postfix_str("/".join(map(str, job)))
-        if not paths[job].exists():
-            write_parquet_atomic(run_job(config, *job, out), paths[job])
-    wanted = {p.name for p in paths.values()}
-    results = read_parts(out / "parts")
+    folder = RunFolder(out, config.training_fields(), contents=asdict(config), force=force)
+    parts = {job: part_name(job[0], job[1], f"s{job[2]}") for job in jobs(config)}
+    todo = [Job("/".join(map(str, j)), (p,), (config, *j, folder.out)) for j, p in parts.items()
+            if not folder.done(p)]  # fmt: skip
+    folder.run(_job, todo, total=len(parts), progress=progress, desc="transfer")
+    wanted = set(parts.values())
+    results = read_parts(folder.parts)
     keep = [part_name(r, u, f"s{s}") in wanted for r, u, s in
             zip(results["rung"], results["rule"], results["seed"], strict=True)]  # fmt: skip
     results = results[keep].reset_index(drop=True)
-    write_tables(results, out)
+    write_tables(results, folder.out)
     return results
 
 

@@ -210,7 +210,7 @@ def test_run_variant_columns_and_custom_env(tiny):
             "grid": [{"objective": "nsr", "params": {"sigma": 0.2, "seed": 7}}]}  # fmt: skip
     plan = parse_sweep(spec)
     run = plan.runs()[0]
-    frame = sweep._execute(plan, run)
+    [frame] = sweep._execute(plan, run)  # one frame per part of the run
     label = "nsr[seed=7,sigma=0.2]"
     assert set(frame["objective"]) == set(frame["variant"]) == {label}
     assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run.run_id}

@@ -77,8 +77,19 @@ def changed_settings(previous: Mapping[str, Any], now: Mapping[str, Any]) -> lis
     """``key: old -> new`` for every key of ``now`` whose JSON value differs from the one in the
     ``previous`` record (a key the record lacks counts as ``None``; keys only the record has, such
     as which rules ran, are not settings of the parts)."""
-    now = json.loads(json.dumps(now, default=str))
+    now, previous = _flat(json.loads(json.dumps(now, default=str))), _flat(previous)
     return [f"{k}: {previous.get(k)!r} -> {v!r}" for k, v in now.items() if previous.get(k) != v]
+
+
+def _flat(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as dotted keys (``{"shared": {"steps": 3}}`` -> ``{"shared.steps": 3}``)."""
+    flat: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, Mapping) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def check_settings(
