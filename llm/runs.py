@@ -38,10 +38,20 @@ def train_config(spec: RunSpec) -> object:
     if spec.params:
         extra["objective_params"] = thaw(spec.params)
     return replace(
-        base, task=task.pop("task"), task_knobs=task, objective=spec.rule, steps=spec.steps,
-        prompts_per_step=spec.prompts_per_step, group_size=spec.group_size, epochs=spec.epochs,
-        minibatches=spec.minibatches, lr=spec.lr, seed=spec.seed, device=spec.device, **extra,
-    )  # fmt: skip
+        base,
+        task=task.pop("task"),
+        task_knobs=task,
+        objective=spec.rule,
+        steps=spec.steps,
+        prompts_per_step=spec.prompts_per_step,
+        group_size=spec.group_size,
+        epochs=spec.epochs,
+        minibatches=spec.minibatches,
+        lr=spec.lr,
+        seed=spec.seed,
+        device=spec.device,
+        **extra,
+    )
 
 
 @register_run("llm")

@@ -178,17 +178,37 @@ class TransferConfig:
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {"llm_rules": ["dapo", "gspo", "nsr_dapo", "dgpo"]},
     "gpu": {
-        "seeds": 3, "device": "cuda", "llm_digits": 2, "llm_steps": 15, "llm_prompts": 32,
-        "llm_group": 8, "llm_tokens": 32, "llm_lr": 5e-6, "llm_eval_every": 5, "llm_eval_prompts": 128,
+        "seeds": 3,
+        "device": "cuda",
+        "llm_digits": 2,
+        "llm_steps": 15,
+        "llm_prompts": 32,
+        "llm_group": 8,
+        "llm_tokens": 32,
+        "llm_lr": 5e-6,
+        "llm_eval_every": 5,
+        "llm_eval_prompts": 128,
         "llm_eval_k": 2,
     },
     "quick": {
-        "rules": ["grpo", "nsr_dapo", "gspo"], "seeds": 2, "bandit_steps": 3, "inner_seeds": 4,
-        "tf_steps": 2, "tf_seeds": 1, "tf_prompts": 2, "group_size": 4, "model": "tiny",
-        "llm_steps": 1, "llm_prompts": 2, "llm_group": 2, "llm_tokens": 3, "llm_lr": 1e-3,
-        "llm_eval_every": 1, "llm_eval_prompts": 2,
+        "rules": ["grpo", "nsr_dapo", "gspo"],
+        "seeds": 2,
+        "bandit_steps": 3,
+        "inner_seeds": 4,
+        "tf_steps": 2,
+        "tf_seeds": 1,
+        "tf_prompts": 2,
+        "group_size": 4,
+        "model": "tiny",
+        "llm_steps": 1,
+        "llm_prompts": 2,
+        "llm_group": 2,
+        "llm_tokens": 3,
+        "llm_lr": 1e-3,
+        "llm_eval_every": 1,
+        "llm_eval_prompts": 2,
     },
-}  # fmt: skip
+}
 
 
 def llm_extra_flags(config: TransferConfig) -> list[str]:
@@ -199,30 +219,61 @@ def llm_extra_flags(config: TransferConfig) -> list[str]:
 
 def run_spec(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> RunSpec:
     """The run spec of one (rung, rule, seed): the rung is the run kind."""
-    shared = dict(seed=seed, epochs=config.epochs, minibatches=config.minibatches,
-                  group_size=config.group_size, device=config.device)  # fmt: skip
+    shared = dict(
+        seed=seed,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        group_size=config.group_size,
+        device=config.device,
+    )
     if rung.startswith("bandit_"):  # the sampled rung: inner_seeds replicates per seed
         seeds, seed = (1, 0) if rung == "bandit_exact" else (config.inner_seeds, 1000 * seed)
         return RunSpec.make(
-            rung, config.bandit_setting, rule, **{**shared, "seed": seed}, seeds=seeds,
-            steps=config.bandit_steps, prompts_per_step=config.bandit_prompts, optimizer="sgd",
+            rung,
+            config.bandit_setting,
+            rule,
+            **{**shared, "seed": seed},
+            seeds=seeds,
+            steps=config.bandit_steps,
+            prompts_per_step=config.bandit_prompts,
+            optimizer="sgd",
             lr=config.bandit_lr,
-        )  # fmt: skip
+        )
     if rung == "tiny_tf":
         return RunSpec.make(
-            rung, "bits-reverse-3", rule, **{**shared, "seed": 1000 * seed}, seeds=config.tf_seeds,
-            steps=config.tf_steps, prompts_per_step=config.tf_prompts, lr=config.tf_lr,
+            rung,
+            "bits-reverse-3",
+            rule,
+            **{**shared, "seed": 1000 * seed},
+            seeds=config.tf_seeds,
+            steps=config.tf_steps,
+            prompts_per_step=config.tf_prompts,
+            lr=config.tf_lr,
             definition={"task": "bits", "op": "reverse", "length": 3},
-        )  # fmt: skip
-    train = dict(model=config.model, max_new_tokens=config.llm_tokens,
-                 eval_every=config.llm_eval_every, eval_prompts=config.llm_eval_prompts,
-                 eval_k=config.llm_eval_k, offline=True, save_model=False, progress=False,
-                 out=str(out / "llm_runs" / f"{rule}__s{seed}"), argv=llm_extra_flags(config))  # fmt: skip
+        )
+    train = dict(
+        model=config.model,
+        max_new_tokens=config.llm_tokens,
+        eval_every=config.llm_eval_every,
+        eval_prompts=config.llm_eval_prompts,
+        eval_k=config.llm_eval_k,
+        offline=True,
+        save_model=False,
+        progress=False,
+        out=str(out / "llm_runs" / f"{rule}__s{seed}"),
+        argv=llm_extra_flags(config),
+    )
     return RunSpec.make(
-        rung, f"addition-{config.llm_digits}", rule, **{**shared, "group_size": config.llm_group},
-        steps=config.llm_steps, prompts_per_step=config.llm_prompts, lr=config.llm_lr,
-        definition={"task": "addition", "digits": config.llm_digits}, train=train,
-    )  # fmt: skip
+        rung,
+        f"addition-{config.llm_digits}",
+        rule,
+        **{**shared, "group_size": config.llm_group},
+        steps=config.llm_steps,
+        prompts_per_step=config.llm_prompts,
+        lr=config.llm_lr,
+        definition={"task": "addition", "digits": config.llm_digits},
+        train=train,
+    )
 
 
 def jobs(config: TransferConfig) -> list[tuple[str, str, int]]:
@@ -276,13 +327,18 @@ def run_study(
     config.validate()
     folder = RunFolder(out, config.training_fields(), contents=asdict(config), force=force)
     parts = {job: part_name(job[0], job[1], f"s{job[2]}") for job in jobs(config)}
-    todo = [Job("/".join(map(str, j)), (p,), (config, *j, folder.out)) for j, p in parts.items()
-            if not folder.done(p)]  # fmt: skip
+    todo = [
+        Job("/".join(map(str, j)), (p,), (config, *j, folder.out))
+        for j, p in parts.items()
+        if not folder.done(p)
+    ]
     folder.run(_job, todo, total=len(parts), progress=progress, desc="transfer")
     wanted = set(parts.values())
     results = read_parts(folder.parts)
-    keep = [part_name(r, u, f"s{s}") in wanted for r, u, s in
-            zip(results["rung"], results["rule"], results["seed"], strict=True)]  # fmt: skip
+    keep = [
+        part_name(r, u, f"s{s}") in wanted
+        for r, u, s in zip(results["rung"], results["rule"], results["seed"], strict=True)
+    ]
     results = results[keep].reset_index(drop=True)
     write_tables(results, folder.out)
     return results
@@ -309,22 +365,32 @@ def run_scores(results: pd.DataFrame) -> pd.DataFrame:
         passed = run.dropna(subset=["pass_rate"])
         after = passed[passed["step"] > 0]
         train = run[run["step"] > 0] if rung == "llm" else run
-        rows.append({
-            "rung": rung, "rule": rule, "seed": seed,
-            "score": after["pass_rate"].mean(), "final": after["pass_rate"].iloc[-1],
-            "start": passed["pass_rate"].iloc[0],
-            "clip_frac": (train["clip_low_frac"] + train["clip_high_frac"]).mean(),
-            "rescue_frac": train["rescue_frac"].mean(),
-        })  # fmt: skip
+        rows.append(
+            {
+                "rung": rung,
+                "rule": rule,
+                "seed": seed,
+                "score": after["pass_rate"].mean(),
+                "final": after["pass_rate"].iloc[-1],
+                "start": passed["pass_rate"].iloc[0],
+                "clip_frac": (train["clip_low_frac"] + train["clip_high_frac"]).mean(),
+                "rescue_frac": train["rescue_frac"].mean(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def summarise(scores: pd.DataFrame) -> pd.DataFrame:
     """Per (rung, rule): mean and standard error of the score over seeds, clip/rescue means."""
     g = scores.groupby(["rung", "rule"], sort=False)
-    out = g.agg(score=("score", "mean"), score_se=("score", "sem"), final=("final", "mean"),
-                clip_frac=("clip_frac", "mean"), rescue_frac=("rescue_frac", "mean"),
-                seeds=("seed", "nunique")).reset_index()  # fmt: skip
+    out = g.agg(
+        score=("score", "mean"),
+        score_se=("score", "sem"),
+        final=("final", "mean"),
+        clip_frac=("clip_frac", "mean"),
+        rescue_frac=("rescue_frac", "mean"),
+        seeds=("seed", "nunique"),
+    ).reset_index()
     out["rank"] = out.groupby("rung")["score"].rank(ascending=False, method="average")
     return out
 
@@ -341,8 +407,10 @@ def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) ->
     """Kendall's tau between the rule means of every pair of rungs, over their common rules,
     with a 95% bootstrap interval over seeds (resampled within each rung)."""
     rng = np.random.default_rng(seed)
-    tables = {r: s.pivot_table(index="seed", columns="rule", values="score")
-              for r, s in scores.groupby("rung", sort=False)}  # fmt: skip
+    tables = {
+        r: s.pivot_table(index="seed", columns="rule", values="score")
+        for r, s in scores.groupby("rung", sort=False)
+    }
     rungs = [r for r in RUNGS if r in tables]
     rows = []
     for a_i, a in enumerate(rungs):
@@ -352,14 +420,28 @@ def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) ->
                 continue
             ta, tb = tables[a][common].to_numpy(), tables[b][common].to_numpy()
             tau = kendall_tau(np.nanmean(ta, 0), np.nanmean(tb, 0))
-            boot = [kendall_tau(np.nanmean(ta[rng.integers(len(ta), size=len(ta))], 0),
-                                np.nanmean(tb[rng.integers(len(tb), size=len(tb))], 0))
-                    for _ in range(draws)]  # fmt: skip
+            boot = [
+                kendall_tau(
+                    np.nanmean(ta[rng.integers(len(ta), size=len(ta))], 0),
+                    np.nanmean(tb[rng.integers(len(tb), size=len(tb))], 0),
+                )
+                for _ in range(draws)
+            ]
             with warnings.catch_warnings():  # all-NaN when every draw ties every rule
                 warnings.simplefilter("ignore", RuntimeWarning)
                 lo, hi = np.nanpercentile(boot, [2.5, 97.5])
-            rows.append({"rung_a": a, "rung_b": b, "rules": len(common), "tau": tau,
-                         "tau_lo": lo, "tau_hi": hi, "seeds_a": len(ta), "seeds_b": len(tb)})  # fmt: skip
+            rows.append(
+                {
+                    "rung_a": a,
+                    "rung_b": b,
+                    "rules": len(common),
+                    "tau": tau,
+                    "tau_lo": lo,
+                    "tau_hi": hi,
+                    "seeds_a": len(ta),
+                    "seeds_b": len(tb),
+                }
+            )
     columns = ["rung_a", "rung_b", "rules", "tau", "tau_lo", "tau_hi", "seeds_a", "seeds_b"]
     return pd.DataFrame(rows, columns=columns)  # the header even with fewer than two rungs
 
@@ -377,17 +459,21 @@ def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
     rules = list(dict.fromkeys(summary["rule"]))
     cmap = plt.get_cmap("viridis")
     fig, axes = plt.subplots(1, 2, figsize=(5 + 2.2 * len(rungs), 2.2 + 0.45 * len(rules)))
-    for ax, value, title in ((axes[0], "score", "score (mean pass rate), z within rung"),
-                             (axes[1], "clip_frac", "clip fraction (low + high)")):  # fmt: skip
+    for ax, value, title in (
+        (axes[0], "score", "score (mean pass rate), z within rung"),
+        (axes[1], "clip_frac", "clip fraction (low + high)"),
+    ):
         grid = summary.pivot_table(index="rule", columns="rung", values=value).reindex(
-            index=rules, columns=rungs)  # fmt: skip
+            index=rules, columns=rungs
+        )
         shown = (grid - grid.mean()) / grid.std().replace(0, 1) if value == "score" else grid
         shown = shown.to_numpy(dtype=float)
         ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, aspect="auto")
         finite = shown[np.isfinite(shown)]
         lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)  # imshow's range
         se = summary.pivot_table(index="rule", columns="rung", values="score_se").reindex(
-            index=rules, columns=rungs)  # fmt: skip
+            index=rules, columns=rungs
+        )
         for i, rule in enumerate(rules):
             for j, rung in enumerate(rungs):
                 v = grid.loc[rule, rung]
@@ -399,8 +485,15 @@ def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
                     text += f"\n±{se.loc[rule, rung]:.3f}"
                 shade = cmap((shown[i, j] - lo) / (hi - lo) if hi > lo else 0.5)
                 light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
-                ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                        color="black" if light else "white")  # fmt: skip
+                ax.text(
+                    j,
+                    i,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if light else "white",
+                )
         ax.set_xticks(range(len(rungs)), rungs, rotation=20)
         ax.set_yticks(range(len(rules)), rules)
         ax.set_title(title, fontsize=9)
@@ -413,39 +506,52 @@ def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
         else:
             lines.append(f"{r.rung_a} ~ {r.rung_b}: n/a (the rules tie on a rung)")
     head = "Kendall's tau-b between rungs, 95% bootstrap interval over seeds"
-    fig.suptitle("\n".join([head, *lines]) if lines else "one rung: no rank agreement",
-                 fontsize=8)  # fmt: skip
+    fig.suptitle("\n".join([head, *lines]) if lines else "one rung: no rank agreement", fontsize=8)
     if summary[["score", "clip_frac"]].isna().to_numpy().any() or len(summary) < len(rules) * len(
         rungs
     ):
-        fig.text(0.01, 0.01, "n/a: no value: no run of the rule on the rung, or a rule without "
-                 "that metric (SAPO's soft gate clips nothing, so it has no clip fraction)",
-                 fontsize=7, color="0.4")  # fmt: skip
+        fig.text(
+            0.01,
+            0.01,
+            "n/a: no value: no run of the rule on the rung, or a rule without "
+            "that metric (SAPO's soft gate clips nothing, so it has no clip fraction)",
+            fontsize=7,
+            color="0.4",
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog="python -m llm.transfer", description=__doc__.split(
-        "\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m llm.transfer", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
-        "--out", default=None, help="output folder (default: runs/transfer-PROFILE; the committed "
+        "--out",
+        default=None,
+        help="output folder (default: runs/transfer-PROFILE; the committed "
         "study is results/transfer, rebuilt with --tables-only)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="delete the parts of a folder made with other settings and recompute",
-    )  # fmt: skip
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
-                        help="named settings (default: cpu); flags override them")  # fmt: skip
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="cpu",
+        help="named settings (default: cpu); flags override them",
+    )
     parser.add_argument("--quick", action="store_true", help="= --profile quick")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
-        "--tables-only", action="store_true",
+        "--tables-only",
+        action="store_true",
         help="run nothing: rebuild the tables and figure from every part in OUT/parts (parts "
         "copied in from other machines or settings)",
-    )  # fmt: skip
+    )
     cpu = TransferConfig(**PROFILES["cpu"])  # the help shows the cpu profile's values
     shown = {f.name: str(getattr(cpu, f.name)) for f in fields(TransferConfig)}
     add_arguments(parser, TransferConfig, unset=True, shown=shown)  # unset: the profile decides
@@ -453,8 +559,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
     profile = "quick" if args.quick else args.profile
     args.out = args.out or f"runs/transfer-{profile}"
     settings = dict(PROFILES[profile])
-    settings.update({f.name: getattr(args, f.name) for f in fields(TransferConfig)
-                     if getattr(args, f.name) is not None})  # fmt: skip
+    settings.update(
+        {
+            f.name: getattr(args, f.name)
+            for f in fields(TransferConfig)
+            if getattr(args, f.name) is not None
+        }
+    )
     if settings.get("llm_rules") is not None and args.rules is not None and not args.llm_rules:
         settings["llm_rules"] = [r for r in settings["llm_rules"] if r in args.rules]
     return TransferConfig(**settings), args
@@ -487,8 +598,10 @@ def main(argv: list[str] | None = None) -> int:
             print("no rank agreement: it needs two rungs with at least 3 rules in common")
         else:
             print(agreement.round(3).to_string(index=False))
-    print(f"{time.perf_counter() - start:.0f} s; wrote {args.out}/results.parquet, scores.csv, "
-          f"summary.csv, agreement.csv, transfer.png")  # fmt: skip
+    print(
+        f"{time.perf_counter() - start:.0f} s; wrote {args.out}/results.parquet, scores.csv, "
+        f"summary.csv, agreement.csv, transfer.png"
+    )
     return 0
 
 

@@ -22,14 +22,24 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 COMPARE = {
     "compare_bandit": dict(
-        suite="bandit", objectives=["grpo", "nsr_dapo", "clip_cov"], settings=["easy", "mixed"],
-        seeds=3, steps=5, prompts_per_batch=2, minibatches=2,
+        suite="bandit",
+        objectives=["grpo", "nsr_dapo", "clip_cov"],
+        settings=["easy", "mixed"],
+        seeds=3,
+        steps=5,
+        prompts_per_batch=2,
+        minibatches=2,
     ),
     "compare_reasoning": dict(
-        suite="reasoning", objectives=["grpo", "clip_cov"], settings=["bits-parity-2"], seeds=2,
-        steps=2, prompts_per_batch=2, group_size=4,
+        suite="reasoning",
+        objectives=["grpo", "clip_cov"],
+        settings=["bits-parity-2"],
+        seeds=2,
+        steps=2,
+        prompts_per_batch=2,
+        group_size=4,
     ),
-}  # fmt: skip
+}
 
 SWEEPS = {
     "sweep_bandit": """

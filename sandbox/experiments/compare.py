@@ -71,22 +71,45 @@ REASONING_SUITE: dict[str, tuple[str, dict[str, Any]]] = {
 
 #: Rules compared by default on the reasoning suite (the token/sequence-level contrasts first).
 REASONING_OBJECTIVES = (
-    "grpo", "dapo", "gspo", "nsr_dapo", "nsr_gspo", "nsr_decay_dapo", "dgpo", "gppo",
-    "cispo_trl", "sapo", "clip_cov", "kl_cov",
-)  # fmt: skip
+    "grpo",
+    "dapo",
+    "gspo",
+    "nsr_dapo",
+    "nsr_gspo",
+    "nsr_decay_dapo",
+    "dgpo",
+    "gppo",
+    "cispo_trl",
+    "sapo",
+    "clip_cov",
+    "kl_cov",
+)
 
 #: Per-suite defaults of the fields left as None.
 SUITE_DEFAULTS: dict[str, dict[str, Any]] = {
     "bandit": {
-        "objectives": None, "settings": ["easy", "needle", "mixed"], "seeds": 32, "steps": 100,
-        "prompts_per_batch": 4, "epochs": 2, "minibatches": 4, "optimizer": "sgd", "lr": 1.0,
+        "objectives": None,
+        "settings": ["easy", "needle", "mixed"],
+        "seeds": 32,
+        "steps": 100,
+        "prompts_per_batch": 4,
+        "epochs": 2,
+        "minibatches": 4,
+        "optimizer": "sgd",
+        "lr": 1.0,
     },
     "reasoning": {
-        "objectives": list(REASONING_OBJECTIVES), "settings": list(REASONING_SUITE), "seeds": 8,
-        "steps": 80, "prompts_per_batch": 8, "epochs": 2, "minibatches": 2, "optimizer": "adam",
+        "objectives": list(REASONING_OBJECTIVES),
+        "settings": list(REASONING_SUITE),
+        "seeds": 8,
+        "steps": 80,
+        "prompts_per_batch": 8,
+        "epochs": 2,
+        "minibatches": 2,
+        "optimizer": "adam",
         "lr": 1e-3,
     },
-}  # fmt: skip
+}
 
 
 #: A run name: letters, digits and ``_.=-`` (no path separators), not only dots.
@@ -227,12 +250,21 @@ def _spec(config: CompareConfig, setting: str, objective: str, kind: str) -> Run
     else:
         kind, definition = f"bandit_{kind}", {}
     return RunSpec.make(
-        kind, setting, objective, params=config.params(objective), seed=config.seed,
-        seeds=config.seeds, steps=config.steps, group_size=config.group_size,
-        prompts_per_step=config.prompts_per_batch, epochs=config.epochs,
-        minibatches=config.minibatches, lr=config.lr, optimizer=config.optimizer,
+        kind,
+        setting,
+        objective,
+        params=config.params(objective),
+        seed=config.seed,
+        seeds=config.seeds,
+        steps=config.steps,
+        group_size=config.group_size,
+        prompts_per_step=config.prompts_per_batch,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        lr=config.lr,
+        optimizer=config.optimizer,
         definition=definition,
-    )  # fmt: skip
+    )
 
 
 #: The ``kind`` column of compare's results: sampled runs or the exact flow.
@@ -277,8 +309,11 @@ def plan_jobs(config: CompareConfig, done: Callable[[str], bool]) -> list[Job]:
         if exact:
             parts, specs = zip(*exact, strict=True)
             jobs.append(Job(f"{setting}/exact", parts, (config.suite, list(specs))))
-        jobs += [Job(f"{setting}/sampled", (p,), (config.suite, [s])) for p, s in todo
-                 if s.setting == setting and s.kind != "bandit_exact"]  # fmt: skip
+        jobs += [
+            Job(f"{setting}/sampled", (p,), (config.suite, [s]))
+            for p, s in todo
+            if s.setting == setting and s.kind != "bandit_exact"
+        ]
     return jobs
 
 
@@ -301,10 +336,13 @@ def run_compare(
     """
     check_workers(workers)
     folder = RunFolder(
-        out_dir, config.training_fields(), contents=asdict(config), force=force,
+        out_dir,
+        config.training_fields(),
+        contents=asdict(config),
+        force=force,
         hint="run the same command as before to resume, or use another --name, or --force to "
         "recompute",
-    )  # fmt: skip
+    )
     out_dir, parts = folder.out, folder.parts
     wanted = [part for part, _ in plan_runs(config)]
     jobs = plan_jobs(config, folder.done)

@@ -40,8 +40,9 @@ class Job:
 
 
 def check_workers(workers: Any) -> None:
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):  # fmt: skip
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
 
 
@@ -93,8 +94,12 @@ class RunFolder:
 
         todo = sum(len(job.parts) for job in jobs)
         if todo < total:
-            print(f"{total - todo} of {total} runs already done in {self.out}; running the "
-                  f"other {todo}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{total - todo} of {total} runs already done in {self.out}; running the "
+                f"other {todo}",
+                file=sys.stderr,
+                flush=True,
+            )
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
         try:
             with contextlib.closing(_stream(fn, jobs, workers, backend, address, error)) as stream:

@@ -52,8 +52,6 @@ from .results import part_name
 SHARED_COLUMNS = ("kind", "setting", "rule", "seed", "step")
 #: Parameter slugs longer than this are replaced by a hash in part names (file names stay short).
 MAX_SLUG = 80
-#: Advantages with an exact finite-group form (:mod:`sandbox.exact.bandit`).
-EXACT_ADVANTAGES = ("grpo", "rloo")
 
 _RUNS: dict[str, tuple[Callable[..., Any], bool]] = {}
 
@@ -147,8 +145,9 @@ class RunSpec:
     @classmethod
     def make(cls, kind: str, setting: str, rule: str, **values: Any) -> RunSpec:
         """A spec from plain values (dicts and lists are frozen)."""
-        frozen = {k: freeze(v) if k in ("params", "definition", "train") else v
-                  for k, v in values.items()}  # fmt: skip
+        frozen = {
+            k: freeze(v) if k in ("params", "definition", "train") else v for k, v in values.items()
+        }
         return cls(kind, setting, rule, **frozen)
 
     @property
@@ -159,8 +158,9 @@ class RunSpec:
     @property
     def part(self) -> str:
         """A stable part file name: setting, rule slug, kind, base seed."""
-        return part_name(self.setting, *variant_slug(self.rule, dict(self.params)), self.kind,
-                         f"seed{self.seed}")  # fmt: skip
+        return part_name(
+            self.setting, *variant_slug(self.rule, dict(self.params)), self.kind, f"seed{self.seed}"
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
@@ -206,8 +206,10 @@ def has_exact_flow(spec: RunSpec, model: Any = None) -> bool:
     """The one place that decides whether a run has an exact expected-gradient flow: a bandit,
     a closed-form ``expected_coef`` (not clip_cov, kl_cov), a group advantage with an exact
     finite-group form, and binary rewards."""
+    from sandbox.exact.bandit import GROUP_ADVANTAGES
+
     advantage = dict(spec.train).get("advantage", "grpo")
-    if not spec.kind.startswith("bandit_") or advantage not in EXACT_ADVANTAGES:
+    if not spec.kind.startswith("bandit_") or advantage not in GROUP_ADVANTAGES:
         return False
     if not objective_of(spec.rule, spec.params).has_expected_coef():
         return False
@@ -222,8 +224,9 @@ def tidy(spec: RunSpec, frame: pd.DataFrame, *, shift: int = 1, **columns: Any) 
     frame["step"] = frame["step"] + shift
     if "seed" not in frame:
         frame["seed"] = -1
-    head = pd.DataFrame({"kind": spec.kind, "setting": spec.setting, "rule": spec.label},
-                        index=frame.index)  # fmt: skip
+    head = pd.DataFrame(
+        {"kind": spec.kind, "setting": spec.setting, "rule": spec.label}, index=frame.index
+    )
     out = pd.concat([head, frame[["seed", "step"]], frame.drop(columns=["seed", "step"])], axis=1)
     for name, value in columns.items():
         out[name] = value
@@ -232,11 +235,20 @@ def tidy(spec: RunSpec, frame: pd.DataFrame, *, shift: int = 1, **columns: Any) 
 
 def trainer_fields(spec: RunSpec, names: Sequence[str]) -> dict[str, Any]:
     """The spec's shared knobs under a trainer config's field names, then ``spec.train``."""
-    shared = {"objective": spec.rule, "objective_params": thaw(spec.params), "seed": spec.seed,
-              "seeds": spec.seeds, "steps": spec.steps, "group_size": spec.group_size,
-              "prompts_per_batch": spec.prompts_per_step, "epochs": spec.epochs,
-              "minibatches": spec.minibatches, "lr": spec.lr, "optimizer": spec.optimizer,
-              "device": spec.device}  # fmt: skip
+    shared = {
+        "objective": spec.rule,
+        "objective_params": thaw(spec.params),
+        "seed": spec.seed,
+        "seeds": spec.seeds,
+        "steps": spec.steps,
+        "group_size": spec.group_size,
+        "prompts_per_batch": spec.prompts_per_step,
+        "epochs": spec.epochs,
+        "minibatches": spec.minibatches,
+        "lr": spec.lr,
+        "optimizer": spec.optimizer,
+        "device": spec.device,
+    }
     values = {k: v for k, v in shared.items() if k in names}
     values.update(thaw(spec.train))
     return values
@@ -278,9 +290,16 @@ def bandit_exact(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     model = setting_model(spec)
     config = bandit_config(spec)
     objectives = [objective_of(s.rule, s.params) for s in specs]
-    frames = exact_flows(objectives, model, steps=spec.steps, lr=config.lr,
-                         advantage=config.advantage, group_size=spec.group_size,
-                         epochs=spec.epochs * spec.minibatches, optimizer=config.optimizer)  # fmt: skip
+    frames = exact_flows(
+        objectives,
+        model,
+        steps=spec.steps,
+        lr=config.lr,
+        advantage=config.advantage,
+        group_size=spec.group_size,
+        epochs=spec.epochs * spec.minibatches,
+        optimizer=config.optimizer,
+    )
     return [tidy(s, f, optimum=optimum(model)) for s, f in zip(specs, frames, strict=True)]
 
 

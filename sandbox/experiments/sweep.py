@@ -87,8 +87,16 @@ MANAGED_TRAIN_FIELDS = ("objective", "objective_params", "seed", "task", "task_k
 #: Columns a run adds to the trainer's frame.
 RUN_COLUMNS = ("base_objective", "variant", "run_id", "run_seed")
 #: A swept parameter with one of these names (``seed`` of nsr, say) is stored as ``param_<name>``.
-RESERVED_COLUMNS = ("suite", "setting", "objective", "kind", "seed", "step", "optimum",
-                    *RUN_COLUMNS)  # fmt: skip
+RESERVED_COLUMNS = (
+    "suite",
+    "setting",
+    "objective",
+    "kind",
+    "seed",
+    "step",
+    "optimum",
+    *RUN_COLUMNS,
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -193,8 +201,15 @@ class SweepPlan:
     def trainer_config(
         self, setting: str, variant: Variant, seed: int
     ) -> BanditTrainConfig | SequenceTrainConfig:
-        return trainer_config(self.config, setting, variant.objective, variant.param_dict, seed,
-                              self.setting_defs[setting], self.train)  # fmt: skip
+        return trainer_config(
+            self.config,
+            setting,
+            variant.objective,
+            variant.param_dict,
+            seed,
+            self.setting_defs[setting],
+            self.train,
+        )
 
     def variant_table(self) -> pd.DataFrame:
         """One row per variant: label, base objective and one column per swept parameter."""
@@ -235,12 +250,22 @@ def run_spec(
     parameters, the base seed, the setting's definition and the ``[train]`` extras."""
     run_kind = "tiny_tf" if config.suite == "reasoning" else f"bandit_{kind}"
     return RunSpec.make(
-        run_kind, setting, objective, params=dict(params), seed=seed, seeds=config.seeds,
-        steps=config.steps, group_size=config.group_size,
-        prompts_per_step=config.prompts_per_batch, epochs=config.epochs,
-        minibatches=config.minibatches, lr=config.lr, optimizer=config.optimizer,
-        definition=_setting_def_json(setting_def), train=dict(train or {}),
-    )  # fmt: skip
+        run_kind,
+        setting,
+        objective,
+        params=dict(params),
+        seed=seed,
+        seeds=config.seeds,
+        steps=config.steps,
+        group_size=config.group_size,
+        prompts_per_step=config.prompts_per_batch,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        lr=config.lr,
+        optimizer=config.optimizer,
+        definition=_setting_def_json(setting_def),
+        train=dict(train or {}),
+    )
 
 
 def trainer_config(*args: Any, **kwargs: Any) -> BanditTrainConfig | SequenceTrainConfig:
@@ -415,9 +440,15 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
             raise ValueError(f"train.{key}: a shared field, set it at top level")
 
     plan = SweepPlan(
-        name=name, config=config, settings=settings, seeds=list(seeds), variants=variants,
-        setting_defs=setting_defs, train=dict(train), description=str(spec.get("description", "")),
-    )  # fmt: skip
+        name=name,
+        config=config,
+        settings=settings,
+        seeds=list(seeds),
+        variants=variants,
+        setting_defs=setting_defs,
+        train=dict(train),
+        description=str(spec.get("description", "")),
+    )
     # every (setting, variant) builds its trainer config: the shared fields, [train], the task
     # and the objective's parameters are checked together, before anything runs
     for setting in settings:
@@ -501,10 +532,17 @@ def run_variant(
 def _execute(plan: SweepPlan, run: SweepRun) -> list[pd.DataFrame]:
     """Worker entry (process pool or Ray task): one run, one thread."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
-    return [run_variant(
-        plan.config, run.setting, run.variant.objective, run.variant.param_dict, run.seed,
-        setting_def=plan.setting_defs[run.setting], train=plan.train,
-    )]  # fmt: skip
+    return [
+        run_variant(
+            plan.config,
+            run.setting,
+            run.variant.objective,
+            run.variant.param_dict,
+            run.seed,
+            setting_def=plan.setting_defs[run.setting],
+            train=plan.train,
+        )
+    ]
 
 
 class SweepRunError(RuntimeError):
@@ -563,14 +601,27 @@ def run_sweep(
     if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
         raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
     folder = RunFolder(
-        out_dir, plan.training_fields(), record="plan.json", contents=plan.to_dict(), force=force,
+        out_dir,
+        plan.training_fields(),
+        record="plan.json",
+        contents=plan.to_dict(),
+        force=force,
         hint="use --force to recompute them, or another --out/--name",
-    )  # fmt: skip
+    )
     out_dir, parts = folder.out, folder.parts
     runs = plan.runs()
     jobs = [Job(r.run_id, (r.part,), (plan, r)) for r in runs if not folder.done(r.part)]
-    folder.run(_execute, jobs, total=len(runs), workers=workers, progress=progress,
-               desc=f"sweep {plan.name}", backend=backend, address=address, error=SweepRunError)  # fmt: skip
+    folder.run(
+        _execute,
+        jobs,
+        total=len(runs),
+        workers=workers,
+        progress=progress,
+        desc=f"sweep {plan.name}",
+        backend=backend,
+        address=address,
+        error=SweepRunError,
+    )
 
     results = collect_results(plan, parts)
     write_parquet_atomic(results, out_dir / "results.parquet")
