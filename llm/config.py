@@ -167,9 +167,19 @@ class TrainConfig:
                 f"{', '.join(registry.available_presets())}"
             )
         try:
-            registry.get_objective(self.objective, **self.objective_params)
+            self.build_objective()
         except ValueError as exc:
             raise ValueError(f"--objective {self.objective} --objective-params: {exc}") from None
+
+    def build_objective(self) -> Any:
+        """The objective of ``objective`` + ``objective_params``, built once per config: the
+        check in :meth:`validate` and the trainer share it (rebuilt only if the fields change)."""
+        key = (self.objective, repr(sorted(self.objective_params.items())))
+        built = self.__dict__.get("_built_objective")
+        if built is None or built[0] != key:
+            built = (key, registry.get_objective(self.objective, **self.objective_params))
+            self.__dict__["_built_objective"] = built
+        return built[1]
 
     def _check_combinations(self, world: int, launched: bool) -> None:
         """Settings that are valid alone but not together (nothing is silently ignored)."""

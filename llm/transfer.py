@@ -69,7 +69,7 @@ import shlex
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ import pandas as pd
 import torch
 
 from llm.runs import RunSpec
-from sandbox.configs import add_arguments, check_device
+from sandbox.configs import add_arguments, arg, check_device
 from sandbox.experiments.planner import Job, RunFolder
 from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
 from sandbox.experiments.runs import objective_of, run_specs
@@ -92,48 +92,43 @@ METRICS = ("pass_rate", "train_reward", "clip_low_frac", "clip_high_frac", "resc
 class TransferConfig:
     """Settings of the study; every field is a flag of ``python -m llm.transfer``."""
 
-    rules: list[str] = field(default_factory=lambda: list(RULES), metadata={"help": "rules"})
-    rungs: list[str] = field(default_factory=lambda: list(RUNGS), metadata={"help": "rungs"})
-    seeds: int = field(default=2, metadata={"help": "seeds per (rung, rule); exact flow: 1"})
-    llm_rules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "rules on the llm rung (the cpu profile's four; --rules "
-            "narrows them; the gpu and quick profiles: all --rules)"
-        },
+    rules: list[str] = arg(list(RULES), "rules")
+    rungs: list[str] = arg(list(RUNGS), "rungs")
+    seeds: int = arg(2, "seeds per (rung, rule); exact flow: 1")
+    llm_rules: list[str] | None = arg(
+        None,
+        "rules on the llm rung (the cpu profile's four; --rules narrows them; the gpu and quick "
+        "profiles: all --rules)",
     )
-    epochs: int = field(default=2, metadata={"help": "mu: passes over each batch (all rungs)"})
-    minibatches: int = field(default=2, metadata={"help": "optimizer steps per epoch (all)"})
-    group_size: int = field(default=8, metadata={"help": "G on the toy rungs"})
+    epochs: int = arg(2, "mu: passes over each batch (all rungs)")
+    minibatches: int = arg(2, "optimizer steps per epoch (all)")
+    group_size: int = arg(8, "G on the toy rungs")
     # bandit rungs
-    bandit_setting: str = field(default="mixed", metadata={"help": "envs.make_bandit_suite name"})
-    bandit_steps: int = field(default=40, metadata={"help": "bandit steps"})
-    bandit_lr: float = field(default=4.0, metadata={"help": "SGD learning rate on the logits"})
-    bandit_prompts: int = field(default=4, metadata={"help": "groups per bandit step"})
-    inner_seeds: int = field(default=16, metadata={"help": "replicates per seed (bandit)"})
+    bandit_setting: str = arg("mixed", "envs.make_bandit_suite name")
+    bandit_steps: int = arg(40, "bandit steps")
+    bandit_lr: float = arg(4.0, "SGD learning rate on the logits")
+    bandit_prompts: int = arg(4, "groups per bandit step")
+    inner_seeds: int = arg(16, "replicates per seed (bandit)")
     # tiny transformer rung
-    tf_steps: int = field(default=40, metadata={"help": "tiny-transformer steps"})
-    tf_seeds: int = field(default=4, metadata={"help": "replicates per seed (tiny transformer)"})
-    tf_lr: float = field(default=1e-3, metadata={"help": "Adam learning rate (tiny transformer)"})
-    tf_prompts: int = field(default=8, metadata={"help": "prompts per tiny-transformer step"})
+    tf_steps: int = arg(40, "tiny-transformer steps")
+    tf_seeds: int = arg(4, "replicates per seed (tiny transformer)")
+    tf_lr: float = arg(1e-3, "Adam learning rate (tiny transformer)")
+    tf_prompts: int = arg(8, "prompts per tiny-transformer step")
     # llm rung
-    model: str = field(default="smollm2-135m", metadata={"help": "llm.train --model"})
-    llm_digits: int = field(default=1, metadata={"help": "llm task: addition of N-digit numbers"})
-    llm_steps: int = field(default=12, metadata={"help": "llm steps"})
-    llm_prompts: int = field(default=8, metadata={"help": "llm prompts per step"})
-    llm_group: int = field(default=4, metadata={"help": "llm completions per prompt"})
-    llm_tokens: int = field(default=16, metadata={"help": "llm max new tokens"})
-    llm_lr: float = field(default=2e-5, metadata={"help": "llm learning rate"})
-    llm_eval_every: int = field(default=4, metadata={"help": "llm eval interval (steps)"})
-    llm_eval_prompts: int = field(default=64, metadata={"help": "llm held-out prompts"})
-    llm_eval_k: int = field(default=1, metadata={"help": "llm samples per held-out prompt"})
-    llm_extra: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": 'more llm.train flags, quoted after "=": --llm-extra="--kl-coef 0.01 --lr 1e-5"'
-        },
+    model: str = arg("smollm2-135m", "llm.train --model")
+    llm_digits: int = arg(1, "llm task: addition of N-digit numbers")
+    llm_steps: int = arg(12, "llm steps")
+    llm_prompts: int = arg(8, "llm prompts per step")
+    llm_group: int = arg(4, "llm completions per prompt")
+    llm_tokens: int = arg(16, "llm max new tokens")
+    llm_lr: float = arg(2e-5, "llm learning rate")
+    llm_eval_every: int = arg(4, "llm eval interval (steps)")
+    llm_eval_prompts: int = arg(64, "llm held-out prompts")
+    llm_eval_k: int = arg(1, "llm samples per held-out prompt")
+    llm_extra: list[str] = arg(
+        [], 'more llm.train flags, quoted after "=": --llm-extra="--kl-coef 0.01 --lr 1e-5"'
     )
-    device: str = field(default="cpu", metadata={"help": "cpu | cuda (toy rungs and llm)"})
+    device: str = arg("cpu", "cpu | cuda (toy rungs and llm)")
 
     def validate(self) -> None:
         """``ValueError`` naming the first bad field."""

@@ -202,7 +202,7 @@ class CompareConfig:
         self.objective_params = self._resolve_params(self.objective_params or {})
         # the trainer config of one run validates the shared training fields
         check = bandit_config if self.suite == "bandit" else sequence_config
-        check(_spec(self, self.settings[0], "grpo", "sampled"))
+        check(run_spec(self, self.settings[0], "grpo"))
 
     def _resolve_params(self, given: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         """Expand ``"*"`` to every objective and check each set through ``get_objective``."""
@@ -242,19 +242,27 @@ class CompareConfig:
         return {f.name: f.metadata.get("help", "") for f in fields(cls)}
 
 
-def _spec(config: CompareConfig, setting: str, objective: str, kind: str) -> RunSpec:
-    """The run spec of ``objective`` on ``setting`` (``kind`` sampled or exact)."""
+def run_spec(
+    config: CompareConfig,
+    setting: str,
+    objective: str,
+    kind: str = "sampled",
+    **given: Any,
+) -> RunSpec:
+    """The run spec of ``objective`` on ``setting`` (``kind`` sampled or exact) with the shared
+    training fields; ``given`` (``params``, ``seed``, ``definition``, ``train``) replaces the
+    defaults: the comparison's parameters and base seed, the standard setting."""
+    values = dict(params=config.params(objective), seed=config.seed, definition={})
     if config.suite == "reasoning":
-        task, knobs = REASONING_SUITE[setting]
-        kind, definition = "tiny_tf", {"task": task, **knobs}
+        task, knobs = REASONING_SUITE.get(setting, (None, {}))
+        kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
     else:
-        kind, definition = f"bandit_{kind}", {}
+        kind = f"bandit_{kind}"
+    values.update(given)
     return RunSpec.make(
         kind,
         setting,
         objective,
-        params=config.params(objective),
-        seed=config.seed,
         seeds=config.seeds,
         steps=config.steps,
         group_size=config.group_size,
@@ -263,7 +271,7 @@ def _spec(config: CompareConfig, setting: str, objective: str, kind: str) -> Run
         minibatches=config.minibatches,
         lr=config.lr,
         optimizer=config.optimizer,
-        definition=definition,
+        **values,
     )
 
 
@@ -293,7 +301,7 @@ def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
     for setting in config.settings:
         for objective in config.objectives:
             for kind in ("sampled", "exact"):
-                spec = _spec(config, setting, objective, kind)
+                spec = run_spec(config, setting, objective, kind)
                 if kind == "sampled" or has_exact_flow(spec):
                     planned.append((part_name(setting, config.label(objective), kind), spec))
     return planned

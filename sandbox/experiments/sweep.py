@@ -60,6 +60,7 @@ from sandbox.configs import read_mapping
 from sandbox.objectives import get_objective
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
+from . import compare
 from .compare import REASONING_SUITE, SUITE_DEFAULTS, CompareConfig, check_name, label_frame
 from .planner import BACKENDS, RAY_HINT, Job, RunFolder
 from .plots import final_scores, format_scores, render_all
@@ -248,21 +249,13 @@ def run_spec(
 ) -> RunSpec:
     """The spec of one run (``kind`` sampled or exact): the shared fields, the variant's
     parameters, the base seed, the setting's definition and the ``[train]`` extras."""
-    run_kind = "tiny_tf" if config.suite == "reasoning" else f"bandit_{kind}"
-    return RunSpec.make(
-        run_kind,
+    return compare.run_spec(
+        config,
         setting,
         objective,
+        kind,
         params=dict(params),
         seed=seed,
-        seeds=config.seeds,
-        steps=config.steps,
-        group_size=config.group_size,
-        prompts_per_step=config.prompts_per_batch,
-        epochs=config.epochs,
-        minibatches=config.minibatches,
-        lr=config.lr,
-        optimizer=config.optimizer,
         definition=_setting_def_json(setting_def),
         train=dict(train or {}),
     )
@@ -499,9 +492,9 @@ def run_variant(
     setting_def: Any = None,
     train: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """One sweep run as a tidy frame: what :func:`~sandbox.experiments.compare.run_pair` gives
-    for ``objective`` on ``setting``, with ``params`` as the objective's overrides and ``seed``
-    as the base seed.
+    """One sweep run as a tidy frame: the sampled run and, where the rule has one, the exact
+    flow (:func:`~sandbox.experiments.runs.has_exact_flow`) of ``objective`` on ``setting``,
+    with ``params`` as the objective's overrides and ``seed`` as the base seed.
 
     ``objective`` in the frame holds the variant label (so the standard figures and tables group
     by variant); ``base_objective``, ``variant``, ``run_id``, ``run_seed`` and one column per
