@@ -19,7 +19,7 @@ from llm import checkpoint
 from llm.data import VERIFIERS
 from sandbox.advantages import ADVANTAGE_METHODS
 from sandbox.aggregate import AGGREGATION_MODES
-from sandbox.configs import arg, flag
+from sandbox.configs import arg, check_group_size, flag
 from sandbox.correction import IS_LEVELS
 from sandbox.loss import ROLLOUT_IS_CHOICES
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
@@ -185,8 +185,7 @@ class TrainConfig:
         """Settings that are valid alone but not together (nothing is silently ignored)."""
         if self.rollout_backend == "vllm" and self.fsdp and self.lora_r > 0:
             raise ValueError("--rollout-backend vllm does not support --fsdp with --lora-r > 0")
-        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
-            raise ValueError(f"--group-size must be >= 2 for --advantage {self.advantage}")
+        check_group_size(self.advantage, self.group_size, ("--group-size", "--advantage"))
         if self.prompts_per_step % world:
             raise ValueError(
                 f"--prompts-per-step {self.prompts_per_step} must be divisible by "

@@ -68,7 +68,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -79,6 +78,8 @@ import torch
 
 from llm.runs import RunSpec
 from sandbox.configs import add_arguments, arg, check_device
+from sandbox.experiments import agreement
+from sandbox.experiments.agreement import run_scores, summarise
 from sandbox.experiments.planner import Job, RunFolder
 from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
 from sandbox.experiments.runs import objective_of, run_specs
@@ -107,20 +108,20 @@ class TransferConfig:
     bandit_setting: str = arg("mixed", "envs.make_bandit_suite name")
     bandit_steps: int = arg(40, "bandit steps")
     bandit_lr: float = arg(4.0, "SGD learning rate on the logits")
-    bandit_prompts: int = arg(4, "groups per bandit step")
+    bandit_prompts_per_step: int = arg(4, "groups per bandit step")
     inner_seeds: int = arg(16, "replicates per seed (bandit)")
     # tiny transformer rung
     tf_steps: int = arg(40, "tiny-transformer steps")
     tf_seeds: int = arg(4, "replicates per seed (tiny transformer)")
     tf_lr: float = arg(1e-3, "Adam learning rate (tiny transformer)")
-    tf_prompts: int = arg(8, "prompts per tiny-transformer step")
+    tf_prompts_per_step: int = arg(8, "prompts per tiny-transformer step")
     # llm rung
     model: str = arg("smollm2-135m", "llm.train --model")
     llm_digits: int = arg(1, "llm task: addition of N-digit numbers")
     llm_steps: int = arg(12, "llm steps")
-    llm_prompts: int = arg(8, "llm prompts per step")
-    llm_group: int = arg(4, "llm completions per prompt")
-    llm_tokens: int = arg(16, "llm max new tokens")
+    llm_prompts_per_step: int = arg(8, "llm prompts per step")
+    llm_group_size: int = arg(4, "llm completions per prompt")
+    llm_max_new_tokens: int = arg(16, "llm max new tokens")
     llm_lr: float = arg(2e-5, "llm learning rate")
     llm_eval_every: int = arg(4, "llm eval interval (steps)")
     llm_eval_prompts: int = arg(64, "llm held-out prompts")
@@ -177,9 +178,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         "device": "cuda",
         "llm_digits": 2,
         "llm_steps": 15,
-        "llm_prompts": 32,
-        "llm_group": 8,
-        "llm_tokens": 32,
+        "llm_prompts_per_step": 32,
+        "llm_group_size": 8,
+        "llm_max_new_tokens": 32,
         "llm_lr": 5e-6,
         "llm_eval_every": 5,
         "llm_eval_prompts": 128,
@@ -192,13 +193,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "inner_seeds": 4,
         "tf_steps": 2,
         "tf_seeds": 1,
-        "tf_prompts": 2,
+        "tf_prompts_per_step": 2,
         "group_size": 4,
         "model": "tiny",
         "llm_steps": 1,
-        "llm_prompts": 2,
-        "llm_group": 2,
-        "llm_tokens": 3,
+        "llm_prompts_per_step": 2,
+        "llm_group_size": 2,
+        "llm_max_new_tokens": 3,
         "llm_lr": 1e-3,
         "llm_eval_every": 1,
         "llm_eval_prompts": 2,
@@ -230,7 +231,7 @@ def run_spec(config: TransferConfig, rung: str, rule: str, seed: int, out: Path)
             **{**shared, "seed": seed},
             seeds=seeds,
             steps=config.bandit_steps,
-            prompts_per_step=config.bandit_prompts,
+            prompts_per_step=config.bandit_prompts_per_step,
             optimizer="sgd",
             lr=config.bandit_lr,
         )
@@ -242,13 +243,13 @@ def run_spec(config: TransferConfig, rung: str, rule: str, seed: int, out: Path)
             **{**shared, "seed": 1000 * seed},
             seeds=config.tf_seeds,
             steps=config.tf_steps,
-            prompts_per_step=config.tf_prompts,
+            prompts_per_step=config.tf_prompts_per_step,
             lr=config.tf_lr,
             definition={"task": "bits", "op": "reverse", "length": 3},
         )
     train = dict(
         model=config.model,
-        max_new_tokens=config.llm_tokens,
+        max_new_tokens=config.llm_max_new_tokens,
         eval_every=config.llm_eval_every,
         eval_prompts=config.llm_eval_prompts,
         eval_k=config.llm_eval_k,
@@ -262,9 +263,9 @@ def run_spec(config: TransferConfig, rung: str, rule: str, seed: int, out: Path)
         rung,
         f"addition-{config.llm_digits}",
         rule,
-        **{**shared, "group_size": config.llm_group},
+        **{**shared, "group_size": config.llm_group_size},
         steps=config.llm_steps,
-        prompts_per_step=config.llm_prompts,
+        prompts_per_step=config.llm_prompts_per_step,
         lr=config.llm_lr,
         definition={"task": "addition", "digits": config.llm_digits},
         train=train,
@@ -351,171 +352,14 @@ def write_tables(results: pd.DataFrame, out: Path) -> None:
     plot(summary, agreement, out / "transfer.png")
 
 
-def run_scores(results: pd.DataFrame) -> pd.DataFrame:
-    """Per (rung, rule, seed): ``score`` (mean pass_rate after step 0), ``final``, ``start``,
-    ``clip_frac`` (mean clip_low + clip_high over the training steps) and ``rescue_frac``."""
-    rows = []
-    for (rung, rule, seed), run in results.groupby(["rung", "rule", "seed"], sort=False):
-        run = run.sort_values("step")
-        passed = run.dropna(subset=["pass_rate"])
-        after = passed[passed["step"] > 0]
-        train = run[run["step"] > 0] if rung == "llm" else run
-        rows.append(
-            {
-                "rung": rung,
-                "rule": rule,
-                "seed": seed,
-                "score": after["pass_rate"].mean(),
-                "final": after["pass_rate"].iloc[-1],
-                "start": passed["pass_rate"].iloc[0],
-                "clip_frac": (train["clip_low_frac"] + train["clip_high_frac"]).mean(),
-                "rescue_frac": train["rescue_frac"].mean(),
-            }
-        )
-    return pd.DataFrame(rows)
+def rank_agreement(scores: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
+    """:func:`sandbox.experiments.agreement.rank_agreement` with the rungs in ladder order."""
+    return agreement.rank_agreement(scores, order=RUNGS, **kwargs)
 
 
-def summarise(scores: pd.DataFrame) -> pd.DataFrame:
-    """Per (rung, rule): mean and standard error of the score over seeds, clip/rescue means."""
-    g = scores.groupby(["rung", "rule"], sort=False)
-    out = g.agg(
-        score=("score", "mean"),
-        score_se=("score", "sem"),
-        final=("final", "mean"),
-        clip_frac=("clip_frac", "mean"),
-        rescue_frac=("rescue_frac", "mean"),
-        seeds=("seed", "nunique"),
-    ).reset_index()
-    out["rank"] = out.groupby("rung")["score"].rank(ascending=False, method="average")
-    return out
-
-
-def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
-    """Kendall's tau-b of two score vectors (ties counted as in scipy.stats.kendalltau)."""
-    i, j = np.triu_indices(len(x), 1)
-    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
-    denom = np.sqrt(np.sum(dx != 0) * np.sum(dy != 0))
-    return float(np.sum(dx * dy) / denom) if denom > 0 else float("nan")
-
-
-def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Kendall's tau between the rule means of every pair of rungs, over their common rules,
-    with a 95% bootstrap interval over seeds (resampled within each rung)."""
-    rng = np.random.default_rng(seed)
-    tables = {
-        r: s.pivot_table(index="seed", columns="rule", values="score")
-        for r, s in scores.groupby("rung", sort=False)
-    }
-    rungs = [r for r in RUNGS if r in tables]
-    rows = []
-    for a_i, a in enumerate(rungs):
-        for b in rungs[a_i + 1 :]:
-            common = [r for r in tables[a].columns if r in tables[b].columns]
-            if len(common) < 3:
-                continue
-            ta, tb = tables[a][common].to_numpy(), tables[b][common].to_numpy()
-            tau = kendall_tau(np.nanmean(ta, 0), np.nanmean(tb, 0))
-            boot = [
-                kendall_tau(
-                    np.nanmean(ta[rng.integers(len(ta), size=len(ta))], 0),
-                    np.nanmean(tb[rng.integers(len(tb), size=len(tb))], 0),
-                )
-                for _ in range(draws)
-            ]
-            with warnings.catch_warnings():  # all-NaN when every draw ties every rule
-                warnings.simplefilter("ignore", RuntimeWarning)
-                lo, hi = np.nanpercentile(boot, [2.5, 97.5])
-            rows.append(
-                {
-                    "rung_a": a,
-                    "rung_b": b,
-                    "rules": len(common),
-                    "tau": tau,
-                    "tau_lo": lo,
-                    "tau_hi": hi,
-                    "seeds_a": len(ta),
-                    "seeds_b": len(tb),
-                }
-            )
-    columns = ["rung_a", "rung_b", "rules", "tau", "tau_lo", "tau_hi", "seeds_a", "seeds_b"]
-    return pd.DataFrame(rows, columns=columns)  # the header even with fewer than two rungs
-
-
-def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
-    """Rules x rungs: the score standardised within each rung (colour) with the mean +- se
-    written in each cell, and the clip fraction beside it; the taus (one line per pair of rungs)
-    above. A cell without a run reads "n/a"; a tau that no resample defines says why."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rungs = [r for r in RUNGS if r in set(summary["rung"])]
-    rules = list(dict.fromkeys(summary["rule"]))
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(1, 2, figsize=(5 + 2.2 * len(rungs), 2.2 + 0.45 * len(rules)))
-    for ax, value, title in (
-        (axes[0], "score", "score (mean pass rate), z within rung"),
-        (axes[1], "clip_frac", "clip fraction (low + high)"),
-    ):
-        grid = summary.pivot_table(index="rule", columns="rung", values=value).reindex(
-            index=rules, columns=rungs
-        )
-        shown = (grid - grid.mean()) / grid.std().replace(0, 1) if value == "score" else grid
-        shown = shown.to_numpy(dtype=float)
-        ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, aspect="auto")
-        finite = shown[np.isfinite(shown)]
-        lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)  # imshow's range
-        se = summary.pivot_table(index="rule", columns="rung", values="score_se").reindex(
-            index=rules, columns=rungs
-        )
-        for i, rule in enumerate(rules):
-            for j, rung in enumerate(rungs):
-                v = grid.loc[rule, rung]
-                if pd.isna(v):
-                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="0.4")
-                    continue
-                text = f"{v:.3f}"
-                if value == "score" and not pd.isna(se.loc[rule, rung]):
-                    text += f"\n±{se.loc[rule, rung]:.3f}"
-                shade = cmap((shown[i, j] - lo) / (hi - lo) if hi > lo else 0.5)
-                light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
-                ax.text(
-                    j,
-                    i,
-                    text,
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="black" if light else "white",
-                )
-        ax.set_xticks(range(len(rungs)), rungs, rotation=20)
-        ax.set_yticks(range(len(rules)), rules)
-        ax.set_title(title, fontsize=9)
-    lines = []
-    for r in agreement.itertuples():
-        if np.isfinite(r.tau):
-            lines.append(
-                f"{r.rung_a} ~ {r.rung_b}: {r.tau:+.2f} [{r.tau_lo:+.2f}, {r.tau_hi:+.2f}]"
-            )
-        else:
-            lines.append(f"{r.rung_a} ~ {r.rung_b}: n/a (the rules tie on a rung)")
-    head = "Kendall's tau-b between rungs, 95% bootstrap interval over seeds"
-    fig.suptitle("\n".join([head, *lines]) if lines else "one rung: no rank agreement", fontsize=8)
-    if summary[["score", "clip_frac"]].isna().to_numpy().any() or len(summary) < len(rules) * len(
-        rungs
-    ):
-        fig.text(
-            0.01,
-            0.01,
-            "n/a: no value: no run of the rule on the rung, or a rule without "
-            "that metric (SAPO's soft gate clips nothing, so it has no clip fraction)",
-            fontsize=7,
-            color="0.4",
-        )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+def plot(summary: pd.DataFrame, agreement_table: pd.DataFrame, path: Path) -> None:
+    """:func:`sandbox.experiments.agreement.plot` with the rungs in ladder order."""
+    agreement.plot(summary, agreement_table, path, order=RUNGS)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.Namespace]:

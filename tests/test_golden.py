@@ -27,7 +27,7 @@ COMPARE = {
         settings=["easy", "mixed"],
         seeds=3,
         steps=5,
-        prompts_per_batch=2,
+        prompts_per_step=2,
         minibatches=2,
     ),
     "compare_reasoning": dict(
@@ -36,7 +36,7 @@ COMPARE = {
         settings=["bits-parity-2"],
         seeds=2,
         steps=2,
-        prompts_per_batch=2,
+        prompts_per_step=2,
         group_size=4,
     ),
 }
@@ -49,7 +49,7 @@ settings = ["needle", "mixed"]
 seeds = 3
 steps = 4
 seed = [0, 1]
-prompts_per_batch = 2
+prompts_per_step = 2
 [train]
 aggregation = "seq-mean-token-mean"
 [[grid]]
@@ -64,7 +64,7 @@ suite = "reasoning"
 settings = ["bits-reverse-3"]
 seeds = 2
 steps = 2
-prompts_per_batch = 2
+prompts_per_step = 2
 group_size = 4
 [[grid]]
 objective = "dapo"

@@ -34,7 +34,7 @@ suite = "bandit"
 settings = ["easy"]
 seeds = 4
 steps = 3
-prompts_per_batch = 2
+prompts_per_step = 2
 minibatches = 2
 seed = [0, 1]
 
@@ -52,7 +52,7 @@ suite: bandit
 settings: [easy]
 seeds: 4
 steps: 3
-prompts_per_batch: 2
+prompts_per_step: 2
 minibatches: 2
 seed: [0, 1]
 grid:

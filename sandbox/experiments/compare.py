@@ -32,7 +32,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,7 @@ SUITE_DEFAULTS: dict[str, dict[str, Any]] = {
         "settings": ["easy", "needle", "mixed"],
         "seeds": 32,
         "steps": 100,
-        "prompts_per_batch": 4,
+        "prompts_per_step": 4,
         "epochs": 2,
         "minibatches": 4,
         "optimizer": "sgd",
@@ -103,7 +103,7 @@ SUITE_DEFAULTS: dict[str, dict[str, Any]] = {
         "settings": list(REASONING_SUITE),
         "seeds": 8,
         "steps": 80,
-        "prompts_per_batch": 8,
+        "prompts_per_step": 8,
         "epochs": 2,
         "minibatches": 2,
         "optimizer": "adam",
@@ -169,7 +169,7 @@ class CompareConfig:
     seeds: int | None = arg(None, "seeds per run (vectorised)")
     steps: int | None = arg(None, "training steps")
     group_size: int = arg(8, "G, samples per prompt")
-    prompts_per_batch: int | None = arg(None, "groups per step")
+    prompts_per_step: int | None = arg(None, "groups per step")
     epochs: int | None = arg(None, "mu, passes over each batch")
     minibatches: int | None = arg(None, "optimizer steps per epoch")
     optimizer: str | None = arg(None, "sgd or adam (bandit)")
@@ -237,10 +237,6 @@ class CompareConfig:
         skip = ("objectives", "settings", "objective_params")
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}))
 
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
-
 
 def run_spec(
     config: CompareConfig,
@@ -266,7 +262,7 @@ def run_spec(
         seeds=config.seeds,
         steps=config.steps,
         group_size=config.group_size,
-        prompts_per_step=config.prompts_per_batch,
+        prompts_per_step=config.prompts_per_step,
         epochs=config.epochs,
         minibatches=config.minibatches,
         lr=config.lr,

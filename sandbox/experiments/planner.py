@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox.configs import check_int
+
 from .results import check_settings, prepare_out_dir, remove_temp_files, write_parquet_atomic
 
 BACKENDS = ("local", "ray")
@@ -40,10 +42,9 @@ class Job:
 
 
 def check_workers(workers: Any) -> None:
-    if workers is not None and (
-        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
-    ):
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    """``workers``: None (the default) or an integer >= 1."""
+    if workers is not None:
+        check_int("workers", workers)
 
 
 class RunFolder:

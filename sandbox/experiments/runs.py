@@ -242,7 +242,7 @@ def trainer_fields(spec: RunSpec, names: Sequence[str]) -> dict[str, Any]:
         "seeds": spec.seeds,
         "steps": spec.steps,
         "group_size": spec.group_size,
-        "prompts_per_batch": spec.prompts_per_step,
+        "prompts_per_step": spec.prompts_per_step,
         "epochs": spec.epochs,
         "minibatches": spec.minibatches,
         "lr": spec.lr,

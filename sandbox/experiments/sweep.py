@@ -56,13 +56,13 @@ import torch
 from envs import make_bandit_suite
 from envs.bandit import BanditSetting
 from envs.reasoning import make_task
-from sandbox.configs import read_mapping
+from sandbox.configs import check_int, read_mapping
 from sandbox.objectives import get_objective
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
 from . import compare
 from .compare import REASONING_SUITE, SUITE_DEFAULTS, CompareConfig, check_name, label_frame
-from .planner import BACKENDS, RAY_HINT, Job, RunFolder
+from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
 from .plots import final_scores, format_scores, render_all
 from .results import part_name, write_parquet_atomic
 from .runs import (
@@ -468,9 +468,7 @@ def with_overrides(
     for key, value in (("seeds", seeds), ("steps", steps)):
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-        setattr(config, key, value)
+        setattr(config, key, check_int(key, value))
     new = replace(plan, config=config)
     new.source = plan.source
     new.trainer_config(new.settings[0], new.variants[0], new.seeds[0])  # the trainer's checks
@@ -589,8 +587,7 @@ def run_sweep(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if workers is not None and (isinstance(workers, bool) or workers < 1):
-        raise ValueError(f"workers must be >= 1, got {workers!r}")
+    check_workers(workers)
     if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
         raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
     folder = RunFolder(
