@@ -19,7 +19,7 @@ from llm import checkpoint
 from llm.data import VERIFIERS
 from sandbox.advantages import ADVANTAGE_METHODS
 from sandbox.aggregate import AGGREGATION_MODES
-from sandbox.configs import arg, check_group_size, flag
+from sandbox.configs import arg, built_objective, check_group_size, flag
 from sandbox.correction import IS_LEVELS
 from sandbox.loss import ROLLOUT_IS_CHOICES
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
@@ -172,14 +172,9 @@ class TrainConfig:
             raise ValueError(f"--objective {self.objective} --objective-params: {exc}") from None
 
     def build_objective(self) -> Any:
-        """The objective of ``objective`` + ``objective_params``, built once per config: the
-        check in :meth:`validate` and the trainer share it (rebuilt only if the fields change)."""
-        key = (self.objective, repr(sorted(self.objective_params.items())))
-        built = self.__dict__.get("_built_objective")
-        if built is None or built[0] != key:
-            built = (key, registry.get_objective(self.objective, **self.objective_params))
-            self.__dict__["_built_objective"] = built
-        return built[1]
+        """The objective, built once per config: the check in :meth:`validate` and the trainer
+        share it (:func:`sandbox.configs.built_objective`)."""
+        return built_objective(self)
 
     def _check_combinations(self, world: int, launched: bool) -> None:
         """Settings that are valid alone but not together (nothing is silently ignored)."""

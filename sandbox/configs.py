@@ -48,6 +48,20 @@ def field_help(cls: type) -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
 
+def built_objective(config: Any) -> Any:
+    """``config.objective`` with ``config.objective_params``, built through the registry once per
+    config object (again only if those fields change): the config's check and its trainer share
+    one build."""
+    from sandbox.objectives import get_objective
+
+    key = (config.objective, repr(sorted(config.objective_params.items())))
+    built = config.__dict__.get("_built_objective")
+    if built is None or built[0] != key:
+        built = (key, get_objective(config.objective, **config.objective_params))
+        config.__dict__["_built_objective"] = built
+    return built[1]
+
+
 def check_int(name: str, value: Any, low: int = 1) -> int:
     """``value`` as an ``int`` if it is an integer >= ``low`` (numpy integers too, not bools),
     else a one-line ``ValueError`` naming ``name``."""

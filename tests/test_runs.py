@@ -102,3 +102,18 @@ def test_registry_errors_name_the_kind():
         get_run("nope")
     with pytest.raises(ValueError, match="'tiny_tf' is already registered"):
         register_run("tiny_tf")(lambda spec: spec)
+
+
+@pytest.mark.parametrize("kind", ["bandit_sampled", "bandit_exact", "tiny_tf"])
+def test_a_run_builds_its_objective_once(kind, monkeypatch):
+    import sandbox.objectives
+
+    real, built = sandbox.objectives.get_objective, []
+
+    def counting(name, **params):
+        built.append(name)
+        return real(name, **params)
+
+    monkeypatch.setattr(sandbox.objectives, "get_objective", counting)
+    run_specs([TINY_SPECS[kind]])
+    assert built == [TINY_SPECS[kind].rule]  # the config's check and the trainer share it

@@ -18,21 +18,29 @@ kind                  what runs
 ===================== ==========================================================================
 
 Orchestrators (``compare``, ``sweep``, ``llm.transfer``) build specs, run them through
-:func:`run_specs` (in a pool: :mod:`.planner`) and analyse the frames; none calls a trainer.
-Whether a rule has an exact flow is decided here only (:func:`has_exact_flow`).
+:func:`run_specs` (in a pool: :class:`.planner.RunFolder`) and analyse the frames; none calls a
+trainer. Whether a rule has an exact flow is decided here only (:func:`has_exact_flow`).
 
-Adding a run kind touches one file, the module that defines it (this one for a sandbox kind)::
+Adding a run kind
+-----------------
+1. Write the function in the module that owns the trainer (this file for a sandbox trainer; a
+   kind that needs ``llm`` goes in ``llm/runs.py``, as ``sandbox`` never imports ``llm``)::
 
-    @register_run("my_kind")
-    def my_kind(spec: RunSpec) -> pd.DataFrame:
-        frame = ...  # train; one row per (seed, step), 0-based steps
-        return tidy(spec, frame)  # the shared columns first, 1-based steps
+       @register_run("my_kind")
+       def my_kind(spec: RunSpec) -> pd.DataFrame:
+           frame = my_trainer(...)  # from spec's fields; spec.train holds the trainer's extras
+           return tidy(spec, frame)  # shared columns first; 0-based trainer steps made 1-based
 
-``register_run("name", batched=True)`` takes a list of specs that differ only in ``rule``,
-``params`` or ``seed`` and returns one frame per spec (one batched program). Tests that cover a
-new kind without being edited: ``tests/test_runs.py`` runs every registered kind on a tiny spec
-(:data:`TINY_SPECS`; add yours there) and checks the shared columns, the 1-based steps and that
-the spec round-trips through JSON.
+   ``register_run("name", batched=True)`` instead takes the list of specs that share a
+   :meth:`RunSpec.batch_key` (they differ only in ``rule``, ``params`` or ``seed``) and returns
+   one frame per spec, for a kind that runs them as one program (``bandit_exact``).
+2. Add a tiny spec of it to ``TINY_SPECS`` in ``tests/test_runs.py``. The tests there then cover
+   the kind without further edits: ``test_every_kind_has_a_tiny_spec`` fails for a registered kind
+   without one; ``test_every_kind_returns_the_shared_columns`` runs it and checks the shared
+   columns, the 1-based steps, the seeds, a metric in [0, 1] and the JSON round trip of the spec.
+
+Worker processes see a kind when the module of the job function they run imports the module
+that registers it (``llm.transfer`` imports ``llm.runs``); the sandbox kinds are always there.
 """
 
 from __future__ import annotations
@@ -288,8 +296,8 @@ def bandit_exact(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
 
     spec = specs[0]
     model = setting_model(spec)
-    config = bandit_config(spec)
-    objectives = [objective_of(s.rule, s.params) for s in specs]
+    configs = [bandit_config(s) for s in specs]  # each validates and builds its objective once
+    config, objectives = configs[0], [c.build_objective() for c in configs]
     frames = exact_flows(
         objectives,
         model,

@@ -104,10 +104,10 @@ from tqdm import tqdm
 from envs.bandit import BanditModel, ContextualBanditModel
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
-from sandbox.configs import arg, check_group_size, check_int
+from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
-from sandbox.objectives import Objective, get_objective
+from sandbox.objectives import Objective
 
 __all__ = [
     "BanditRun",
@@ -225,7 +225,7 @@ class BanditTrainConfig:
     def build_objective(self) -> Objective:
         """The objective, through the registry; errors name ``objective`` / ``objective_params``."""
         try:
-            return get_objective(self.objective, **self.objective_params)
+            return built_objective(self)
         except ValueError as exc:
             raise ValueError(
                 f"objective={self.objective!r} with objective_params={self.objective_params!r} "

@@ -54,10 +54,10 @@ from tqdm import tqdm
 from envs.reasoning import available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
-from sandbox.configs import arg, check_group_size, check_int
+from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
-from sandbox.objectives import Objective, get_objective
+from sandbox.objectives import Objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
 
 SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_frac")
@@ -139,7 +139,7 @@ class SequenceTrainConfig:
 
     def build_objective(self) -> Objective:
         try:
-            return get_objective(self.objective, **self.objective_params)
+            return built_objective(self)
         except ValueError as exc:
             raise ValueError(f"objective={self.objective!r}: {exc}") from exc
 
