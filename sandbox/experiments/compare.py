@@ -47,12 +47,11 @@ from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import part_name, write_parquet_atomic
 from .runs import (
     RunSpec,
-    bandit_config,
     freeze,
     has_exact_flow,
     objective_of,
     run_specs,
-    sequence_config,
+    trainer_config,
     variant_label,
 )
 
@@ -201,8 +200,7 @@ class CompareConfig:
             objective_of(name)  # ValueError naming the valid names
         self.objective_params = self._resolve_params(self.objective_params or {})
         # the trainer config of one run validates the shared training fields
-        check = bandit_config if self.suite == "bandit" else sequence_config
-        check(run_spec(self, self.settings[0], "grpo"))
+        trainer_config(run_spec(self, self.settings[0], "grpo"))
 
     def _resolve_params(self, given: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         """Expand ``"*"`` to every objective and check each set through ``get_objective``."""

@@ -103,7 +103,7 @@ def thaw(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in pairs}
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any) -> str:
     """A parameter value as written in labels: shortest round-trip form for floats."""
     return repr(value) if isinstance(value, float) else str(value)
 
@@ -112,12 +112,12 @@ def variant_label(rule: str, params: Mapping[str, Any] | None = None) -> str:
     """``dapo[eps_high=0.3]`` (parameters sorted by name); the bare name without parameters."""
     if not params:
         return rule
-    return f"{rule}[{','.join(f'{k}={_fmt(v)}' for k, v in sorted(params.items()))}]"
+    return f"{rule}[{','.join(f'{k}={format_value(v)}' for k, v in sorted(params.items()))}]"
 
 
 def variant_slug(rule: str, params: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """File-name fields: the name, then ``k=v`` per parameter (hashed if long)."""
-    pairs = [f"{k}={_fmt(v)}" for k, v in sorted((params or {}).items())]
+    pairs = [f"{k}={format_value(v)}" for k, v in sorted((params or {}).items())]
     if len(",".join(pairs)) > MAX_SLUG:
         text = json.dumps(dict(params or {}), sort_keys=True, default=str)
         pairs = [f"p{hashlib.sha1(text.encode()).hexdigest()[:12]}"]
@@ -260,6 +260,11 @@ def trainer_fields(spec: RunSpec, names: Sequence[str]) -> dict[str, Any]:
     values = {k: v for k, v in shared.items() if k in names}
     values.update(thaw(spec.train))
     return values
+
+
+def trainer_config(spec: RunSpec) -> Any:
+    """The validated trainer config of a toy spec (``tiny_tf``: a sequence trainer's)."""
+    return sequence_config(spec) if spec.kind == "tiny_tf" else bandit_config(spec)
 
 
 def bandit_config(spec: RunSpec) -> Any:

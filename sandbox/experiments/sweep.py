@@ -67,11 +67,10 @@ from .plots import final_scores, format_scores, render_all
 from .results import part_name, write_parquet_atomic
 from .runs import (
     RunSpec,
-    _fmt,
-    bandit_config,
+    format_value,
     has_exact_flow,
     run_specs,
-    sequence_config,
+    trainer_config,
     variant_label,
     variant_slug,
 )
@@ -202,7 +201,8 @@ class SweepPlan:
     def trainer_config(
         self, setting: str, variant: Variant, seed: int
     ) -> BanditTrainConfig | SequenceTrainConfig:
-        return trainer_config(
+        """The validated trainer config of one run."""
+        spec = run_spec(
             self.config,
             setting,
             variant.objective,
@@ -211,6 +211,7 @@ class SweepPlan:
             self.setting_defs[setting],
             self.train,
         )
+        return trainer_config(spec)
 
     def variant_table(self) -> pd.DataFrame:
         """One row per variant: label, base objective and one column per swept parameter."""
@@ -259,12 +260,6 @@ def run_spec(
         definition=_setting_def_json(setting_def),
         train=dict(train or {}),
     )
-
-
-def trainer_config(*args: Any, **kwargs: Any) -> BanditTrainConfig | SequenceTrainConfig:
-    """The trainer config of one run (:func:`run_spec`'s arguments), validated."""
-    spec = run_spec(*args, **kwargs)
-    return sequence_config(spec) if spec.kind == "tiny_tf" else bandit_config(spec)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -554,7 +549,7 @@ def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
         kinds = {type(v) for v in results[column].dropna()}
         if len(kinds) > 1:
-            results[column] = results[column].map(lambda v: v if pd.isna(v) else _fmt(v))
+            results[column] = results[column].map(lambda v: v if pd.isna(v) else format_value(v))
     return results
 
 
