@@ -52,7 +52,8 @@ class RunFolder:
 
     ``settings``: what every part depends on besides what its name records; a folder made with
     other ones is refused (``force``: its parts are deleted). ``record`` (a JSON file in ``out``)
-    is written with ``contents`` (default ``settings``)."""
+    is written with ``contents`` (default ``settings``); ``compare(previous, settings)`` lists
+    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs)."""
 
     def __init__(
         self,
@@ -63,10 +64,11 @@ class RunFolder:
         contents: Mapping[str, Any] | None = None,
         force: bool = False,
         hint: str | None = None,
+        compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None,
     ) -> None:
         self.out = prepare_out_dir(out)
         self.parts = self.out / "parts"
-        extra = {"hint": hint} if hint else {}
+        extra = {k: v for k, v in (("hint", hint), ("compare", compare)) if v}
         check_settings(self.out, settings, record=record, force=force, **extra)
         self.parts.mkdir(parents=True, exist_ok=True)
         remove_temp_files(self.parts)

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,19 +77,8 @@ def changed_settings(previous: Mapping[str, Any], now: Mapping[str, Any]) -> lis
     """``key: old -> new`` for every key of ``now`` whose JSON value differs from the one in the
     ``previous`` record (a key the record lacks counts as ``None``; keys only the record has, such
     as which rules ran, are not settings of the parts)."""
-    now, previous = _flat(json.loads(json.dumps(now, default=str))), _flat(previous)
+    now = json.loads(json.dumps(now, default=str))
     return [f"{k}: {previous.get(k)!r} -> {v!r}" for k, v in now.items() if previous.get(k) != v]
-
-
-def _flat(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested settings as dotted keys (``{"shared": {"steps": 3}}`` -> ``{"shared.steps": 3}``)."""
-    flat: dict[str, Any] = {}
-    for key, value in record.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def check_settings(
@@ -99,20 +88,22 @@ def check_settings(
     record: str = "config.json",
     force: bool = False,
     hint: str = "run the same command as before to resume, or use another --out, or --force to recompute",
+    compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] = changed_settings,
 ) -> None:
     """Refuse a results folder whose finished parts were made with other ``settings``.
 
     ``settings`` are what every part depends on besides what its file name records; the folder's
     ``record`` (JSON) holds the settings it was made with. Parts without a readable record cannot
     be checked and are refused too. ``force`` deletes the parts instead (everything is then
-    recomputed): results made with other settings are never reported as a run's own."""
+    recomputed): results made with other settings are never reported as a run's own.
+    ``compare(previous, settings)`` lists the changes (default :func:`changed_settings`)."""
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
     if not any(parts.glob("*.parquet")):
         return
     try:
         previous = json.loads((out_dir / record).read_text())
-        changed = changed_settings(previous, settings)
+        changed = compare(previous, settings)
     except (OSError, ValueError):
         changed = [f"no readable {record}"]
     if not changed:

@@ -540,6 +540,27 @@ class SweepRunError(RuntimeError):
 # ------------------------------------------------------------------------------------------------
 
 
+def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """What makes a folder's finished runs stale: a shared or ``[train]`` field added, removed or
+    changed, or another definition of a setting both plans have (a sweep may add or drop
+    settings, variants and base seeds and reuse what is finished)."""
+    changed = []
+    for group in ("shared", "train"):
+        before, after = previous.get(group, {}), now[group]
+        changed += [
+            f"{group}.{key}: {before.get(key)!r} -> {after.get(key)!r}"
+            for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)
+        ]
+    old_defs = previous.get("setting_defs", {})
+    changed += [
+        f"setting {s}: {old_defs[s]} -> {d}"
+        for s, d in now["setting_defs"].items()
+        if s in old_defs and old_defs[s] != d
+    ]
+    return changed
+
+
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
     """The plan's finished parts, in plan order, as one tidy frame."""
     parts_dir = Path(parts_dir)
@@ -588,6 +609,7 @@ def run_sweep(
     folder = RunFolder(
         out_dir,
         plan.training_fields(),
+        compare=changed_fields,
         record="plan.json",
         contents=plan.to_dict(),
         force=force,
