@@ -76,6 +76,14 @@ def test_every_kind_returns_the_shared_columns(kind):
     assert hash(spec) == hash(RunSpec.from_json(spec.to_json()))
 
 
+def test_spec_label_and_part_name():
+    spec = RunSpec.make("bandit_sampled", "needle", "nsr", params={"sigma": 0.1, "noise": "band"})
+    assert spec.label == "nsr[noise=band,sigma=0.1]"  # parameters sorted by name
+    assert spec.part == "needle__nsr__noise=band__sigma=0.1__bandit_sampled__seed0.parquet"
+    other = RunSpec.make("bandit_sampled", "needle", "nsr", params={"sigma": 0.1}, seed=1)
+    assert other.part == "needle__nsr__sigma=0.1__bandit_sampled__seed1.parquet"
+
+
 def test_batched_exact_flows_equal_one_at_a_time():
     specs = [
         TINY_SPECS["bandit_exact"].__class__.make("bandit_exact", "needle", rule, **BANDIT)
