@@ -252,7 +252,7 @@ def hf_model(config: SequenceTrainConfig, task: Any, arch: str, seed: int) -> An
 
 def trl_mapping(config: SequenceTrainConfig) -> dict[str, Any]:
     """GRPOConfig fields that reproduce the batch shape of one ``SequenceTrainer.step``."""
-    rows = config.prompts_per_batch * config.group_size
+    rows = config.prompts_per_step * config.group_size
     return {
         "num_generations": config.group_size,
         "per_device_train_batch_size": rows // config.minibatches,
@@ -311,7 +311,7 @@ def run_trl(
 
     rounds = args.warmup + args.steps
     rng = np.random.default_rng(args.seed)
-    prompts, answers = task.sample_batch(rng, config.prompts_per_batch * (rounds + 1))
+    prompts, answers = task.sample_batch(rng, config.prompts_per_step * (rounds + 1))
     bits = [ct.decode(task.encode_prompt(p)) for p in prompts]  # "01": the prompt's bits only
     for prompt, ids in zip(prompts, tokenizer(text=bits)["input_ids"], strict=True):
         if ids != task.encode_prompt(prompt):
@@ -413,10 +413,10 @@ def run_trl(
 
 # -- report -------------------------------------------------------------------------------------
 def print_mapping(config: SequenceTrainConfig, mapping: dict[str, Any], info: dict[str, Any]):
-    rows = config.prompts_per_batch * config.group_size
+    rows = config.prompts_per_step * config.group_size
     print("Mapping (one generation round):")
     table = [
-        ("prompts x group size", f"P'={config.prompts_per_batch} x G={config.group_size}",
+        ("prompts x group size", f"P'={config.prompts_per_step} x G={config.group_size}",
          f"generation_batch_size={info['generation_batch_size']} "
          f"(num_generations={mapping['num_generations']})"),
         ("optimizer steps/round", f"epochs={config.epochs} x minibatches={config.minibatches}",

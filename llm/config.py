@@ -19,7 +19,7 @@ from llm import checkpoint
 from llm.data import VERIFIERS
 from sandbox.advantages import ADVANTAGE_METHODS
 from sandbox.aggregate import AGGREGATION_MODES
-from sandbox.configs import arg, flag
+from sandbox.configs import arg, built_objective, check_group_size, flag
 from sandbox.correction import IS_LEVELS
 from sandbox.loss import ROLLOUT_IS_CHOICES
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
@@ -180,16 +180,20 @@ class TrainConfig:
                 f"{', '.join(registry.available_presets())}"
             )
         try:
-            registry.get_objective(self.objective, **self.objective_params)
+            self.build_objective()
         except ValueError as exc:
             raise ValueError(f"--objective {self.objective} --objective-params: {exc}") from None
+
+    def build_objective(self) -> Any:
+        """The objective, built once per config: the check in :meth:`validate` and the trainer
+        share it (:func:`sandbox.configs.built_objective`)."""
+        return built_objective(self)
 
     def _check_combinations(self, world: int, launched: bool) -> None:
         """Settings that are valid alone but not together (nothing is silently ignored)."""
         if self.rollout_backend == "vllm" and self.fsdp and self.lora_r > 0:
             raise ValueError("--rollout-backend vllm does not support --fsdp with --lora-r > 0")
-        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
-            raise ValueError(f"--group-size must be >= 2 for --advantage {self.advantage}")
+        check_group_size(self.advantage, self.group_size, ("--group-size", "--advantage"))
         if self.prompts_per_step % world:
             raise ValueError(
                 f"--prompts-per-step {self.prompts_per_step} must be divisible by "

@@ -64,14 +64,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import shlex
-import shutil
 import sys
 import time
-import warnings
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +76,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sandbox.configs import add_arguments, check_device
-from sandbox.experiments.results import (
-    check_settings,
-    part_name,
-    prepare_out_dir,
-    read_parts,
-    write_parquet_atomic,
-)
-from sandbox.objectives import get_objective
+from llm.runs import RunSpec
+from sandbox.configs import add_arguments, arg, check_device
+from sandbox.experiments import agreement
+from sandbox.experiments.agreement import run_scores, summarise
+from sandbox.experiments.planner import Job, RunFolder
+from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
+from sandbox.experiments.runs import objective_of, run_specs
 
 RULES = ("grpo", "dapo", "gspo", "nsr_dapo", "dgpo", "cispo_trl", "sapo")
 RUNGS = ("bandit_exact", "bandit_sampled", "tiny_tf", "llm")
@@ -98,53 +93,48 @@ METRICS = ("pass_rate", "train_reward", "clip_low_frac", "clip_high_frac", "resc
 class TransferConfig:
     """Settings of the study; every field is a flag of ``python -m llm.transfer``."""
 
-    rules: list[str] = field(default_factory=lambda: list(RULES), metadata={"help": "rules"})
-    rungs: list[str] = field(default_factory=lambda: list(RUNGS), metadata={"help": "rungs"})
-    seeds: int = field(default=2, metadata={"help": "seeds per (rung, rule); exact flow: 1"})
-    llm_rules: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "rules on the llm rung (the cpu profile's four; --rules "
-            "narrows them; the gpu and quick profiles: all --rules)"
-        },
+    rules: list[str] = arg(list(RULES), "rules")
+    rungs: list[str] = arg(list(RUNGS), "rungs")
+    seeds: int = arg(2, "seeds per (rung, rule); exact flow: 1")
+    llm_rules: list[str] | None = arg(
+        None,
+        "rules on the llm rung (the cpu profile's four; --rules narrows them; the gpu and quick "
+        "profiles: all --rules)",
     )
-    epochs: int = field(default=2, metadata={"help": "mu: passes over each batch (all rungs)"})
-    minibatches: int = field(default=2, metadata={"help": "optimizer steps per epoch (all)"})
-    group_size: int = field(default=8, metadata={"help": "G on the toy rungs"})
+    epochs: int = arg(2, "mu: passes over each batch (all rungs)")
+    minibatches: int = arg(2, "optimizer steps per epoch (all)")
+    group_size: int = arg(8, "G on the toy rungs")
     # bandit rungs
-    bandit_setting: str = field(default="mixed", metadata={"help": "envs.make_bandit_suite name"})
-    bandit_steps: int = field(default=40, metadata={"help": "bandit steps"})
-    bandit_lr: float = field(default=4.0, metadata={"help": "SGD learning rate on the logits"})
-    bandit_prompts: int = field(default=4, metadata={"help": "groups per bandit step"})
-    inner_seeds: int = field(default=16, metadata={"help": "replicates per seed (bandit)"})
+    bandit_setting: str = arg("mixed", "envs.make_bandit_suite name")
+    bandit_steps: int = arg(40, "bandit steps")
+    bandit_lr: float = arg(4.0, "SGD learning rate on the logits")
+    bandit_prompts_per_step: int = arg(4, "groups per bandit step")
+    inner_seeds: int = arg(16, "replicates per seed (bandit)")
     # tiny transformer rung
-    tf_steps: int = field(default=40, metadata={"help": "tiny-transformer steps"})
-    tf_seeds: int = field(default=4, metadata={"help": "replicates per seed (tiny transformer)"})
-    tf_lr: float = field(default=1e-3, metadata={"help": "Adam learning rate (tiny transformer)"})
-    tf_prompts: int = field(default=8, metadata={"help": "prompts per tiny-transformer step"})
+    tf_steps: int = arg(40, "tiny-transformer steps")
+    tf_seeds: int = arg(4, "replicates per seed (tiny transformer)")
+    tf_lr: float = arg(1e-3, "Adam learning rate (tiny transformer)")
+    tf_prompts_per_step: int = arg(8, "prompts per tiny-transformer step")
     # llm rung
-    model: str = field(default="smollm2-135m", metadata={"help": "llm.train --model"})
-    llm_digits: int = field(default=1, metadata={"help": "llm task: addition of N-digit numbers"})
-    llm_steps: int = field(default=12, metadata={"help": "llm steps"})
-    llm_prompts: int = field(default=8, metadata={"help": "llm prompts per step"})
-    llm_group: int = field(default=4, metadata={"help": "llm completions per prompt"})
-    llm_tokens: int = field(default=16, metadata={"help": "llm max new tokens"})
-    llm_lr: float = field(default=2e-5, metadata={"help": "llm learning rate"})
-    llm_eval_every: int = field(default=4, metadata={"help": "llm eval interval (steps)"})
-    llm_eval_prompts: int = field(default=64, metadata={"help": "llm held-out prompts"})
-    llm_eval_k: int = field(default=1, metadata={"help": "llm samples per held-out prompt"})
-    llm_extra: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": 'more llm.train flags, quoted after "=": --llm-extra="--kl-coef 0.01 --lr 1e-5"'
-        },
+    model: str = arg("smollm2-135m", "llm.train --model")
+    llm_digits: int = arg(1, "llm task: addition of N-digit numbers")
+    llm_steps: int = arg(12, "llm steps")
+    llm_prompts_per_step: int = arg(8, "llm prompts per step")
+    llm_group_size: int = arg(4, "llm completions per prompt")
+    llm_max_new_tokens: int = arg(16, "llm max new tokens")
+    llm_lr: float = arg(2e-5, "llm learning rate")
+    llm_eval_every: int = arg(4, "llm eval interval (steps)")
+    llm_eval_prompts: int = arg(64, "llm held-out prompts")
+    llm_eval_k: int = arg(1, "llm samples per held-out prompt")
+    llm_extra: list[str] = arg(
+        [], 'more llm.train flags, quoted after "=": --llm-extra="--kl-coef 0.01 --lr 1e-5"'
     )
-    device: str = field(default="cpu", metadata={"help": "cpu | cuda (toy rungs and llm)"})
+    device: str = arg("cpu", "cpu | cuda (toy rungs and llm)")
 
     def validate(self) -> None:
         """``ValueError`` naming the first bad field."""
         for name in self.rules + (self.llm_rules or []):
-            get_objective(name)  # ValueError listing the valid names
+            objective_of(name)  # ValueError listing the valid names
         for rung in self.rungs:
             if rung not in RUNGS:
                 raise ValueError(f"--rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
@@ -184,67 +174,37 @@ class TransferConfig:
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {"llm_rules": ["dapo", "gspo", "nsr_dapo", "dgpo"]},
     "gpu": {
-        "seeds": 3, "device": "cuda", "llm_digits": 2, "llm_steps": 15, "llm_prompts": 32,
-        "llm_group": 8, "llm_tokens": 32, "llm_lr": 5e-6, "llm_eval_every": 5, "llm_eval_prompts": 128,
+        "seeds": 3,
+        "device": "cuda",
+        "llm_digits": 2,
+        "llm_steps": 15,
+        "llm_prompts_per_step": 32,
+        "llm_group_size": 8,
+        "llm_max_new_tokens": 32,
+        "llm_lr": 5e-6,
+        "llm_eval_every": 5,
+        "llm_eval_prompts": 128,
         "llm_eval_k": 2,
     },
     "quick": {
-        "rules": ["grpo", "nsr_dapo", "gspo"], "seeds": 2, "bandit_steps": 3, "inner_seeds": 4,
-        "tf_steps": 2, "tf_seeds": 1, "tf_prompts": 2, "group_size": 4, "model": "tiny",
-        "llm_steps": 1, "llm_prompts": 2, "llm_group": 2, "llm_tokens": 3, "llm_lr": 1e-3,
-        "llm_eval_every": 1, "llm_eval_prompts": 2,
+        "rules": ["grpo", "nsr_dapo", "gspo"],
+        "seeds": 2,
+        "bandit_steps": 3,
+        "inner_seeds": 4,
+        "tf_steps": 2,
+        "tf_seeds": 1,
+        "tf_prompts_per_step": 2,
+        "group_size": 4,
+        "model": "tiny",
+        "llm_steps": 1,
+        "llm_prompts_per_step": 2,
+        "llm_group_size": 2,
+        "llm_max_new_tokens": 3,
+        "llm_lr": 1e-3,
+        "llm_eval_every": 1,
+        "llm_eval_prompts": 2,
     },
-}  # fmt: skip
-
-
-def _bandit_model(config: TransferConfig) -> Any:
-    from envs import make_bandit_suite
-
-    suite = make_bandit_suite()
-    if config.bandit_setting not in suite:
-        raise ValueError(f"--bandit-setting must be one of {sorted(suite)}")
-    return suite[config.bandit_setting].make().unwrapped
-
-
-def run_bandit_exact(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
-    """The exact expected-gradient flow (deterministic; ``seed`` unused)."""
-    from sandbox.exact import exact_flow
-
-    frame = exact_flow(get_objective(rule), _bandit_model(config), steps=config.bandit_steps,
-                       lr=config.bandit_lr, advantage="grpo", group_size=config.group_size,
-                       epochs=config.epochs * config.minibatches, optimizer="sgd")  # fmt: skip
-    frame["pass_rate"] = frame["train_reward"] = frame["expected_reward"]
-    return frame
-
-
-def run_bandit_sampled(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
-    """``inner_seeds`` sampled softmax bandits, averaged per step."""
-    from sandbox.train import BanditTrainConfig, run_bandit
-
-    cfg = BanditTrainConfig(
-        objective=rule, seeds=config.inner_seeds, steps=config.bandit_steps,
-        group_size=config.group_size, prompts_per_batch=config.bandit_prompts,
-        epochs=config.epochs, minibatches=config.minibatches, optimizer="sgd",
-        lr=config.bandit_lr, seed=1000 * seed, device=config.device,
-    )  # fmt: skip
-    frame = run_bandit(_bandit_model(config), cfg).to_frame()
-    frame["pass_rate"], frame["train_reward"] = frame["expected_reward"], frame["reward"]
-    return frame.groupby("step", as_index=False).mean(numeric_only=True)
-
-
-def run_tiny_tf(config: TransferConfig, rule: str, seed: int) -> pd.DataFrame:
-    """``tf_seeds`` tiny transformers from scratch on bits reverse-3, averaged per step."""
-    from sandbox.train import SequenceTrainConfig, train_sequence
-
-    cfg = SequenceTrainConfig(
-        task="bits", task_knobs={"op": "reverse", "length": 3}, objective=rule,
-        seeds=config.tf_seeds, steps=config.tf_steps, prompts_per_batch=config.tf_prompts,
-        group_size=config.group_size, epochs=config.epochs, minibatches=config.minibatches,
-        lr=config.tf_lr, seed=1000 * seed, device=config.device,
-    )  # fmt: skip
-    frame = train_sequence(cfg)
-    frame["train_reward"] = frame["reward"]
-    return frame.groupby("step", as_index=False).mean(numeric_only=True)
+}
 
 
 def llm_extra_flags(config: TransferConfig) -> list[str]:
@@ -253,40 +213,63 @@ def llm_extra_flags(config: TransferConfig) -> list[str]:
     return [word for item in config.llm_extra for word in shlex.split(item)]
 
 
-def llm_config(config: TransferConfig, rule: str, seed: int, out: str) -> Any:
-    """The :class:`llm.train.TrainConfig` of one llm-rung run."""
-    from llm.train import TrainConfig, parse_args
-
-    extra = llm_extra_flags(config)
-    base = parse_args(extra) if extra else TrainConfig()
-    return replace(
-        base, model=config.model, task="addition", task_knobs={"digits": config.llm_digits},
-        objective=rule,
-        steps=config.llm_steps, prompts_per_step=config.llm_prompts, group_size=config.llm_group,
-        max_new_tokens=config.llm_tokens, epochs=config.epochs, minibatches=config.minibatches,
-        lr=config.llm_lr, eval_every=config.llm_eval_every, eval_prompts=config.llm_eval_prompts,
-        eval_k=config.llm_eval_k, prompts_per_call=base.prompts_per_call, seed=seed,
-        device=config.device, offline=True, save_model=False, progress=False, out=out,
-    )  # fmt: skip
-
-
-def run_llm(config: TransferConfig, rule: str, seed: int, work: Path) -> pd.DataFrame:
-    """One ``llm.train`` run; ``pass_rate`` = held-out pass@1 at its evaluation steps."""
-    from llm.train import train
-
-    out = work / f"{rule}__s{seed}"
-    shutil.rmtree(out, ignore_errors=True)  # an interrupted run restarts from step 0
-    rows = train(llm_config(config, rule, seed, str(out)))
-    frame = pd.DataFrame(rows)
-    shutil.rmtree(out, ignore_errors=True)  # the checkpoint holds the optimizer: ~1.6 GB
-    frame["train_reward"] = frame.get("reward")
-    frame["pass_rate"] = frame.get("eval_pass@1")
-    # a step that also evaluated is one row; step 0 (before training) only evaluates
-    return frame.groupby("step", as_index=False).first()
-
-
-RUNNERS = {"bandit_exact": run_bandit_exact, "bandit_sampled": run_bandit_sampled,
-           "tiny_tf": run_tiny_tf}  # fmt: skip
+def run_spec(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> RunSpec:
+    """The run spec of one (rung, rule, seed): the rung is the run kind."""
+    shared = dict(
+        seed=seed,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        group_size=config.group_size,
+        device=config.device,
+    )
+    if rung.startswith("bandit_"):  # the sampled rung: inner_seeds replicates per seed
+        seeds, seed = (1, 0) if rung == "bandit_exact" else (config.inner_seeds, 1000 * seed)
+        return RunSpec.make(
+            rung,
+            config.bandit_setting,
+            rule,
+            **{**shared, "seed": seed},
+            seeds=seeds,
+            steps=config.bandit_steps,
+            prompts_per_step=config.bandit_prompts_per_step,
+            optimizer="sgd",
+            lr=config.bandit_lr,
+        )
+    if rung == "tiny_tf":
+        return RunSpec.make(
+            rung,
+            "bits-reverse-3",
+            rule,
+            **{**shared, "seed": 1000 * seed},
+            seeds=config.tf_seeds,
+            steps=config.tf_steps,
+            prompts_per_step=config.tf_prompts_per_step,
+            lr=config.tf_lr,
+            definition={"task": "bits", "op": "reverse", "length": 3},
+        )
+    train = dict(
+        model=config.model,
+        max_new_tokens=config.llm_max_new_tokens,
+        eval_every=config.llm_eval_every,
+        eval_prompts=config.llm_eval_prompts,
+        eval_k=config.llm_eval_k,
+        offline=True,
+        save_model=False,
+        progress=False,
+        out=str(out / "llm_runs" / f"{rule}__s{seed}"),
+        argv=llm_extra_flags(config),
+    )
+    return RunSpec.make(
+        rung,
+        f"addition-{config.llm_digits}",
+        rule,
+        **{**shared, "group_size": config.llm_group_size},
+        steps=config.llm_steps,
+        prompts_per_step=config.llm_prompts_per_step,
+        lr=config.llm_lr,
+        definition={"task": "addition", "digits": config.llm_digits},
+        train=train,
+    )
 
 
 def jobs(config: TransferConfig) -> list[tuple[str, str, int]]:
@@ -299,14 +282,28 @@ def jobs(config: TransferConfig) -> list[tuple[str, str, int]]:
     return out
 
 
+#: Per rung, which of the run kind's columns the study's ``pass_rate`` and ``train_reward`` are.
+RUNG_METRICS = {
+    "bandit_exact": {"pass_rate": "expected_reward", "train_reward": "expected_reward"},
+    "bandit_sampled": {"pass_rate": "expected_reward", "train_reward": "reward"},
+    "tiny_tf": {"pass_rate": "pass_rate", "train_reward": "reward"},
+    "llm": {"pass_rate": "pass_rate", "train_reward": "reward"},
+}
+
+
 def run_job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> pd.DataFrame:
-    """One run as tidy rows: rung, rule, seed, step and :data:`METRICS` (NaN where undefined)."""
+    """One run as tidy rows: rung, rule, seed, step and :data:`METRICS` (NaN where undefined).
+
+    Steps count updates: step 0 is the initial policy (the llm's evaluation before training),
+    so the toy kinds' 1-based steps move down by one; replicates are averaged per step."""
     torch.manual_seed(seed)
     start = time.perf_counter()
-    if rung == "llm":
-        frame = run_llm(config, rule, seed, out / "llm_runs")
-    else:
-        frame = RUNNERS[rung](config, rule, seed)
+    [frame] = run_specs([run_spec(config, rung, rule, seed, out)])
+    for name, column in RUNG_METRICS[rung].items():
+        frame[name] = frame.get(column)
+    if rung != "llm":
+        frame["step"] -= 1
+        frame = frame.groupby("step", as_index=False).mean(numeric_only=True)
     tidy = pd.DataFrame({"rung": rung, "rule": rule, "seed": seed, "step": frame["step"]})
     for name in (*METRICS, "ratio_max", "ratio_min"):
         tidy[name] = frame[name].astype(float) if name in frame else np.nan
@@ -314,34 +311,32 @@ def run_job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) 
     return tidy
 
 
+def _job(config: TransferConfig, rung: str, rule: str, seed: int, out: Path) -> list:
+    return [run_job(config, rung, rule, seed, out)]
+
+
 def run_study(
     config: TransferConfig, out: str | Path, *, progress: bool = True, force: bool = False
 ) -> pd.DataFrame:
     """Run (or resume) the study into ``out``; writes every table and the figure. A folder whose
     parts were made with other settings is refused (``force``: its parts are deleted first)."""
-    from tqdm import tqdm
-
     config.validate()
-    out = prepare_out_dir(out)
-    check_settings(out, config.training_fields(), force=force)
-    (out / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    todo = jobs(config)
-    paths = {job: out / "parts" / part_name(job[0], job[1], f"s{job[2]}") for job in todo}
-    done = sum(p.exists() for p in paths.values())
-    if done:
-        print(f"{done} of {len(todo)} runs already done in {out}; running the other "
-              f"{len(todo) - done}", file=sys.stderr, flush=True)  # fmt: skip
-    bar = tqdm(todo, disable=not progress, desc="transfer", unit="run")
-    for job in bar:
-        bar.set_postfix_str("/".join(map(str, job)))
-        if not paths[job].exists():
-            write_parquet_atomic(run_job(config, *job, out), paths[job])
-    wanted = {p.name for p in paths.values()}
-    results = read_parts(out / "parts")
-    keep = [part_name(r, u, f"s{s}") in wanted for r, u, s in
-            zip(results["rung"], results["rule"], results["seed"], strict=True)]  # fmt: skip
+    folder = RunFolder(out, config.training_fields(), contents=asdict(config), force=force)
+    parts = {job: part_name(job[0], job[1], f"s{job[2]}") for job in jobs(config)}
+    todo = [
+        Job("/".join(map(str, j)), (p,), (config, *j, folder.out))
+        for j, p in parts.items()
+        if not folder.done(p)
+    ]
+    folder.run(_job, todo, total=len(parts), progress=progress, desc="transfer")
+    wanted = set(parts.values())
+    results = read_parts(folder.parts)
+    keep = [
+        part_name(r, u, f"s{s}") in wanted
+        for r, u, s in zip(results["rung"], results["rule"], results["seed"], strict=True)
+    ]
     results = results[keep].reset_index(drop=True)
-    write_tables(results, out)
+    write_tables(results, folder.out)
     return results
 
 
@@ -357,152 +352,45 @@ def write_tables(results: pd.DataFrame, out: Path) -> None:
     plot(summary, agreement, out / "transfer.png")
 
 
-def run_scores(results: pd.DataFrame) -> pd.DataFrame:
-    """Per (rung, rule, seed): ``score`` (mean pass_rate after step 0), ``final``, ``start``,
-    ``clip_frac`` (mean clip_low + clip_high over the training steps) and ``rescue_frac``."""
-    rows = []
-    for (rung, rule, seed), run in results.groupby(["rung", "rule", "seed"], sort=False):
-        run = run.sort_values("step")
-        passed = run.dropna(subset=["pass_rate"])
-        after = passed[passed["step"] > 0]
-        train = run[run["step"] > 0] if rung == "llm" else run
-        rows.append({
-            "rung": rung, "rule": rule, "seed": seed,
-            "score": after["pass_rate"].mean(), "final": after["pass_rate"].iloc[-1],
-            "start": passed["pass_rate"].iloc[0],
-            "clip_frac": (train["clip_low_frac"] + train["clip_high_frac"]).mean(),
-            "rescue_frac": train["rescue_frac"].mean(),
-        })  # fmt: skip
-    return pd.DataFrame(rows)
+def rank_agreement(scores: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:
+    """:func:`sandbox.experiments.agreement.rank_agreement` with the rungs in ladder order."""
+    return agreement.rank_agreement(scores, order=RUNGS, **kwargs)
 
 
-def summarise(scores: pd.DataFrame) -> pd.DataFrame:
-    """Per (rung, rule): mean and standard error of the score over seeds, clip/rescue means."""
-    g = scores.groupby(["rung", "rule"], sort=False)
-    out = g.agg(score=("score", "mean"), score_se=("score", "sem"), final=("final", "mean"),
-                clip_frac=("clip_frac", "mean"), rescue_frac=("rescue_frac", "mean"),
-                seeds=("seed", "nunique")).reset_index()  # fmt: skip
-    out["rank"] = out.groupby("rung")["score"].rank(ascending=False, method="average")
-    return out
-
-
-def kendall_tau(x: np.ndarray, y: np.ndarray) -> float:
-    """Kendall's tau-b of two score vectors (ties counted as in scipy.stats.kendalltau)."""
-    i, j = np.triu_indices(len(x), 1)
-    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
-    denom = np.sqrt(np.sum(dx != 0) * np.sum(dy != 0))
-    return float(np.sum(dx * dy) / denom) if denom > 0 else float("nan")
-
-
-def rank_agreement(scores: pd.DataFrame, *, draws: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Kendall's tau between the rule means of every pair of rungs, over their common rules,
-    with a 95% bootstrap interval over seeds (resampled within each rung)."""
-    rng = np.random.default_rng(seed)
-    tables = {r: s.pivot_table(index="seed", columns="rule", values="score")
-              for r, s in scores.groupby("rung", sort=False)}  # fmt: skip
-    rungs = [r for r in RUNGS if r in tables]
-    rows = []
-    for a_i, a in enumerate(rungs):
-        for b in rungs[a_i + 1 :]:
-            common = [r for r in tables[a].columns if r in tables[b].columns]
-            if len(common) < 3:
-                continue
-            ta, tb = tables[a][common].to_numpy(), tables[b][common].to_numpy()
-            tau = kendall_tau(np.nanmean(ta, 0), np.nanmean(tb, 0))
-            boot = [kendall_tau(np.nanmean(ta[rng.integers(len(ta), size=len(ta))], 0),
-                                np.nanmean(tb[rng.integers(len(tb), size=len(tb))], 0))
-                    for _ in range(draws)]  # fmt: skip
-            with warnings.catch_warnings():  # all-NaN when every draw ties every rule
-                warnings.simplefilter("ignore", RuntimeWarning)
-                lo, hi = np.nanpercentile(boot, [2.5, 97.5])
-            rows.append({"rung_a": a, "rung_b": b, "rules": len(common), "tau": tau,
-                         "tau_lo": lo, "tau_hi": hi, "seeds_a": len(ta), "seeds_b": len(tb)})  # fmt: skip
-    columns = ["rung_a", "rung_b", "rules", "tau", "tau_lo", "tau_hi", "seeds_a", "seeds_b"]
-    return pd.DataFrame(rows, columns=columns)  # the header even with fewer than two rungs
-
-
-def plot(summary: pd.DataFrame, agreement: pd.DataFrame, path: Path) -> None:
-    """Rules x rungs: the score standardised within each rung (colour) with the mean +- se
-    written in each cell, and the clip fraction beside it; the taus (one line per pair of rungs)
-    above. A cell without a run reads "n/a"; a tau that no resample defines says why."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rungs = [r for r in RUNGS if r in set(summary["rung"])]
-    rules = list(dict.fromkeys(summary["rule"]))
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(1, 2, figsize=(5 + 2.2 * len(rungs), 2.2 + 0.45 * len(rules)))
-    for ax, value, title in ((axes[0], "score", "score (mean pass rate), z within rung"),
-                             (axes[1], "clip_frac", "clip fraction (low + high)")):  # fmt: skip
-        grid = summary.pivot_table(index="rule", columns="rung", values=value).reindex(
-            index=rules, columns=rungs)  # fmt: skip
-        shown = (grid - grid.mean()) / grid.std().replace(0, 1) if value == "score" else grid
-        shown = shown.to_numpy(dtype=float)
-        ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, aspect="auto")
-        finite = shown[np.isfinite(shown)]
-        lo, hi = (finite.min(), finite.max()) if finite.size else (0.0, 1.0)  # imshow's range
-        se = summary.pivot_table(index="rule", columns="rung", values="score_se").reindex(
-            index=rules, columns=rungs)  # fmt: skip
-        for i, rule in enumerate(rules):
-            for j, rung in enumerate(rungs):
-                v = grid.loc[rule, rung]
-                if pd.isna(v):
-                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="0.4")
-                    continue
-                text = f"{v:.3f}"
-                if value == "score" and not pd.isna(se.loc[rule, rung]):
-                    text += f"\n±{se.loc[rule, rung]:.3f}"
-                shade = cmap((shown[i, j] - lo) / (hi - lo) if hi > lo else 0.5)
-                light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
-                ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                        color="black" if light else "white")  # fmt: skip
-        ax.set_xticks(range(len(rungs)), rungs, rotation=20)
-        ax.set_yticks(range(len(rules)), rules)
-        ax.set_title(title, fontsize=9)
-    lines = []
-    for r in agreement.itertuples():
-        if np.isfinite(r.tau):
-            lines.append(
-                f"{r.rung_a} ~ {r.rung_b}: {r.tau:+.2f} [{r.tau_lo:+.2f}, {r.tau_hi:+.2f}]"
-            )
-        else:
-            lines.append(f"{r.rung_a} ~ {r.rung_b}: n/a (the rules tie on a rung)")
-    head = "Kendall's tau-b between rungs, 95% bootstrap interval over seeds"
-    fig.suptitle("\n".join([head, *lines]) if lines else "one rung: no rank agreement",
-                 fontsize=8)  # fmt: skip
-    if summary[["score", "clip_frac"]].isna().to_numpy().any() or len(summary) < len(rules) * len(
-        rungs
-    ):
-        fig.text(0.01, 0.01, "n/a: no value: no run of the rule on the rung, or a rule without "
-                 "that metric (SAPO's soft gate clips nothing, so it has no clip fraction)",
-                 fontsize=7, color="0.4")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+def plot(summary: pd.DataFrame, agreement_table: pd.DataFrame, path: Path) -> None:
+    """:func:`sandbox.experiments.agreement.plot` with the rungs in ladder order."""
+    agreement.plot(summary, agreement_table, path, order=RUNGS)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.Namespace]:
-    parser = argparse.ArgumentParser(prog="python -m llm.transfer", description=__doc__.split(
-        "\n\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m llm.transfer", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
-        "--out", default=None, help="output folder (default: runs/transfer-PROFILE; the committed "
+        "--out",
+        default=None,
+        help="output folder (default: runs/transfer-PROFILE; the committed "
         "study is results/transfer, rebuilt with --tables-only)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--force", action="store_true",
+        "--force",
+        action="store_true",
         help="delete the parts of a folder made with other settings and recompute",
-    )  # fmt: skip
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
-                        help="named settings (default: cpu); flags override them")  # fmt: skip
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="cpu",
+        help="named settings (default: cpu); flags override them",
+    )
     parser.add_argument("--quick", action="store_true", help="= --profile quick")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument(
-        "--tables-only", action="store_true",
+        "--tables-only",
+        action="store_true",
         help="run nothing: rebuild the tables and figure from every part in OUT/parts (parts "
         "copied in from other machines or settings)",
-    )  # fmt: skip
+    )
     cpu = TransferConfig(**PROFILES["cpu"])  # the help shows the cpu profile's values
     shown = {f.name: str(getattr(cpu, f.name)) for f in fields(TransferConfig)}
     add_arguments(parser, TransferConfig, unset=True, shown=shown)  # unset: the profile decides
@@ -510,8 +398,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
     profile = "quick" if args.quick else args.profile
     args.out = args.out or f"runs/transfer-{profile}"
     settings = dict(PROFILES[profile])
-    settings.update({f.name: getattr(args, f.name) for f in fields(TransferConfig)
-                     if getattr(args, f.name) is not None})  # fmt: skip
+    settings.update(
+        {
+            f.name: getattr(args, f.name)
+            for f in fields(TransferConfig)
+            if getattr(args, f.name) is not None
+        }
+    )
     if settings.get("llm_rules") is not None and args.rules is not None and not args.llm_rules:
         settings["llm_rules"] = [r for r in settings["llm_rules"] if r in args.rules]
     return TransferConfig(**settings), args
@@ -544,8 +437,10 @@ def main(argv: list[str] | None = None) -> int:
             print("no rank agreement: it needs two rungs with at least 3 rules in common")
         else:
             print(agreement.round(3).to_string(index=False))
-    print(f"{time.perf_counter() - start:.0f} s; wrote {args.out}/results.parquet, scores.csv, "
-          f"summary.csv, agreement.csv, transfer.png")  # fmt: skip
+    print(
+        f"{time.perf_counter() - start:.0f} s; wrote {args.out}/results.parquet, scores.csv, "
+        f"summary.csv, agreement.csv, transfer.png"
+    )
     return 0
 
 

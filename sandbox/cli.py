@@ -75,6 +75,7 @@ def _compare(args: argparse.Namespace) -> int:
         from sandbox.experiments.pool import start_forkserver
 
         start_forkserver()
+    from sandbox.configs import field_help
     from sandbox.experiments.compare import (
         CompareConfig,
         check_name,
@@ -85,7 +86,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     overrides = {
         name: getattr(args, name)
-        for name in CompareConfig.help()
+        for name in field_help(CompareConfig)
         if getattr(args, name, None) is not None
     }
     if "objective_params" in overrides:

@@ -22,6 +22,7 @@ import argparse
 import ast
 import copy
 import dataclasses
+import numbers
 import os
 import pathlib
 import re
@@ -40,6 +41,46 @@ def arg(default: Any, help: str, *, choices: tuple[Any, ...] | None = None) -> A
     if isinstance(default, list | dict | set):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Field name -> help text of a config dataclass (its CLI is generated from these)."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def built_objective(config: Any) -> Any:
+    """``config.objective`` with ``config.objective_params``, built through the registry once per
+    config object (again only if those fields change): the config's check and its trainer share
+    one build."""
+    from sandbox.objectives import get_objective
+
+    key = (config.objective, repr(sorted(config.objective_params.items())))
+    built = config.__dict__.get("_built_objective")
+    if built is None or built[0] != key:
+        built = (key, get_objective(config.objective, **config.objective_params))
+        config.__dict__["_built_objective"] = built
+    return built[1]
+
+
+def check_int(name: str, value: Any, low: int = 1) -> int:
+    """``value`` as an ``int`` if it is an integer >= ``low`` (numpy integers too, not bools),
+    else a one-line ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+#: Advantages that compare a sample with the rest of its group: a group of one is an error.
+GROUP_RELATIVE = ("grpo", "rloo")
+
+
+def check_group_size(
+    advantage: str, group_size: int, names: tuple[str, str] = ("group_size", "advantage")
+) -> None:
+    """A ``ValueError`` when ``advantage`` needs groups of two or more and ``group_size`` < 2;
+    ``names``: how the caller spells the two settings (``("--group-size", "--advantage")``)."""
+    if advantage in GROUP_RELATIVE and group_size < 2:
+        raise ValueError(f"{names[0]} must be >= 2 for {names[1]} {advantage}, got {group_size}")
 
 
 def flag(name: str) -> str:

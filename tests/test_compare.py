@@ -15,7 +15,7 @@ from sandbox.objectives import get_objective
 
 SMALL = dict(
     objectives=["grpo", "nsr_dapo", "clip_cov"], settings=["easy", "mixed"], seeds=4, steps=6,
-    prompts_per_batch=2, minibatches=2,
+    prompts_per_step=2, minibatches=2,
 )  # fmt: skip
 
 
@@ -87,7 +87,7 @@ def test_reasoning_suite_runs_end_to_end(tmp_path):
         CompareConfig(suite="reasoning", settings=["easy"])
 
 
-TINY = dict(objectives=["dapo"], settings=["needle"], seeds=2, steps=3, prompts_per_batch=2,
+TINY = dict(objectives=["dapo"], settings=["needle"], seeds=2, steps=3, prompts_per_step=2,
             minibatches=2)  # fmt: skip
 
 
@@ -120,7 +120,7 @@ def test_compare_refuses_to_mix_parts_made_with_other_settings(tmp_path, change)
 
 def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
     base = ["compare", "--out", str(tmp_path), "--name", "r", "--objectives", "dapo", "--settings",
-            "needle", "--seeds", "2", "--prompts-per-batch", "2", "--minibatches", "2",
+            "needle", "--seeds", "2", "--prompts-per-step", "2", "--minibatches", "2",
             "--workers", "1", "--no-progress"]  # fmt: skip
     assert main([*base, "--steps", "3"]) == 0
     capsys.readouterr()
@@ -141,7 +141,7 @@ def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
 def test_duplicate_objectives_run_once_and_the_banner_counts_them_once(tmp_path, capsys):
     argv = ["compare", "--out", str(tmp_path), "--name", "d", "--objectives", "dapo", "dapo",
             "gspo", "--settings", "needle", "needle", "--seeds", "2", "--steps", "2",
-            "--prompts-per-batch", "2", "--minibatches", "2", "--workers", "1",
+            "--prompts-per-step", "2", "--minibatches", "2", "--workers", "1",
             "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     assert "2 objectives x 1 settings" in capsys.readouterr().out
@@ -174,7 +174,7 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_objective_params(["dapo:eps_high"])
     argv = ["compare", "--out", str(tmp_path), "--name", "c", "--objectives", "dapo", "--settings",
-            "needle", "--seeds", "2", "--steps", "2", "--prompts-per-batch", "2", "--minibatches",
+            "needle", "--seeds", "2", "--steps", "2", "--prompts-per-step", "2", "--minibatches",
             "2", "--workers", "1", "--no-progress", "--objective-params", "dapo:eps_high=0.3"]  # fmt: skip
     assert main(argv) == 0
     assert "dapo[eps_high=0.3]" in capsys.readouterr().out
@@ -182,7 +182,7 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
 
 def test_exact_flows_of_a_comparison_equal_each_rule_alone(tmp_path):
     config = CompareConfig(objectives=["grpo", "gspo", "sapo", "clip_cov"], settings=["mixed"],
-                           seeds=2, steps=4, prompts_per_batch=2, minibatches=2)  # fmt: skip
+                           seeds=2, steps=4, prompts_per_step=2, minibatches=2)  # fmt: skip
     results, _ = run_compare(config, tmp_path / "e", workers=1, progress=False, figures=False)
     for name in ("grpo", "gspo", "sapo"):
         alone = exact_flow(get_objective(name), "mixed", steps=4, lr=1.0, advantage="grpo",

@@ -25,7 +25,7 @@ from sandbox.experiments import CompareConfig, run_compare
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVES = ["grpo", "dapo", "gspo", "sapo", "dgpo", "gppo", "cispo_trl", "nsr_dapo"]
-SMALL = dict(objectives=OBJECTIVES, settings=["needle"], seeds=4, steps=40, prompts_per_batch=2,
+SMALL = dict(objectives=OBJECTIVES, settings=["needle"], seeds=4, steps=40, prompts_per_step=2,
              minibatches=2)  # fmt: skip
 RUNS = 2 * len(OBJECTIVES)  # a sampled and an exact part each
 
@@ -33,7 +33,7 @@ RUNS = 2 * len(OBJECTIVES)  # a sampled and an exact part each
 def _argv(out: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "sandbox.cli", "compare", "--out", str(out), "--name", name,
             "--objectives", *OBJECTIVES, "--settings", "needle", "--seeds", "4", "--steps", "40",
-            "--prompts-per-batch", "2", "--minibatches", "2", "--workers", "2",
+            "--prompts-per-step", "2", "--minibatches", "2", "--workers", "2",
             "--no-progress"]  # fmt: skip
 
 
@@ -108,7 +108,7 @@ def test_ctrl_c_stops_compare_at_once_with_a_resume_hint(tmp_path):
 def test_sigterm_stops_a_sweep_without_orphans(tmp_path):
     sweep = tmp_path / "s.toml"
     sweep.write_text(
-        'name = "s"\nsettings = ["needle"]\nseeds = 4\nsteps = 40\nprompts_per_batch = 2\n'
+        'name = "s"\nsettings = ["needle"]\nseeds = 4\nsteps = 40\nprompts_per_step = 2\n'
         "minibatches = 2\nseed = [0, 1, 2, 3]\n[[grid]]\n"
         'objective = ["grpo", "dapo", "gspo", "sapo"]\n'
     )
@@ -135,7 +135,7 @@ def test_pool_never_forks_the_driver_even_after_autograd_ran(tmp_path):
     x = torch.ones(3, requires_grad=True)
     (x * 2).sum().backward()  # autograd has run in the driver
     config = CompareConfig(objectives=["dapo", "gspo"], settings=["needle"], seeds=2, steps=3,
-                           prompts_per_batch=2, minibatches=2)  # fmt: skip
+                           prompts_per_step=2, minibatches=2)  # fmt: skip
     pooled, _ = run_compare(config, tmp_path / "p", workers=2, progress=False, figures=False)
     alone, _ = run_compare(config, tmp_path / "a", workers=1, progress=False, figures=False)
     pd.testing.assert_frame_equal(pooled, alone)

@@ -8,6 +8,7 @@ import pytest
 import scipy.stats
 
 from llm import transfer
+from sandbox.experiments.agreement import kendall_tau
 
 
 def test_kendall_tau_matches_scipy_with_ties() -> None:
@@ -15,10 +16,10 @@ def test_kendall_tau_matches_scipy_with_ties() -> None:
     for _ in range(20):
         x, y = rng.integers(0, 4, 7).astype(float), rng.integers(0, 4, 7).astype(float)
         expected = scipy.stats.kendalltau(x, y).statistic
-        got = transfer.kendall_tau(x, y)
+        got = kendall_tau(x, y)
         assert (np.isnan(got) and np.isnan(expected)) or got == pytest.approx(expected, abs=1e-12)
     # 4 rules, one adjacent swap: 5 concordant pairs, 1 discordant -> (5 - 1) / 6
-    assert transfer.kendall_tau(np.array([1.0, 2, 3, 4]), np.array([1.0, 3, 2, 4])) == 4 / 6
+    assert kendall_tau(np.array([1.0, 2, 3, 4]), np.array([1.0, 3, 2, 4])) == 4 / 6
 
 
 def _results() -> pd.DataFrame:

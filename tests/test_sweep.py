@@ -34,7 +34,7 @@ suite = "bandit"
 settings = ["easy"]
 seeds = 4
 steps = 3
-prompts_per_batch = 2
+prompts_per_step = 2
 minibatches = 2
 seed = [0, 1]
 
@@ -52,7 +52,7 @@ suite: bandit
 settings: [easy]
 seeds: 4
 steps: 3
-prompts_per_batch: 2
+prompts_per_step: 2
 minibatches: 2
 seed: [0, 1]
 grid:
@@ -60,6 +60,15 @@ grid:
   - objective: nsr
     params: {noise: band, sigma: 0.1}
 """
+
+BASE_GROW = {
+    "name": "grow",
+    "settings": ["easy", "needle"],
+    "seeds": 2,
+    "steps": 2,
+    "train": {"aggregation": "token-mean"},
+    "grid": [{"objective": "dapo"}],
+}
 
 TINY_RUN_IDS = [
     "easy__dapo__seed0",
@@ -210,7 +219,7 @@ def test_run_variant_columns_and_custom_env(tiny):
             "grid": [{"objective": "nsr", "params": {"sigma": 0.2, "seed": 7}}]}  # fmt: skip
     plan = parse_sweep(spec)
     run = plan.runs()[0]
-    frame = sweep._execute(plan, run)
+    [frame] = sweep._execute(plan, run)  # one frame per part of the run
     label = "nsr[seed=7,sigma=0.2]"
     assert set(frame["objective"]) == set(frame["variant"]) == {label}
     assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run.run_id}
@@ -325,6 +334,21 @@ def test_resume_refuses_changed_training_fields(tiny, tmp_path):
     assert results["step"].max() == 4  # steps 1..4 (1-based)
     # --force with other shared fields starts afresh: no part of the old settings survives
     assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+
+
+def test_a_grown_sweep_reuses_its_runs_and_a_dropped_train_field_is_refused(tmp_path):
+    out = tmp_path / "grow"
+    first = parse_sweep({**BASE_GROW, "settings": ["easy"]})
+    run_sweep(first, out, workers=1, progress=False, figures=False)
+    stamps = _mtimes(out / "parts")
+    # another setting: the finished runs of easy are reused, only needle's are computed
+    run_sweep(parse_sweep(BASE_GROW), out, workers=1, progress=False, figures=False)
+    now = _mtimes(out / "parts")
+    assert all(now[name] == stamp for name, stamp in stamps.items())
+    assert sorted(now) == sorted([*stamps, "needle__dapo__seed0.parquet"])
+    # a [train] field removed changes every run: refused, naming it
+    with pytest.raises(ValueError, match=r"train\.aggregation: 'token-mean' -> None.*--force"):
+        run_sweep(parse_sweep({**BASE_GROW, "train": {}}), out, workers=1, progress=False)
 
 
 def test_seeds_and_steps_overrides_for_a_smoke_run(tiny, tmp_path, capsys):

@@ -78,7 +78,7 @@ def test_seed_updates_are_independent(objective, optimizer):
     rollout = sample_rollout(
         torch.log_softmax(base, -1),
         task,
-        prompts_per_batch=2,
+        prompts_per_step=2,
         group_size=4,
         advantage="grpo",
         generator=gen,
@@ -126,7 +126,7 @@ def test_sampled_arms_follow_the_policy():
     rollout = sample_rollout(
         pi.log().expand(S, 1, 10),
         task,
-        prompts_per_batch=1,
+        prompts_per_step=1,
         group_size=G,
         advantage="grpo",
         generator=gen,
@@ -150,7 +150,7 @@ def test_contextual_sampling_covers_prompts_uniformly():
     rollout = sample_rollout(
         log_pi,
         task,
-        prompts_per_batch=Pb,
+        prompts_per_step=Pb,
         group_size=G,
         advantage="dr_grpo",
         generator=torch.Generator().manual_seed(0),
@@ -180,7 +180,7 @@ def test_learns_on_easy(objective):
 
 @pytest.mark.parametrize("objective", ["grpo", "nsr_dapo"])
 def test_learns_on_contextual_mixed(objective):
-    cfg = small_config(objective=objective, seeds=32, steps=300, prompts_per_batch=8)
+    cfg = small_config(objective=objective, seeds=32, steps=300, prompts_per_step=8)
     df = train_bandit(model("mixed"), cfg)
     curve = df.groupby("step").expected_reward.mean()
     assert curve.iloc[0] == pytest.approx(0.44, abs=1e-6)  # mean of the 8 pass rates

@@ -11,7 +11,7 @@ from sandbox.objectives import available_objectives
 from sandbox.train import SequenceTrainConfig, SequenceTrainer, train_sequence
 
 FAST = dict(task="bits", task_knobs={"op": "parity", "length": 2}, seeds=3, steps=3,
-            prompts_per_batch=4, group_size=4, d_model=16, n_heads=2)  # fmt: skip
+            prompts_per_step=4, group_size=4, d_model=16, n_heads=2)  # fmt: skip
 
 
 def test_frame_columns_and_determinism():

@@ -1,4 +1,4 @@
-"""Experiments: the default comparison, result storage and the standard figures.
+"""Experiments: the run kinds, the default comparison, sweeps, result storage and the figures.
 
 The names below are imported on first use, so that ``sandbox.experiments.pool`` (and the CLI
 that starts the pool's forkserver before anything else) does not pull in torch and pandas.
@@ -12,7 +12,10 @@ from typing import Any
 _EXPORTS = {
     "CompareConfig": "compare",
     "run_compare": "compare",
-    "run_pair": "compare",
+    "RunSpec": "runs",
+    "available_runs": "runs",
+    "register_run": "runs",
+    "run_specs": "runs",
     "final_scores": "plots",
     "format_scores": "plots",
     "render_all": "plots",

@@ -28,34 +28,31 @@ updates.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import sys
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from envs import make_bandit_suite
-from sandbox.exact.flow import exact_flows
-from sandbox.objectives import available_objectives, available_presets, get_objective
-from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, train_sequence
+from sandbox.configs import arg
+from sandbox.objectives import available_objectives, available_presets
 
+from .planner import Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
-from .pool import imap_unordered
-from .results import (
-    check_settings,
-    part_name,
-    prepare_out_dir,
-    remove_temp_files,
-    write_parquet_atomic,
+from .results import part_name, write_parquet_atomic
+from .runs import (
+    RunSpec,
+    freeze,
+    has_exact_flow,
+    objective_of,
+    run_specs,
+    trainer_config,
+    variant_label,
 )
 
 
@@ -73,22 +70,45 @@ REASONING_SUITE: dict[str, tuple[str, dict[str, Any]]] = {
 
 #: Rules compared by default on the reasoning suite (the token/sequence-level contrasts first).
 REASONING_OBJECTIVES = (
-    "grpo", "dapo", "gspo", "nsr_dapo", "nsr_gspo", "nsr_decay_dapo", "dgpo", "gppo",
-    "cispo_trl", "sapo", "clip_cov", "kl_cov",
-)  # fmt: skip
+    "grpo",
+    "dapo",
+    "gspo",
+    "nsr_dapo",
+    "nsr_gspo",
+    "nsr_decay_dapo",
+    "dgpo",
+    "gppo",
+    "cispo_trl",
+    "sapo",
+    "clip_cov",
+    "kl_cov",
+)
 
 #: Per-suite defaults of the fields left as None.
 SUITE_DEFAULTS: dict[str, dict[str, Any]] = {
     "bandit": {
-        "objectives": None, "settings": ["easy", "needle", "mixed"], "seeds": 32, "steps": 100,
-        "prompts_per_batch": 4, "epochs": 2, "minibatches": 4, "optimizer": "sgd", "lr": 1.0,
+        "objectives": None,
+        "settings": ["easy", "needle", "mixed"],
+        "seeds": 32,
+        "steps": 100,
+        "prompts_per_step": 4,
+        "epochs": 2,
+        "minibatches": 4,
+        "optimizer": "sgd",
+        "lr": 1.0,
     },
     "reasoning": {
-        "objectives": list(REASONING_OBJECTIVES), "settings": list(REASONING_SUITE), "seeds": 8,
-        "steps": 80, "prompts_per_batch": 8, "epochs": 2, "minibatches": 2, "optimizer": "adam",
+        "objectives": list(REASONING_OBJECTIVES),
+        "settings": list(REASONING_SUITE),
+        "seeds": 8,
+        "steps": 80,
+        "prompts_per_step": 8,
+        "epochs": 2,
+        "minibatches": 2,
+        "optimizer": "adam",
         "lr": 1e-3,
     },
-}  # fmt: skip
+}
 
 
 #: A run name: letters, digits and ``_.=-`` (no path separators), not only dots.
@@ -102,18 +122,6 @@ def check_name(name: str, what: str = "name") -> str:
             f"{what}: use letters, digits and _.=- only (results go to OUT/NAME), got {name!r}"
         )
     return name
-
-
-def _fmt(value: Any) -> str:
-    """A parameter value as written in labels: shortest round-trip form for floats."""
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def variant_label(objective: str, params: Mapping[str, Any] | None = None) -> str:
-    """``dapo[eps_high=0.3]`` (parameters sorted by name); the bare name without parameters."""
-    if not params:
-        return objective
-    return f"{objective}[{','.join(f'{k}={_fmt(v)}' for k, v in sorted(params.items()))}]"
 
 
 def _parse_value(text: str) -> Any:
@@ -152,29 +160,24 @@ class CompareConfig:
     """Settings of a comparison. Every field is a CLI flag of ``clip-sandbox compare``; fields
     left as None take the suite's default (:data:`SUITE_DEFAULTS`)."""
 
-    suite: str = field(default="bandit", metadata={"help": "bandit or reasoning"})
-    objectives: list[str] | None = field(
-        default=None, metadata={"help": "objectives and presets (duplicates are dropped)"}
+    suite: str = arg("bandit", "bandit or reasoning")
+    objectives: list[str] | None = arg(None, "objectives and presets (duplicates are dropped)")
+    settings: list[str] | None = arg(
+        None, "bandit settings (envs.make_bandit_suite) or reasoning settings"
     )
-    settings: list[str] | None = field(
-        default=None,
-        metadata={"help": "bandit settings (envs.make_bandit_suite) or reasoning settings"},
-    )
-    seeds: int | None = field(default=None, metadata={"help": "seeds per run (vectorised)"})
-    steps: int | None = field(default=None, metadata={"help": "training steps"})
-    group_size: int = field(default=8, metadata={"help": "G, samples per prompt"})
-    prompts_per_batch: int | None = field(default=None, metadata={"help": "groups per step"})
-    epochs: int | None = field(default=None, metadata={"help": "mu, passes over each batch"})
-    minibatches: int | None = field(default=None, metadata={"help": "optimizer steps per epoch"})
-    optimizer: str | None = field(default=None, metadata={"help": "sgd or adam (bandit)"})
-    lr: float | None = field(default=None, metadata={"help": "learning rate"})
-    seed: int = field(default=0, metadata={"help": "base seed"})
-    objective_params: dict[str, dict[str, Any]] | None = field(
-        default=None,
-        metadata={
-            "help": "objective parameters: KEY=VALUE for every objective or NAME:KEY=VALUE for "
-            "one (e.g. dapo:eps_high=0.3); results are labelled dapo[eps_high=0.3]"
-        },
+    seeds: int | None = arg(None, "seeds per run (vectorised)")
+    steps: int | None = arg(None, "training steps")
+    group_size: int = arg(8, "G, samples per prompt")
+    prompts_per_step: int | None = arg(None, "groups per step")
+    epochs: int | None = arg(None, "mu, passes over each batch")
+    minibatches: int | None = arg(None, "optimizer steps per epoch")
+    optimizer: str | None = arg(None, "sgd or adam (bandit)")
+    lr: float | None = arg(None, "learning rate")
+    seed: int = arg(0, "base seed")
+    objective_params: dict[str, dict[str, Any]] | None = arg(
+        None,
+        "objective parameters: KEY=VALUE for every objective or NAME:KEY=VALUE for one "
+        "(e.g. dapo:eps_high=0.3); results are labelled dapo[eps_high=0.3]",
     )
 
     def __post_init__(self) -> None:
@@ -194,12 +197,10 @@ class CompareConfig:
         if not self.objectives:
             raise ValueError("objectives must not be empty")
         for name in self.objectives:
-            get_objective(name)  # ValueError naming the valid names
+            objective_of(name)  # ValueError naming the valid names
         self.objective_params = self._resolve_params(self.objective_params or {})
-        if self.suite == "bandit":
-            self.train_config("grpo")  # validates the shared training fields
-        else:
-            self.sequence_config(self.settings[0], "grpo")
+        # the trainer config of one run validates the shared training fields
+        trainer_config(run_spec(self, self.settings[0], "grpo"))
 
     def _resolve_params(self, given: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         """Expand ``"*"`` to every objective and check each set through ``get_objective``."""
@@ -214,7 +215,7 @@ class CompareConfig:
             if not params:
                 continue
             try:
-                get_objective(name, **params)
+                objective_of(name, freeze(params))
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"objective_params: {name} with {params}: {exc}") from exc
             resolved[name] = dict(sorted(params.items()))
@@ -228,142 +229,94 @@ class CompareConfig:
         """The name of ``objective`` in results and figures: ``dapo`` or ``dapo[eps_high=0.3]``."""
         return variant_label(objective, self.params(objective))
 
-    def train_config(self, objective: str) -> BanditTrainConfig:
-        return BanditTrainConfig(
-            objective=objective, objective_params=self.params(objective), seeds=self.seeds,
-            steps=self.steps, group_size=self.group_size, prompts_per_batch=self.prompts_per_batch,
-            epochs=self.epochs, minibatches=self.minibatches, optimizer=self.optimizer, lr=self.lr,
-            seed=self.seed,
-        )  # fmt: skip
-
-    def sequence_config(self, setting: str, objective: str) -> SequenceTrainConfig:
-        task, knobs = REASONING_SUITE[setting]
-        return SequenceTrainConfig(
-            task=task, task_knobs=dict(knobs), objective=objective,
-            objective_params=self.params(objective), seeds=self.seeds, steps=self.steps,
-            prompts_per_batch=self.prompts_per_batch, group_size=self.group_size,
-            epochs=self.epochs, minibatches=self.minibatches, lr=self.lr, seed=self.seed,
-        )  # fmt: skip
-
     def training_fields(self) -> dict[str, Any]:
         """What every finished part depends on besides its (setting, objective, parameters),
         which its file name records: a part is reused only while these are unchanged."""
         skip = ("objectives", "settings", "objective_params")
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}))
 
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
 
-
-def optimum(model: Any) -> float:
-    """Best achievable expected reward of a bandit model (prompt-weighted for contextual)."""
-    best = np.asarray(model.mean_rewards).max(-1)
-    return float(np.dot(model.prompt_probs, best)) if np.ndim(best) else float(best)
-
-
-def _label_frame(frame: pd.DataFrame, config: CompareConfig, setting: str, objective: str,
-                 best: float) -> pd.DataFrame:  # fmt: skip
-    """Add the key columns; steps become 1-based (step s: the s-th rollout + update round)."""
-    frame.insert(0, "suite", config.suite)
-    frame.insert(1, "setting", setting)
-    frame.insert(2, "objective", config.label(objective))
-    frame["step"] = frame["step"] + 1
-    frame["optimum"] = best
-    return frame
-
-
-def run_sampled(config: CompareConfig, setting: str, objective: str) -> pd.DataFrame:
-    """The sampled runs (``config.seeds`` seeds, vectorised) of one objective on one setting."""
+def run_spec(
+    config: CompareConfig,
+    setting: str,
+    objective: str,
+    kind: str = "sampled",
+    **given: Any,
+) -> RunSpec:
+    """The run spec of ``objective`` on ``setting`` (``kind`` sampled or exact) with the shared
+    training fields; ``given`` (``params``, ``seed``, ``definition``, ``train``) replaces the
+    defaults: the comparison's parameters and base seed, the standard setting."""
+    values = dict(params=config.params(objective), seed=config.seed, definition={})
     if config.suite == "reasoning":
-        frame = train_sequence(config.sequence_config(setting, objective))
-        frame.insert(0, "kind", "sampled")
-        return _label_frame(frame, config, setting, objective, 1.0)
-    model = make_bandit_suite()[setting].make().unwrapped
-    frame = run_bandit(model, config.train_config(objective)).to_frame()
-    frame.insert(0, "kind", "sampled")
-    return _label_frame(frame, config, setting, objective, optimum(model))
-
-
-def _flow_kwargs(config: CompareConfig) -> dict[str, Any]:
-    return dict(
-        steps=config.steps, lr=config.lr, advantage="grpo", group_size=config.group_size,
-        epochs=config.epochs * config.minibatches, optimizer=config.optimizer,
-    )  # fmt: skip
-
-
-def run_exact(config: CompareConfig, setting: str, objectives: list[str]) -> list[pd.DataFrame]:
-    """The exact expected-gradient flows of ``objectives`` (all with a closed form) on one bandit
-    setting, as one batched program (:func:`sandbox.exact.exact_flows`)."""
-    model = make_bandit_suite()[setting].make().unwrapped
-    objs = [get_objective(o, **config.params(o)) for o in objectives]
-    frames = exact_flows(objs, model, **_flow_kwargs(config))
-    out = []
-    for objective, frame in zip(objectives, frames, strict=True):
-        frame.insert(0, "kind", "exact")
-        frame.insert(2, "seed", -1)
-        out.append(_label_frame(frame, config, setting, objective, optimum(model)))
-    return out
-
-
-def has_exact(config: CompareConfig, objective: str) -> bool:
-    """Bandit suite and a closed-form ``expected_coef`` (not clip_cov, kl_cov)."""
-    return (
-        config.suite == "bandit"
-        and get_objective(objective, **config.params(objective)).has_expected_coef()
+        task, knobs = REASONING_SUITE.get(setting, (None, {}))
+        kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
+    else:
+        kind = f"bandit_{kind}"
+    values.update(given)
+    return RunSpec.make(
+        kind,
+        setting,
+        objective,
+        seeds=config.seeds,
+        steps=config.steps,
+        group_size=config.group_size,
+        prompts_per_step=config.prompts_per_step,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        lr=config.lr,
+        optimizer=config.optimizer,
+        **values,
     )
 
 
-def run_pair(config: CompareConfig, setting: str, objective: str) -> pd.DataFrame:
-    """Sampled runs and (where defined) the exact flow of one objective on one setting."""
-    frames = [run_sampled(config, setting, objective)]
-    if has_exact(config, objective):
-        frames += run_exact(config, setting, [objective])
-    return pd.concat(frames, ignore_index=True)
+#: The ``kind`` column of compare's results: sampled runs or the exact flow.
+KIND_COLUMN = {"bandit_sampled": "sampled", "tiny_tf": "sampled", "bandit_exact": "exact"}
 
 
-def _part(config: CompareConfig, setting: str, objective: str, kind: str) -> str:
-    return part_name(setting, config.label(objective), kind)
+def label_frame(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
+    """A run kind's frame in compare's columns: ``suite``, ``setting``, ``objective`` (the
+    variant label) and ``kind`` (sampled or exact) first."""
+    frame = frame.rename(columns={"rule": "objective"})
+    frame["kind"] = frame["kind"].map(KIND_COLUMN)
+    frame.insert(0, "suite", suite)
+    head = ["suite", "setting", "objective", "kind", "step", "seed"]
+    return frame[head + [c for c in frame.columns if c not in head]]
 
 
-def _job(config: CompareConfig, kind: str, setting: str, objectives: list[str]) -> list:
+def _job(suite: str, specs: list[RunSpec]) -> list[pd.DataFrame]:
     """Worker entry: one sampled run, or the batched exact flows of a setting."""
-    if kind == "sampled":
-        return [run_sampled(config, setting, objectives[0])]
-    return run_exact(config, setting, objectives)
+    return [label_frame(frame, suite) for frame in run_specs(specs)]
 
 
-def check_resume(config: CompareConfig, out_dir: Path, force: bool) -> None:
-    """Refuse to mix finished parts trained with other settings (``force``: delete them).
-
-    A part's file name records its setting, objective and parameters; everything else it
-    depends on (steps, seeds, lr, optimizer, ...) is in ``config.json``
-    (:func:`~.results.check_settings`)."""
-    check_settings(
-        out_dir, config.training_fields(), force=force,
-        hint="run the same command as before to resume, or use another --name, or --force to "
-        "recompute",
-    )  # fmt: skip
-
-
-def plan_jobs(config: CompareConfig, parts: Path, force: bool) -> tuple[list[str], list[tuple]]:
-    """The part files of the comparison and the jobs for those not finished."""
-    wanted, todo = [], []
+def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
+    """Every (part, spec) of the comparison: per setting, each objective's sampled run and,
+    where it has one (:func:`~.runs.has_exact_flow`), its exact flow."""
+    planned = []
     for setting in config.settings:
-        exact_todo = []
         for objective in config.objectives:
-            name = _part(config, setting, objective, "sampled")
-            wanted.append(name)
-            if force or not (parts / name).exists():
-                todo.append(("sampled", setting, [objective]))
-            if has_exact(config, objective):
-                name = _part(config, setting, objective, "exact")
-                wanted.append(name)
-                if force or not (parts / name).exists():
-                    exact_todo.append(objective)
-        if exact_todo:  # first: the batched flows are the longest job of a setting
-            todo.insert(0, ("exact", setting, exact_todo))
-    return wanted, todo
+            for kind in ("sampled", "exact"):
+                spec = run_spec(config, setting, objective, kind)
+                if kind == "sampled" or has_exact_flow(spec):
+                    planned.append((part_name(setting, config.label(objective), kind), spec))
+    return planned
+
+
+def plan_jobs(config: CompareConfig, done: Callable[[str], bool]) -> list[Job]:
+    """The jobs for the parts not ``done``: the batched exact flows of a setting first (the
+    longest job of a setting), then one job per sampled run."""
+    todo = [(part, spec) for part, spec in plan_runs(config) if not done(part)]
+    jobs = []
+    for setting in config.settings:
+        exact = [(p, s) for p, s in todo if s.setting == setting and s.kind == "bandit_exact"]
+        if exact:
+            parts, specs = zip(*exact, strict=True)
+            jobs.append(Job(f"{setting}/exact", parts, (config.suite, list(specs))))
+        jobs += [
+            Job(f"{setting}/sampled", (p,), (config.suite, [s]))
+            for p, s in todo
+            if s.setting == setting and s.kind != "bandit_exact"
+        ]
+    return jobs
 
 
 def run_compare(
@@ -383,36 +336,19 @@ def run_compare(
     at once with ``KeyboardInterrupt`` (:class:`~.pool.Terminated` for SIGTERM); every finished
     run is on disk, and the same call resumes with the missing ones.
     """
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):  # fmt: skip
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
-    out_dir = prepare_out_dir(out_dir)
-    parts = out_dir / "parts"
-    check_resume(config, out_dir, force)
-    parts.mkdir(parents=True, exist_ok=True)
-    remove_temp_files(parts)
-    (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2))
-    wanted, todo = plan_jobs(config, parts, force)
-    done = sum((parts / name).exists() for name in wanted) if not force else 0
-    if done:
-        print(f"{done} of {len(wanted)} runs already done in {out_dir}; running the other "
-              f"{len(wanted) - done}", file=sys.stderr, flush=True)  # fmt: skip
-    workers = workers or min(os.cpu_count() or 1, 4)
-    bar = tqdm(total=len(wanted), initial=done, disable=not progress, desc="compare", unit="run")
-    jobs = [((kind, s, objs), (config, kind, s, objs)) for kind, s, objs in todo]
-    try:
-        if workers <= 1 or len(todo) <= 1:
-            stream = ((key, _job(*args)) for key, args in jobs)
-        else:
-            stream = imap_unordered(_job, jobs, min(workers, len(todo)))
-        with contextlib.closing(stream):
-            for (kind, setting, objectives), frames in stream:
-                for objective, frame in zip(objectives, frames, strict=True):
-                    write_parquet_atomic(frame, parts / _part(config, setting, objective, kind))
-                    bar.update()
-                bar.set_postfix_str(f"{setting}/{kind}", refresh=False)
-    finally:
-        bar.close()
+    check_workers(workers)
+    folder = RunFolder(
+        out_dir,
+        config.training_fields(),
+        contents=asdict(config),
+        force=force,
+        hint="run the same command as before to resume, or use another --name, or --force to "
+        "recompute",
+    )
+    out_dir, parts = folder.out, folder.parts
+    wanted = [part for part, _ in plan_runs(config)]
+    jobs = plan_jobs(config, folder.done)
+    folder.run(_job, jobs, total=len(wanted), workers=workers, progress=progress, desc="compare")
 
     # Every part in the folder was made with these training settings (check_resume), so the
     # tables cover them all: a later run of a subset of rules adds to the tables, never shrinks them.
@@ -432,9 +368,8 @@ def run_compare(
 
 def progress_line(config: CompareConfig, out_dir: str | Path) -> str:
     """``N of M runs finished in OUT`` (for the resume hint after an interruption)."""
-    parts = Path(out_dir) / "parts"
-    wanted, _ = plan_jobs(config, parts, force=False)
-    done = sum((parts / name).exists() for name in wanted)
+    wanted = [part for part, _ in plan_runs(config)]
+    done = sum((Path(out_dir) / "parts" / part).exists() for part in wanted)
     return f"{done} of {len(wanted)} runs finished in {out_dir}"
 
 

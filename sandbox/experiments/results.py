@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +88,22 @@ def check_settings(
     record: str = "config.json",
     force: bool = False,
     hint: str = "run the same command as before to resume, or use another --out, or --force to recompute",
+    compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] = changed_settings,
 ) -> None:
     """Refuse a results folder whose finished parts were made with other ``settings``.
 
     ``settings`` are what every part depends on besides what its file name records; the folder's
     ``record`` (JSON) holds the settings it was made with. Parts without a readable record cannot
     be checked and are refused too. ``force`` deletes the parts instead (everything is then
-    recomputed): results made with other settings are never reported as a run's own."""
+    recomputed): results made with other settings are never reported as a run's own.
+    ``compare(previous, settings)`` lists the changes (default :func:`changed_settings`)."""
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
     if not any(parts.glob("*.parquet")):
         return
     try:
         previous = json.loads((out_dir / record).read_text())
-        changed = changed_settings(previous, settings)
+        changed = compare(previous, settings)
     except (OSError, ValueError):
         changed = [f"no readable {record}"]
     if not changed:

@@ -40,14 +40,10 @@ standard figures.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import hashlib
 import importlib.util
 import itertools
 import json
-import os
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -56,33 +52,27 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from envs import make_bandit_suite
 from envs.bandit import BanditSetting
 from envs.reasoning import make_task
-from sandbox.configs import read_mapping
-from sandbox.exact import exact_flow
-from sandbox.exact.bandit import GROUP_ADVANTAGES
+from sandbox.configs import check_int, read_mapping
 from sandbox.objectives import get_objective
-from sandbox.train import BanditTrainConfig, SequenceTrainConfig, run_bandit, train_sequence
+from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
-from .compare import (
-    REASONING_SUITE,
-    SUITE_DEFAULTS,
-    CompareConfig,
-    check_name,
-    optimum,
-    variant_label,
-)
+from . import compare
+from .compare import REASONING_SUITE, SUITE_DEFAULTS, CompareConfig, check_name, label_frame
+from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
 from .plots import final_scores, format_scores, render_all
-from .pool import imap_unordered
-from .results import (
-    part_name,
-    prepare_out_dir,
-    remove_parts,
-    remove_temp_files,
-    write_parquet_atomic,
+from .results import part_name, write_parquet_atomic
+from .runs import (
+    RunSpec,
+    format_value,
+    has_exact_flow,
+    run_specs,
+    trainer_config,
+    variant_label,
+    variant_slug,
 )
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
@@ -97,26 +87,21 @@ MANAGED_TRAIN_FIELDS = ("objective", "objective_params", "seed", "task", "task_k
 #: Columns a run adds to the trainer's frame.
 RUN_COLUMNS = ("base_objective", "variant", "run_id", "run_seed")
 #: A swept parameter with one of these names (``seed`` of nsr, say) is stored as ``param_<name>``.
-RESERVED_COLUMNS = ("suite", "setting", "objective", "kind", "seed", "step", "optimum",
-                    *RUN_COLUMNS)  # fmt: skip
-#: Parameter slugs longer than this are replaced by a hash in run ids (file names stay short).
-MAX_SLUG = 80
-
-BACKENDS = ("local", "ray")
+RESERVED_COLUMNS = (
+    "suite",
+    "setting",
+    "objective",
+    "kind",
+    "seed",
+    "step",
+    "optimum",
+    *RUN_COLUMNS,
+)
 
 
 # ------------------------------------------------------------------------------------------------
 # the plan
 # ------------------------------------------------------------------------------------------------
-
-
-def _fmt(value: Any) -> str:
-    """A parameter value as written in labels: shortest round-trip form for floats."""
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def _label(objective: str, params: tuple[tuple[str, Any], ...]) -> str:
-    return variant_label(objective, dict(params))
 
 
 @dataclass(frozen=True)
@@ -137,18 +122,12 @@ class Variant:
     @property
     def label(self) -> str:
         """``nsr[noise=band,sigma=0.1]``; the bare name when no parameter is set."""
-        return _label(self.objective, self.params)
+        return variant_label(self.objective, self.param_dict)
 
     @property
     def slug(self) -> tuple[str, ...]:
         """File-name fields: the name, then ``k=v`` per parameter (hashed if long)."""
-        pairs = [f"{k}={_fmt(v)}" for k, v in self.params]
-        if len(",".join(pairs)) > MAX_SLUG:
-            digest = hashlib.sha1(
-                json.dumps(self.param_dict, sort_keys=True, default=str).encode()
-            ).hexdigest()
-            pairs = [f"p{digest[:12]}"]
-        return (self.objective, *pairs)
+        return variant_slug(self.objective, self.param_dict)
 
 
 @dataclass(frozen=True)
@@ -222,10 +201,17 @@ class SweepPlan:
     def trainer_config(
         self, setting: str, variant: Variant, seed: int
     ) -> BanditTrainConfig | SequenceTrainConfig:
-        return trainer_config(
-            self.config, variant.objective, variant.param_dict, seed, self.setting_defs[setting],
+        """The validated trainer config of one run."""
+        spec = run_spec(
+            self.config,
+            setting,
+            variant.objective,
+            variant.param_dict,
+            seed,
+            self.setting_defs[setting],
             self.train,
-        )  # fmt: skip
+        )
+        return trainer_config(spec)
 
     def variant_table(self) -> pd.DataFrame:
         """One row per variant: label, base objective and one column per swept parameter."""
@@ -252,24 +238,27 @@ def _param_column(name: str, taken: Iterable[str] = ()) -> str:
     return f"param_{name}" if name in RESERVED_COLUMNS or name in set(taken) else name
 
 
-def trainer_config(
+def run_spec(
     config: CompareConfig,
+    setting: str,
     objective: str,
     params: Mapping[str, Any],
     seed: int,
     setting_def: Any,
     train: Mapping[str, Any] | None = None,
-) -> BanditTrainConfig | SequenceTrainConfig:
-    """The trainer config of one run: CompareConfig's mapping of the shared fields, then the
-    variant's ``objective_params``, the base seed, the task and the ``[train]`` extras."""
-    extra = dict(train or {})
-    if config.suite == "bandit":
-        base = config.train_config(objective)
-        return replace(base, objective_params=dict(params), seed=seed, **extra)
-    task, knobs = setting_def
-    base = config.sequence_config(next(iter(REASONING_SUITE)), objective)
-    return replace(
-        base, task=task, task_knobs=dict(knobs), objective_params=dict(params), seed=seed, **extra
+    kind: str = "sampled",
+) -> RunSpec:
+    """The spec of one run (``kind`` sampled or exact): the shared fields, the variant's
+    parameters, the base seed, the setting's definition and the ``[train]`` extras."""
+    return compare.run_spec(
+        config,
+        setting,
+        objective,
+        kind,
+        params=dict(params),
+        seed=seed,
+        definition=_setting_def_json(setting_def),
+        train=dict(train or {}),
     )
 
 
@@ -439,9 +428,15 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
             raise ValueError(f"train.{key}: a shared field, set it at top level")
 
     plan = SweepPlan(
-        name=name, config=config, settings=settings, seeds=list(seeds), variants=variants,
-        setting_defs=setting_defs, train=dict(train), description=str(spec.get("description", "")),
-    )  # fmt: skip
+        name=name,
+        config=config,
+        settings=settings,
+        seeds=list(seeds),
+        variants=variants,
+        setting_defs=setting_defs,
+        train=dict(train),
+        description=str(spec.get("description", "")),
+    )
     # every (setting, variant) builds its trainer config: the shared fields, [train], the task
     # and the objective's parameters are checked together, before anything runs
     for setting in settings:
@@ -468,9 +463,7 @@ def with_overrides(
     for key, value in (("seeds", seeds), ("steps", steps)):
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-        setattr(config, key, value)
+        setattr(config, key, check_int(key, value))
     new = replace(plan, config=config)
     new.source = plan.source
     new.trainer_config(new.settings[0], new.variants[0], new.seeds[0])  # the trainer's checks
@@ -492,9 +485,9 @@ def run_variant(
     setting_def: Any = None,
     train: Mapping[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """One sweep run as a tidy frame: what :func:`~sandbox.experiments.compare.run_pair` gives
-    for ``objective`` on ``setting``, with ``params`` as the objective's overrides and ``seed``
-    as the base seed.
+    """One sweep run as a tidy frame: the sampled run and, where the rule has one, the exact
+    flow (:func:`~sandbox.experiments.runs.has_exact_flow`) of ``objective`` on ``setting``,
+    with ``params`` as the objective's overrides and ``seed`` as the base seed.
 
     ``objective`` in the frame holds the variant label (so the standard figures and tables group
     by variant); ``base_objective``, ``variant``, ``run_id``, ``run_seed`` and one column per
@@ -506,34 +499,12 @@ def run_variant(
         setting_def = (
             make_bandit_suite()[setting] if config.suite == "bandit" else REASONING_SUITE[setting]
         )
-    train_config = trainer_config(config, objective, params, seed, setting_def, train)
-    if config.suite == "reasoning":
-        frame = train_sequence(train_config)
-        frame.insert(0, "kind", "sampled")
-        best = 1.0
-    else:
-        model = setting_def.make().unwrapped
-        frame = run_bandit(model, train_config).to_frame()
-        frame.insert(0, "kind", "sampled")
-        obj = train_config.build_objective()
-        # the exact flow needs a closed form, a group advantage and binary rewards (as run_pair)
-        binary = getattr(model, "success_probs", None) is not None
-        if obj.has_expected_coef() and train_config.advantage in GROUP_ADVANTAGES and binary:
-            exact = exact_flow(
-                obj, model, steps=config.steps, lr=train_config.lr,
-                advantage=train_config.advantage,
-                group_size=config.group_size, epochs=config.epochs * config.minibatches,
-                optimizer=train_config.optimizer,
-            )  # fmt: skip
-            exact.insert(0, "kind", "exact")
-            exact.insert(2, "seed", -1)
-            frame = pd.concat([frame, exact], ignore_index=True)
-        best = optimum(model)
-    frame.insert(0, "suite", config.suite)
-    frame.insert(1, "setting", setting)
-    frame.insert(2, "objective", variant.label)
-    frame["step"] = frame["step"] + 1  # 1-based, as compare and llm.train
-    frame["optimum"] = best
+    specs = [run_spec(config, setting, objective, params, seed, setting_def, train)]
+    exact = replace(specs[0], kind="bandit_exact")
+    if config.suite == "bandit" and has_exact_flow(exact):
+        specs.append(exact)
+    frame = pd.concat([label_frame(f, config.suite) for f in run_specs(specs)], ignore_index=True)
+    frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
     taken = list(frame.columns)
     frame["base_objective"] = objective
     frame["variant"] = variant.label
@@ -544,70 +515,24 @@ def run_variant(
     return frame
 
 
-def _execute(plan: SweepPlan, run: SweepRun) -> pd.DataFrame:
+def _execute(plan: SweepPlan, run: SweepRun) -> list[pd.DataFrame]:
     """Worker entry (process pool or Ray task): one run, one thread."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
-    return run_variant(
-        plan.config, run.setting, run.variant.objective, run.variant.param_dict, run.seed,
-        setting_def=plan.setting_defs[run.setting], train=plan.train,
-    )  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------------------
-# backends: each yields (run, frame) as runs finish; the driver writes the parts
-# ------------------------------------------------------------------------------------------------
+    return [
+        run_variant(
+            plan.config,
+            run.setting,
+            run.variant.objective,
+            run.variant.param_dict,
+            run.seed,
+            setting_def=plan.setting_defs[run.setting],
+            train=plan.train,
+        )
+    ]
 
 
 class SweepRunError(RuntimeError):
     """A run failed; the runs finished before it are saved, a rerun resumes after them."""
-
-
-def _local(plan: SweepPlan, todo: list[SweepRun], workers: int):
-    if workers <= 1:
-        for run in todo:
-            try:
-                yield run, _execute(plan, run)
-            except Exception as exc:
-                raise SweepRunError(f"run {run.run_id} failed: {exc!r}") from exc
-        return
-    jobs = [(run, (plan, run)) for run in todo]
-    with contextlib.closing(imap_unordered(_execute, jobs, workers, SweepRunError)) as stream:
-        for run, frame in stream:
-            yield run, frame
-
-
-def _ray(plan: SweepPlan, todo: list[SweepRun], workers: int | None, address: str | None):
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(
-            "the ray backend needs Ray: pip install 'clip-sandbox[ray]' (or pip install ray)"
-        ) from exc
-    started = False
-    if not ray.is_initialized():
-        if address:
-            ray.init(address=address)
-        else:
-            ray.init(num_cpus=workers, include_dashboard=False)
-        started = True
-    try:
-        task = ray.remote(num_cpus=1)(_execute)
-        plan_ref = ray.put(plan)
-        pending = {task.remote(plan_ref, run): run for run in todo}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            ref = done[0]
-            run = pending.pop(ref)
-            try:
-                frame = ray.get(ref)
-            except Exception as exc:
-                for other in pending:
-                    ray.cancel(other)
-                raise SweepRunError(f"run {run.run_id} failed: {exc}") from exc
-            yield run, frame
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -615,34 +540,25 @@ def _ray(plan: SweepPlan, todo: list[SweepRun], workers: int | None, address: st
 # ------------------------------------------------------------------------------------------------
 
 
-def _check_resume(plan: SweepPlan, out_dir: Path, force: bool) -> None:
-    """Refuse to mix finished parts trained with different shared fields (``force``: delete
-    them, then everything is recomputed)."""
-    previous = out_dir / "plan.json"
-    if not previous.exists():
-        return
-    old = json.loads(previous.read_text())
-    new = plan.training_fields()
+def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """What makes a folder's finished runs stale: a shared or ``[train]`` field added, removed or
+    changed, or another definition of a setting both plans have (a sweep may add or drop
+    settings, variants and base seeds and reuse what is finished)."""
     changed = []
     for group in ("shared", "train"):
-        before, now = old.get(group, {}), new[group]
-        for key in sorted(set(before) | set(now)):
-            if before.get(key) != now.get(key):
-                changed.append(f"{group}.{key}: {before.get(key)!r} -> {now.get(key)!r}")
-    old_defs = old.get("setting_defs", {})
+        before, after = previous.get(group, {}), now[group]
+        changed += [
+            f"{group}.{key}: {before.get(key)!r} -> {after.get(key)!r}"
+            for key in sorted(set(before) | set(after))
+            if before.get(key) != after.get(key)
+        ]
+    old_defs = previous.get("setting_defs", {})
     changed += [
         f"setting {s}: {old_defs[s]} -> {d}"
-        for s, d in new["setting_defs"].items()
+        for s, d in now["setting_defs"].items()
         if s in old_defs and old_defs[s] != d
     ]
-    if changed and any((out_dir / "parts").glob("*.parquet")):
-        if force:  # recompute: no part of the old settings may survive to be mixed in later
-            remove_parts(out_dir / "parts")
-            return
-        raise ValueError(
-            f"{out_dir} holds runs trained with other shared fields ({'; '.join(changed)}); "
-            "use --force to recompute them, or another --out/--name"
-        )
+    return changed
 
 
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
@@ -654,7 +570,7 @@ def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
         kinds = {type(v) for v in results[column].dropna()}
         if len(kinds) > 1:
-            results[column] = results[column].map(lambda v: v if pd.isna(v) else _fmt(v))
+            results[column] = results[column].map(lambda v: v if pd.isna(v) else format_value(v))
     return results
 
 
@@ -687,38 +603,32 @@ def run_sweep(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    if workers is not None and (isinstance(workers, bool) or workers < 1):
-        raise ValueError(f"workers must be >= 1, got {workers!r}")
+    check_workers(workers)
     if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
-        raise ValueError(
-            "--backend ray needs Ray: pip install 'clip-sandbox[ray]' (or pip install ray)"
-        )
-    out_dir = prepare_out_dir(out_dir)
-    parts = out_dir / "parts"
-    _check_resume(plan, out_dir, force)
-    parts.mkdir(parents=True, exist_ok=True)
-    remove_temp_files(parts)
-    (out_dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2))
+        raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
+    folder = RunFolder(
+        out_dir,
+        plan.training_fields(),
+        compare=changed_fields,
+        record="plan.json",
+        contents=plan.to_dict(),
+        force=force,
+        hint="use --force to recompute them, or another --out/--name",
+    )
+    out_dir, parts = folder.out, folder.parts
     runs = plan.runs()
-    todo = [r for r in runs if force or not (parts / r.part).exists()]
-    if len(todo) < len(runs):
-        print(f"{len(runs) - len(todo)} of {len(runs)} runs already done in {out_dir}; running the "
-              f"other {len(todo)}", file=sys.stderr, flush=True)  # fmt: skip
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), disable=not progress,
-               desc=f"sweep {plan.name}", unit="run")  # fmt: skip
-    try:
-        if not todo:
-            stream = iter(())
-        elif backend == "ray":
-            stream = _ray(plan, todo, workers, address)
-        else:
-            stream = _local(plan, todo, workers or min(os.cpu_count() or 1, 4, len(todo)))
-        for run, frame in stream:
-            write_parquet_atomic(frame, parts / run.part)
-            bar.set_postfix_str(run.run_id, refresh=False)
-            bar.update()
-    finally:
-        bar.close()
+    jobs = [Job(r.run_id, (r.part,), (plan, r)) for r in runs if not folder.done(r.part)]
+    folder.run(
+        _execute,
+        jobs,
+        total=len(runs),
+        workers=workers,
+        progress=progress,
+        desc=f"sweep {plan.name}",
+        backend=backend,
+        address=address,
+        error=SweepRunError,
+    )
 
     results = collect_results(plan, parts)
     write_parquet_atomic(results, out_dir / "results.parquet")

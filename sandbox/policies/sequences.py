@@ -16,18 +16,13 @@ import torch
 from torch import Tensor
 
 from envs.reasoning.tasks import MAX_ENUMERATION_LEN
+from sandbox.configs import check_int
 
 from .transformer import TinyTransformer
 
 __all__ = ["MaskedTransformerPolicy", "TabularSequencePolicy", "check_enumerable_task", "check_int"]
 
 F64 = torch.float64
-
-
-def check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
 
 
 TASK_API = (

@@ -92,7 +92,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -104,9 +104,10 @@ from tqdm import tqdm
 from envs.bandit import BanditModel, ContextualBanditModel
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
+from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
-from sandbox.objectives import Objective, get_objective
+from sandbox.objectives import Objective
 
 __all__ = [
     "BanditRun",
@@ -148,69 +149,54 @@ SEED_COLUMNS: tuple[str, ...] = (
 class BanditTrainConfig:
     """Settings of one bandit training run (S seeds). Validated on construction."""
 
-    objective: str = field(
-        default="grpo",
-        metadata={"help": "objective registry name or preset (sandbox.objectives.get_objective)"},
+    objective: str = arg(
+        "grpo", "objective registry name or preset (sandbox.objectives.get_objective)"
     )
-    objective_params: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={"help": "keyword overrides for the objective's hyperparameters"},
+    objective_params: dict[str, Any] = arg(
+        {}, "keyword overrides for the objective's hyperparameters"
     )
-    seeds: int = field(default=64, metadata={"help": "number of independent seeds S (batched)"})
-    steps: int = field(default=300, metadata={"help": "number of sampling + update steps"})
-    group_size: int = field(default=8, metadata={"help": "G: samples per prompt (one group)"})
-    prompts_per_batch: int = field(
-        default=1,
-        metadata={
-            "help": "P': prompts (groups) sampled per step and seed; for a plain bandit every "
-            "group comes from its single state"
-        },
+    seeds: int = arg(64, "number of independent seeds S (batched)")
+    steps: int = arg(300, "number of sampling + update steps")
+    group_size: int = arg(8, "G: samples per prompt (one group)")
+    prompts_per_step: int = arg(
+        1,
+        "P': prompts (groups) sampled per step and seed; for a plain bandit every "
+        "group comes from its single state",
     )
-    epochs: int = field(default=1, metadata={"help": "mu: passes over each batch"})
-    minibatches: int = field(
-        default=1, metadata={"help": "optimizer steps per epoch; must divide P' * G"}
+    epochs: int = arg(1, "mu: passes over each batch")
+    minibatches: int = arg(1, "optimizer steps per epoch; must divide P' * G")
+    optimizer: str = arg("sgd", f"one of {list(OPTIMIZERS)}")
+    lr: float = arg(0.5, "learning rate on the logits")
+    advantage: str = arg("grpo", f"advantage method, one of {sorted(ADVANTAGE_METHODS)}")
+    aggregation: str | None = arg(
+        None,
+        f"loss aggregation, one of {list(AGGREGATION_MODES)}; None uses the "
+        "objective's recommendation (obj.aggregation)",
     )
-    optimizer: str = field(default="sgd", metadata={"help": f"one of {list(OPTIMIZERS)}"})
-    lr: float = field(default=0.5, metadata={"help": "learning rate on the logits"})
-    advantage: str = field(
-        default="grpo",
-        metadata={"help": f"advantage method, one of {sorted(ADVANTAGE_METHODS)}"},
+    off_policy_mask: float | None = arg(
+        None, "drop A < 0 samples with log pi_old - log pi > this (None: off)"
     )
-    aggregation: str | None = field(
-        default=None,
-        metadata={
-            "help": f"loss aggregation, one of {list(AGGREGATION_MODES)}; None uses the "
-            "objective's recommendation (obj.aggregation)"
-        },
-    )
-    off_policy_mask: float | None = field(
-        default=None,
-        metadata={"help": "drop A < 0 samples with log pi_old - log pi > this (None: off)"},
-    )
-    seed: int = field(default=0, metadata={"help": "base seed of the run's torch.Generator"})
-    device: str = field(default="cpu", metadata={"help": "torch device"})
-    dtype: str = field(default="float32", metadata={"help": f"one of {list(DTYPES)}"})
+    seed: int = arg(0, "base seed of the run's torch.Generator")
+    device: str = arg("cpu", "torch device")
+    dtype: str = arg("float32", f"one of {list(DTYPES)}")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field."""
-        for name in ("seeds", "steps", "prompts_per_batch", "epochs", "minibatches"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("group_size", self.group_size, 1)
+        for name in ("seeds", "steps", "prompts_per_step", "epochs", "minibatches"):
+            check_int(name, getattr(self, name))
+        check_int("group_size", self.group_size)
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(
                 f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
             )
-        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
-            raise ValueError(
-                f"group_size must be >= 2 for advantage={self.advantage!r}, got {self.group_size}"
-            )
-        batch = self.prompts_per_batch * self.group_size
+        check_group_size(self.advantage, self.group_size)
+        batch = self.prompts_per_step * self.group_size
         if batch % self.minibatches:
             raise ValueError(
-                f"minibatches must divide prompts_per_batch * group_size = {batch}, "
+                f"minibatches must divide prompts_per_step * group_size = {batch}, "
                 f"got {self.minibatches}"
             )
         if self.optimizer not in OPTIMIZERS:
@@ -225,7 +211,7 @@ class BanditTrainConfig:
                 f"got {self.aggregation!r}"
             )
         check_off_policy_mask(self.off_policy_mask)
-        _check_int("seed", self.seed, 0)
+        check_int("seed", self.seed, 0)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         try:
@@ -239,22 +225,12 @@ class BanditTrainConfig:
     def build_objective(self) -> Objective:
         """The objective, through the registry; errors name ``objective`` / ``objective_params``."""
         try:
-            return get_objective(self.objective, **self.objective_params)
+            return built_objective(self)
         except ValueError as exc:
             raise ValueError(
                 f"objective={self.objective!r} with objective_params={self.objective_params!r} "
                 f"is invalid: {exc}"
             ) from exc
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """Field name -> help string (for CLIs generated from the dataclass)."""
-        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
-
-
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -369,7 +345,7 @@ def sample_rollout(
     log_pi: Tensor,
     task: BanditTask,
     *,
-    prompts_per_batch: int,
+    prompts_per_step: int,
     group_size: int,
     advantage: str,
     generator: torch.Generator,
@@ -379,7 +355,7 @@ def sample_rollout(
     Args:
         log_pi: ``[S, P, K]`` log-probabilities of the sampling policy (detached).
         task: the exact model as tensors.
-        prompts_per_batch: P'; prompts are drawn with replacement from ``task.prompt_probs``
+        prompts_per_step: P'; prompts are drawn with replacement from ``task.prompt_probs``
             (a plain bandit has one prompt, drawn without randomness).
         group_size: G.
         advantage: a method of :func:`sandbox.advantages.compute_advantages`.
@@ -389,9 +365,9 @@ def sample_rollout(
     G = group_size
     pi = log_pi.exp()
     if P == 1:
-        prompts = torch.zeros(S, prompts_per_batch, dtype=torch.long, device=log_pi.device)
+        prompts = torch.zeros(S, prompts_per_step, dtype=torch.long, device=log_pi.device)
     else:
-        prompts = _sample_categorical(task.prompt_probs.expand(S, P), prompts_per_batch, generator)
+        prompts = _sample_categorical(task.prompt_probs.expand(S, P), prompts_per_step, generator)
     pi_prompt = pi.gather(1, prompts[:, :, None].expand(-1, -1, K))  # [S, P', K]
     arms = _sample_categorical(pi_prompt, G, generator)  # [S, P', G]
     index = (prompts[:, :, None] * K + arms).view(S, -1)  # [S, N]
@@ -612,7 +588,7 @@ def run_bandit(
             rollout = sample_rollout(
                 log_pi,
                 task,
-                prompts_per_batch=config.prompts_per_batch,
+                prompts_per_step=config.prompts_per_step,
                 group_size=config.group_size,
                 advantage=config.advantage,
                 generator=generator,

@@ -42,7 +42,7 @@ dropped) and ``entropy_masked_frac`` (share of tokens masked) when those masks a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,10 @@ from tqdm import tqdm
 from envs.reasoning import available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
+from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
-from sandbox.objectives import Objective, get_objective
+from sandbox.objectives import Objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
 
 SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_frac")
@@ -66,44 +67,33 @@ SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_fr
 class SequenceTrainConfig:
     """Settings of one reasoning-task training run (S seeds). Validated on construction."""
 
-    task: str = field(default="bits", metadata={"help": "task name from envs.reasoning"})
-    task_knobs: dict[str, Any] = field(
-        default_factory=lambda: {"op": "parity", "length": 3},
-        metadata={"help": "difficulty knobs of the task"},
+    task: str = arg("bits", "task name from envs.reasoning")
+    task_knobs: dict[str, Any] = arg({"op": "parity", "length": 3}, "difficulty knobs of the task")
+    objective: str = arg("dapo", "objective name or preset")
+    objective_params: dict[str, Any] = arg({}, "overrides of the objective's hyperparameters")
+    seeds: int = arg(4, "independent models trained in one batch")
+    steps: int = arg(100, "sampling + update steps")
+    prompts_per_step: int = arg(8, "P': prompts per step and seed")
+    group_size: int = arg(8, "G: completions per prompt")
+    epochs: int = arg(2, "mu: passes over each batch")
+    minibatches: int = arg(2, "optimizer steps per epoch")
+    lr: float = arg(1e-3, "Adam learning rate")
+    max_grad_norm: float = arg(1.0, "per-seed gradient clipping")
+    advantage: str = arg("grpo", "sandbox.advantages method")
+    aggregation: str | None = arg(None, "aggregation mode; None uses the objective's own")
+    kl_coef: float = arg(0.0, "k3 KL to the initial model (0: off)")
+    entropy_coef: float = arg(0.0, "entropy bonus (0: off)")
+    off_policy_mask: float | None = arg(
+        None, "drop A < 0 sequences with mean KL(pi_old || pi) > this"
     )
-    objective: str = field(default="dapo", metadata={"help": "objective name or preset"})
-    objective_params: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "overrides of the objective's hyperparameters"}
-    )
-    seeds: int = field(default=4, metadata={"help": "independent models trained in one batch"})
-    steps: int = field(default=100, metadata={"help": "sampling + update steps"})
-    prompts_per_batch: int = field(default=8, metadata={"help": "P': prompts per step and seed"})
-    group_size: int = field(default=8, metadata={"help": "G: completions per prompt"})
-    epochs: int = field(default=2, metadata={"help": "mu: passes over each batch"})
-    minibatches: int = field(default=2, metadata={"help": "optimizer steps per epoch"})
-    lr: float = field(default=1e-3, metadata={"help": "Adam learning rate"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "per-seed gradient clipping"})
-    advantage: str = field(default="grpo", metadata={"help": "sandbox.advantages method"})
-    aggregation: str | None = field(
-        default=None, metadata={"help": "aggregation mode; None uses the objective's own"}
-    )
-    kl_coef: float = field(default=0.0, metadata={"help": "k3 KL to the initial model (0: off)"})
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus (0: off)"})
-    off_policy_mask: float | None = field(
-        default=None, metadata={"help": "drop A < 0 sequences with mean KL(pi_old || pi) > this"}
-    )
-    top_entropy_quantile: float = field(
-        default=1.0, metadata={"help": "keep the top-q share of tokens by entropy (1: off)"}
-    )
-    max_new_tokens: int | None = field(
-        default=None, metadata={"help": "completion budget (None: the task's answer length + 1)"}
-    )
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    d_model: int = field(default=32, metadata={"help": "transformer width"})
-    n_layers: int = field(default=2, metadata={"help": "transformer layers"})
-    n_heads: int = field(default=4, metadata={"help": "attention heads"})
-    seed: int = field(default=0, metadata={"help": "base seed (weights, prompts, sampling)"})
-    device: str = field(default="cpu", metadata={"help": "torch device"})
+    top_entropy_quantile: float = arg(1.0, "keep the top-q share of tokens by entropy (1: off)")
+    max_new_tokens: int | None = arg(None, "completion budget (None: the task's answer length + 1)")
+    temperature: float = arg(1.0, "sampling temperature")
+    d_model: int = arg(32, "transformer width")
+    n_layers: int = arg(2, "transformer layers")
+    n_heads: int = arg(4, "attention heads")
+    seed: int = arg(0, "base seed (weights, prompts, sampling)")
+    device: str = arg("cpu", "torch device")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -113,19 +103,18 @@ class SequenceTrainConfig:
         if self.task not in available_tasks():
             raise ValueError(f"task must be one of {available_tasks()}, got {self.task!r}")
         make_task(self.task, **self.task_knobs)
-        for name in ("seeds", "steps", "prompts_per_batch", "epochs", "minibatches"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("group_size", self.group_size)
+        for name in ("seeds", "steps", "prompts_per_step", "epochs", "minibatches"):
+            check_int(name, getattr(self, name))
+        check_int("group_size", self.group_size)
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(
                 f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
             )
-        if self.advantage in ("grpo", "rloo") and self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 for {self.advantage}, got {self.group_size}")
-        batch = self.prompts_per_batch * self.group_size
+        check_group_size(self.advantage, self.group_size)
+        batch = self.prompts_per_step * self.group_size
         if batch % self.minibatches:
             raise ValueError(
-                f"minibatches must divide prompts_per_batch * group_size = {batch}, "
+                f"minibatches must divide prompts_per_step * group_size = {batch}, "
                 f"got {self.minibatches}"
             )
         for name in ("lr", "max_grad_norm", "temperature"):
@@ -144,13 +133,13 @@ class SequenceTrainConfig:
         check_off_policy_mask(self.off_policy_mask)
         check_top_entropy_quantile(self.top_entropy_quantile)
         if self.max_new_tokens is not None:
-            _positive_int("max_new_tokens", self.max_new_tokens)
+            check_int("max_new_tokens", self.max_new_tokens)
         self.model_config()
         self.build_objective()
 
     def build_objective(self) -> Objective:
         try:
-            return get_objective(self.objective, **self.objective_params)
+            return built_objective(self)
         except ValueError as exc:
             raise ValueError(f"objective={self.objective!r}: {exc}") from exc
 
@@ -164,15 +153,6 @@ class SequenceTrainConfig:
             vocab_size=task.tokenizer.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
             n_heads=self.n_heads, max_len=task.max_prompt_tokens + self.completion_budget(),
         )  # fmt: skip
-
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass
@@ -227,7 +207,7 @@ class SequenceTrainer:
     # -- rollout ----------------------------------------------------------------------------------
     def _prompts(self) -> tuple[Tensor, Tensor, list[str]]:
         cfg, tok = self.config, self.task.tokenizer
-        S, P = cfg.seeds, cfg.prompts_per_batch
+        S, P = cfg.seeds, cfg.prompts_per_step
         prompts, answers = self.task.sample_batch(self.rng, S * P)
         encoded = [self.task.encode_prompt(p) for p in prompts]
         Tp = max(len(e) for e in encoded)

@@ -1,0 +1,168 @@
+"""The one planner of compare, sweep and the transfer study: a results folder that resumes.
+
+:class:`RunFolder` owns what every orchestrator needs around its runs: the output folder checked
+before any work, the refusal of a folder whose parts were made with other settings
+(:func:`~.results.check_settings`; ``force`` deletes them), the settings record, the
+"N of M runs already done" line, the progress bar, the pool (in this process, the forkserver
+pool of :mod:`.pool`, or Ray) and the atomic write of every finished part as it arrives. An
+orchestrator plans :class:`Job` s (which parts, and the arguments of its module-level worker
+function) and analyses the parts; it never calls a trainer (the worker runs
+:func:`~.runs.run_specs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.configs import check_int
+
+from .results import check_settings, prepare_out_dir, remove_temp_files, write_parquet_atomic
+
+BACKENDS = ("local", "ray")
+RAY_HINT = "pip install 'clip-sandbox[ray]' (or pip install ray)"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: ``fn(*args)`` returns one frame per name in ``parts``."""
+
+    key: str
+    parts: tuple[str, ...]
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def check_workers(workers: Any) -> None:
+    """``workers``: None (the default) or an integer >= 1."""
+    if workers is not None:
+        check_int("workers", workers)
+
+
+class RunFolder:
+    """A results folder ``out`` with ``parts/``, checked and recorded on construction.
+
+    ``settings``: what every part depends on besides what its name records; a folder made with
+    other ones is refused (``force``: its parts are deleted). ``record`` (a JSON file in ``out``)
+    is written with ``contents`` (default ``settings``); ``compare(previous, settings)`` lists
+    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs)."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        settings: Mapping[str, Any],
+        *,
+        record: str = "config.json",
+        contents: Mapping[str, Any] | None = None,
+        force: bool = False,
+        hint: str | None = None,
+        compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None,
+    ) -> None:
+        self.out = prepare_out_dir(out)
+        self.parts = self.out / "parts"
+        extra = {k: v for k, v in (("hint", hint), ("compare", compare)) if v}
+        check_settings(self.out, settings, record=record, force=force, **extra)
+        self.parts.mkdir(parents=True, exist_ok=True)
+        remove_temp_files(self.parts)
+        (self.out / record).write_text(json.dumps(contents or settings, indent=2, default=str))
+        self.force = force
+
+    def done(self, part: str) -> bool:
+        """A finished part that this run keeps (``force`` recomputes every part)."""
+        return not self.force and (self.parts / part).exists()
+
+    def run(
+        self,
+        fn: Callable[..., Sequence[Any]],
+        jobs: Sequence[Job],
+        *,
+        total: int,
+        workers: int | None = 1,
+        progress: bool = True,
+        desc: str = "runs",
+        backend: str = "local",
+        address: str | None = None,
+        error: type[Exception] = RuntimeError,
+    ) -> None:
+        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes."""
+        from tqdm import tqdm
+
+        todo = sum(len(job.parts) for job in jobs)
+        if todo < total:
+            print(
+                f"{total - todo} of {total} runs already done in {self.out}; running the "
+                f"other {todo}",
+                file=sys.stderr,
+                flush=True,
+            )
+        bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
+        try:
+            with contextlib.closing(_stream(fn, jobs, workers, backend, address, error)) as stream:
+                for job, frames in stream:
+                    for part, frame in zip(job.parts, frames, strict=True):
+                        write_parquet_atomic(frame, self.parts / part)
+                        bar.update()
+                    bar.set_postfix_str(job.key, refresh=False)
+        finally:
+            bar.close()
+
+
+def _stream(fn, jobs, workers, backend, address, error) -> Iterator[tuple[Job, Any]]:
+    """``(job, fn(*job.args))`` as jobs finish: here, in the forkserver pool, or on Ray."""
+    if not jobs:
+        return _here(fn, jobs, error)
+    if backend == "ray":
+        return _ray(fn, jobs, workers, address, error)
+    workers = min(workers or min(os.cpu_count() or 1, 4), len(jobs))
+    if workers > 1:
+        from .pool import imap_unordered
+
+        return imap_unordered(fn, [(job, job.args) for job in jobs], workers, error)
+    return _here(fn, jobs, error)
+
+
+def _here(fn, jobs, error) -> Iterator[tuple[Job, Any]]:
+    for job in jobs:
+        try:
+            frames = fn(*job.args)
+        except Exception as exc:
+            raise error(f"run {job.key} failed: {exc!r}") from exc
+        yield job, frames
+
+
+def _ray(fn, jobs, workers, address, error) -> Iterator[tuple[Job, Any]]:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"the ray backend needs Ray: {RAY_HINT}") from exc
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False)
+        started = True
+    try:
+        task = ray.remote(num_cpus=1)(fn)
+        pending = {task.remote(*job.args): job for job in jobs}
+        while pending:
+            ref = ray.wait(list(pending), num_returns=1)[0][0]
+            job = pending.pop(ref)
+            try:
+                frames = ray.get(ref)
+            except Exception as exc:
+                for other in pending:
+                    ray.cancel(other)
+                raise error(f"run {job.key} failed: {exc}") from exc
+            yield job, frames
+    finally:
+        if started:
+            ray.shutdown()
