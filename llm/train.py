@@ -92,7 +92,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import sandbox.objectives as registry
 from llm import checkpoint, dist, rollout
 from llm import model as models
 from llm.config import (
@@ -234,7 +233,7 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
     )  # before minutes of loading (or of Hub retries)
     prepare_out_dir(cfg.out, sub=".")
     loss_fn = PolicyLoss(
-        registry.get_objective(cfg.objective, **cfg.objective_params),
+        cfg.build_objective(),
         cfg.aggregation,
         kl_coef=cfg.kl_coef,
         entropy_coef=cfg.entropy_coef,
