@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from envs.bandit import BanditSetting, make_bandit_suite
+from sandbox.configs import check_int
 from sandbox.objectives import Objective
 
 from .bandit import (
@@ -93,12 +94,6 @@ def _resolve_model(model: Any) -> Any:
             f"BanditSetting or a suite name; got {type(model).__name__}"
         )
     return model
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 def exact_flow(
@@ -170,8 +165,8 @@ def exact_flows(
         raise ValueError("objs must name at least one objective")
     for obj in objs:
         _check_objective(obj)
-    steps = _check_int("steps", steps, 1)
-    epochs = _check_int("epochs", epochs, 1)
+    steps = check_int("steps", steps, 1)
+    epochs = check_int("epochs", epochs, 1)
     if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0.0 < lr < math.inf:
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
     if optimizer not in OPTIMIZERS:
