@@ -24,12 +24,15 @@ The members' batches are padded to common widths (prompts on the left, completio
 masked positions, so the result is the member's own to float rounding). Stochastic objectives get
 one generator per member, as a run's micro-step seeds it.
 
-What this module is not (yet): a trainer. The members' rollouts are generated one member after
-another with :func:`llm.rollout.generate` (batched decoding over members needs a cache that lives
-inside ``vmap``), and ``llm.train`` has no ensemble flag; :func:`ensemble_step` is the tested
-batched core (log-probs and update of K members given their rollouts) that such a driver calls.
-The members run without gradient checkpointing (the template, rebuilt from the members' config,
-is called inside ``vmap``), so the activation memory is K runs' without checkpointing.
+The driver: :func:`train_ensemble` (``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``)
+trains K runs of :func:`llm.train.train` in one process, each with its own rollouts, scores, logs,
+checkpoint and ``--out``; :func:`ensemble_step` / :func:`ensemble_update` are the batched core.
+What it does not do (yet): the members' rollouts are generated one member after another with
+:func:`llm.rollout.generate` (batched decoding over members needs a cache that lives inside
+``vmap``); no torchrun, LoRA, ``--resume`` or vLLM. The members run without gradient
+checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
+activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
+(``benchmarks/llm_throughput.py`` measures it).
 """
 
 from __future__ import annotations
