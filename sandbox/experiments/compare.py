@@ -32,7 +32,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,22 +236,14 @@ class CompareConfig:
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}))
 
 
-def run_spec(
-    config: CompareConfig,
-    setting: str,
-    objective: str,
-    kind: str = "sampled",
-    **given: Any,
-) -> RunSpec:
-    """The run spec of ``objective`` on ``setting`` (``kind`` sampled or exact) with the shared
-    training fields; ``given`` (``params``, ``seed``, ``definition``, ``train``) replaces the
-    defaults: the comparison's parameters and base seed, the standard setting."""
-    values = dict(params=config.params(objective), seed=config.seed, definition={})
+def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) -> RunSpec:
+    """The sampled run of ``objective`` on ``setting`` with the shared training fields; ``given``
+    (``params``, ``seed``, ``definition``, ``train``) replaces the defaults: the comparison's
+    parameters and base seed, the standard setting."""
+    kind, values = "bandit_sampled", dict(params=config.params(objective), seed=config.seed)
     if config.suite == "reasoning":
         task, knobs = REASONING_SUITE.get(setting, (None, {}))
         kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
-    else:
-        kind = f"bandit_{kind}"
     values.update(given)
     return RunSpec.make(
         kind,
@@ -267,6 +259,13 @@ def run_spec(
         optimizer=config.optimizer,
         **values,
     )
+
+
+def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
+    """A sampled run and, for a bandit rule that has one (:func:`~.runs.has_exact_flow`), its
+    exact flow: what compare and sweep run for each (setting, rule)."""
+    exact = replace(spec, kind="bandit_exact")
+    return [spec, exact] if spec.kind == "bandit_sampled" and has_exact_flow(exact) else [spec]
 
 
 #: The ``kind`` column of compare's results: sampled runs or the exact flow.
@@ -294,10 +293,8 @@ def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
     planned = []
     for setting in config.settings:
         for objective in config.objectives:
-            for kind in ("sampled", "exact"):
-                spec = run_spec(config, setting, objective, kind)
-                if kind == "sampled" or has_exact_flow(spec):
-                    planned.append((part_name(setting, config.label(objective), kind), spec))
+            for spec in with_exact_flow(run_spec(config, setting, objective)):
+                planned.append((part_name(setting, spec.label, KIND_COLUMN[spec.kind]), spec))
     return planned
 
 
