@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 
 from envs import make_bandit_suite
-from sandbox.configs import arg
+from sandbox.configs import arg, literal
 from sandbox.objectives import available_objectives, available_presets
 
 from .planner import Job, RunFolder, check_workers
@@ -124,24 +124,10 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
-def _parse_value(text: str) -> Any:
-    """A parameter value from the command line: int, float, true/false, none, else the string."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_objective_params(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
     """``["eps_high=0.3", "nsr:sigma=0.05"]`` -> ``{"*": {"eps_high": 0.3}, "nsr": {"sigma":
-    0.05}}``: ``KEY=VALUE`` applies to every compared objective, ``NAME:KEY=VALUE`` to one."""
+    0.05}}``: ``KEY=VALUE`` applies to every compared objective, ``NAME:KEY=VALUE`` to one;
+    values are read as ``llm.train``'s ``--objective-params`` are (:func:`sandbox.configs.literal`)."""
     parsed: dict[str, dict[str, Any]] = {}
     for spec in specs:
         named = ":" in spec.partition("=")[0]
@@ -151,7 +137,7 @@ def parse_objective_params(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
             raise ValueError(
                 f"objective_params: expected KEY=VALUE or NAME:KEY=VALUE, got {spec!r}"
             )
-        parsed.setdefault(target.strip(), {})[key.strip()] = _parse_value(value)
+        parsed.setdefault(target.strip(), {})[key.strip()] = literal(value)
     return parsed
 
 
