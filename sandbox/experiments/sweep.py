@@ -46,7 +46,7 @@ import itertools
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +148,8 @@ class SweepPlan:
 
     def training_fields(self) -> dict[str, Any]:
         """What every run shares (a finished part is only reused if these are unchanged)."""
-        skip = ("objectives", "seed", "settings", "objective_params")  # the grid owns parameters
-        shared = {k: v for k, v in asdict(self.config).items() if k not in skip}
+        # compare's, less the base seed, which each run's id records
+        shared = {k: v for k, v in self.config.training_fields().items() if k != "seed"}
         defs = {s: self.setting_defs[s] for s in self.settings}
         return _jsonable({"shared": shared, "train": self.train, "setting_defs": defs})
 
@@ -209,15 +209,10 @@ def run_id(spec: RunSpec) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def read_sweep_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a ``.toml``, ``.yaml`` or ``.yml`` sweep file
-    (:func:`sandbox.configs.read_mapping`, the reader of ``--config`` files too)."""
-    return read_mapping(path, "sweep file")
-
-
 def load_sweep(path: str | Path) -> SweepPlan:
-    """Read and validate a sweep file (TOML or YAML)."""
-    plan = parse_sweep(read_sweep_file(path))
+    """Read and validate a ``.toml``, ``.yaml`` or ``.yml`` sweep file (read by
+    :func:`sandbox.configs.read_mapping`, the reader of ``--config`` files too)."""
+    plan = parse_sweep(read_mapping(path, "sweep file"))
     plan.source = str(path)
     return plan
 
@@ -385,11 +380,11 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     )
     # every (setting, variant) builds its trainer config: the shared fields, [train], the task
     # and the objective's parameters are checked together, before anything runs
-    for spec in plan.runs()[:: len(seeds)]:  # the first base seed of each: seeds vary fastest
+    for run in plan.runs()[:: len(seeds)]:  # the first base seed of each: seeds vary fastest
         try:
-            trainer_config(spec)
+            trainer_config(run)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"{spec.label} on {spec.setting}: {exc}") from exc
+            raise ValueError(f"{run.label} on {run.setting}: {exc}") from exc
     ids = [run_id(r) for r in plan.runs()]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
