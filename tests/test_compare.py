@@ -204,7 +204,7 @@ def test_gmpo_and_vespo_run_in_both_suites(tmp_path, suite, setting):
         settings=[setting],
         seeds=2,
         steps=2,
-        prompts_per_batch=2,
+        prompts_per_step=2,
     )
     results, scores = run_compare(
         config, tmp_path / suite, workers=1, progress=False, figures=False

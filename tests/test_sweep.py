@@ -9,11 +9,12 @@ import pytest
 
 from sandbox.cli import main as cli
 from sandbox.experiments import sweep
+from sandbox.experiments.runs import RunSpec, trainer_config
 from sandbox.experiments.sweep import (
     SweepRunError,
-    Variant,
     load_sweep,
     parse_sweep,
+    run_id,
     run_sweep,
     run_variant,
 )
@@ -107,7 +108,7 @@ def test_toml_and_yaml_give_the_same_plan(tmp_path):
     # YAML 1.1 reads 3e-4 as a string; the sweep reads it as the number it means
     text = TINY_YAML.replace("{noise: band, sigma: 0.1}", "{eps_low: 3e-4, eps_high: 4.0e-4}")
     plan = load_sweep(_write(tmp_path, "e.yml", text))
-    assert plan.variants[1] == Variant("nsr", (("eps_high", 4e-4), ("eps_low", 3e-4)))
+    assert plan.variants[1] == ("nsr", (("eps_high", 4e-4), ("eps_low", 3e-4)))
 
 
 def test_grid_expands_to_runs_with_stable_ids(tmp_path):
@@ -119,26 +120,27 @@ def test_grid_expands_to_runs_with_stable_ids(tmp_path):
         ],
     }  # fmt: skip
     plan = parse_sweep(spec)
-    labels = [v.label for v in plan.variants]
+    labels = [s.label for s in plan.runs()[:12:2]]  # the first setting, the first base seed
     assert labels == [
         "nsr[noise=uniform,sigma=0.05]", "nsr[noise=band,sigma=0.05]",
         "nsr[noise=uniform,sigma=0.1]", "nsr[noise=band,sigma=0.1]", "dapo", "grpo",
     ]  # fmt: skip
     runs = plan.runs()
     assert len(runs) == 6 * 2 * 2  # variants x settings x base seeds
-    assert runs[0].run_id == "needle__nsr__noise=uniform__sigma=0.05__seed0"
-    assert runs[1].run_id == "needle__nsr__noise=uniform__sigma=0.05__seed3"
-    assert runs[-1].run_id == "mixed__grpo__seed3"
-    assert len({r.run_id for r in runs}) == len(runs)
+    assert run_id(runs[0]) == "needle__nsr__noise=uniform__sigma=0.05__seed0"
+    assert run_id(runs[1]) == "needle__nsr__noise=uniform__sigma=0.05__seed3"
+    assert run_id(runs[-1]) == "mixed__grpo__seed3"
+    assert len({run_id(r) for r in runs}) == len(runs)
     # stable: the same file gives the same ids; parameter order in the file does not matter
     spec["grid"][0]["params"] = {"noise": ["uniform", "band"], "sigma": [0.05, 0.1]}
-    assert {r.run_id for r in parse_sweep(spec).runs()} == {r.run_id for r in runs}
+    assert {run_id(r) for r in parse_sweep(spec).runs()} == {run_id(r) for r in runs}
     # a long parameter list is hashed into a short, stable id
-    long = Variant.make("ce_gppo", {"eps_low": 0.123456789, "eps_high": 0.28123456789,
-                                    "beta1": 0.55555555555, "beta2": 1.11111111111, "clip_c": 9.5})  # fmt: skip
-    run_id = sweep.SweepRun("easy", long, 0).run_id
-    assert run_id.startswith("easy__ce_gppo__p") and len(run_id) < 40
-    assert run_id == sweep.SweepRun("easy", Variant.make("ce_gppo", dict(long.params)), 0).run_id
+    params = {"eps_low": 0.123456789, "eps_high": 0.28123456789, "beta1": 0.55555555555,
+              "beta2": 1.11111111111, "clip_c": 9.5}  # fmt: skip
+    long = run_id(RunSpec.make("bandit_sampled", "easy", "ce_gppo", params=params))
+    assert long.startswith("easy__ce_gppo__p") and len(long) < 40
+    reordered = dict(reversed(params.items()))
+    assert long == run_id(RunSpec.make("bandit_sampled", "easy", "ce_gppo", params=reordered))
 
 
 BASE = {"name": "v", "settings": ["easy"], "grid": [{"objective": "dapo"}]}
@@ -182,10 +184,8 @@ def test_reasoning_validation_and_custom_settings(tmp_path):
             "seeds": 2, "steps": 2, "train": {"d_model": 16},
             "grid": [{"objective": "nsr", "params": {"level": ["token", "sequence"]}}]}  # fmt: skip
     plan = parse_sweep(spec)
-    assert plan.config.optimizer == "adam" and plan.setting_defs["bits-reverse-2"][0] == "bits"
-    assert plan.trainer_config("bits-reverse-2", plan.variants[1], 0).objective_params == {
-        "level": "sequence"
-    }
+    assert plan.config.optimizer == "adam" and plan.setting_defs["bits-reverse-2"]["task"] == "bits"
+    assert trainer_config(plan.runs()[1]).objective_params == {"level": "sequence"}
     with pytest.raises(ValueError, match=r"^tasks\.bad: unknown knob"):
         parse_sweep({**spec, "tasks": {"bad": {"task": "bits", "colour": 1}}})
     with pytest.raises(ValueError, match=r"settings: unknown setting 'easy'"):
@@ -198,13 +198,14 @@ def test_reasoning_validation_and_custom_settings(tmp_path):
 def test_example_sweeps_validate_and_one_run_each_works(path):
     plan = load_sweep(path)
     assert plan.name == path.stem.replace("_", "-") and len(plan.runs()) >= 8
-    assert len({r.run_id for r in plan.runs()}) == len(plan.runs())
-    # smoke: the file's last variant, 2 seeds x 2 steps (the full sweeps run in minutes)
-    config = dataclasses.replace(plan.config, seeds=2, steps=2)
-    variant = plan.variants[-1]
-    frame = run_variant(config, plan.settings[0], variant.objective, variant.param_dict, 0,
-                        setting_def=plan.setting_defs[plan.settings[0]], train=plan.train)  # fmt: skip
-    assert set(frame["objective"]) == {variant.label} and frame["expected_reward"].notna().all()
+    assert len({run_id(r) for r in plan.runs()}) == len(plan.runs())
+    # smoke: the file's last variant on its first setting, 2 seeds x 2 steps (the full sweeps
+    # run in minutes)
+    smoke = sweep.with_overrides(plan, seeds=2, steps=2)
+    spec = next(s for s in smoke.runs() if (s.rule, s.params) == plan.variants[-1])
+    assert spec.setting == plan.settings[0] and (spec.seeds, spec.steps) == (2, 2)
+    frame = run_variant(spec, plan.suite)
+    assert set(frame["objective"]) == {spec.label} and frame["expected_reward"].notna().all()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,10 +220,10 @@ def test_run_variant_columns_and_custom_env(tiny):
             "grid": [{"objective": "nsr", "params": {"sigma": 0.2, "seed": 7}}]}  # fmt: skip
     plan = parse_sweep(spec)
     run = plan.runs()[0]
-    [frame] = sweep._execute(plan, run)  # one frame per part of the run
+    [frame] = sweep._execute(run, plan.suite)  # one frame per part of the run
     label = "nsr[seed=7,sigma=0.2]"
     assert set(frame["objective"]) == set(frame["variant"]) == {label}
-    assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run.run_id}
+    assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run_id(run)}
     # the objective's own `seed` parameter does not clobber the trainer's seed column
     assert set(frame["param_seed"]) == {7} and set(frame["sigma"]) == {0.2}
     assert sorted(frame["seed"].unique()) == [-1, 0, 1, 2]  # -1: the exact flow
@@ -281,9 +282,9 @@ def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
     calls = []
     real = sweep.run_variant
 
-    def counting(*args, **kwargs):
-        calls.append(args[1:5])
-        return real(*args, **kwargs)
+    def counting(spec, suite):
+        calls.append((spec.setting, spec.rule, dict(spec.params), spec.seed))
+        return real(spec, suite)
 
     sweep.run_variant = counting
     try:

@@ -32,14 +32,14 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from envs import make_bandit_suite
-from sandbox.configs import arg
+from sandbox.configs import arg, literal
 from sandbox.objectives import available_objectives, available_presets
 
 from .planner import Job, RunFolder, check_workers
@@ -124,24 +124,10 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
-def _parse_value(text: str) -> Any:
-    """A parameter value from the command line: int, float, true/false, none, else the string."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def parse_objective_params(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
     """``["eps_high=0.3", "nsr:sigma=0.05"]`` -> ``{"*": {"eps_high": 0.3}, "nsr": {"sigma":
-    0.05}}``: ``KEY=VALUE`` applies to every compared objective, ``NAME:KEY=VALUE`` to one."""
+    0.05}}``: ``KEY=VALUE`` applies to every compared objective, ``NAME:KEY=VALUE`` to one;
+    values are read as ``llm.train``'s ``--objective-params`` are (:func:`sandbox.configs.literal`)."""
     parsed: dict[str, dict[str, Any]] = {}
     for spec in specs:
         named = ":" in spec.partition("=")[0]
@@ -151,7 +137,7 @@ def parse_objective_params(specs: Iterable[str]) -> dict[str, dict[str, Any]]:
             raise ValueError(
                 f"objective_params: expected KEY=VALUE or NAME:KEY=VALUE, got {spec!r}"
             )
-        parsed.setdefault(target.strip(), {})[key.strip()] = _parse_value(value)
+        parsed.setdefault(target.strip(), {})[key.strip()] = literal(value)
     return parsed
 
 
@@ -236,22 +222,14 @@ class CompareConfig:
         return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}))
 
 
-def run_spec(
-    config: CompareConfig,
-    setting: str,
-    objective: str,
-    kind: str = "sampled",
-    **given: Any,
-) -> RunSpec:
-    """The run spec of ``objective`` on ``setting`` (``kind`` sampled or exact) with the shared
-    training fields; ``given`` (``params``, ``seed``, ``definition``, ``train``) replaces the
-    defaults: the comparison's parameters and base seed, the standard setting."""
-    values = dict(params=config.params(objective), seed=config.seed, definition={})
+def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) -> RunSpec:
+    """The sampled run of ``objective`` on ``setting`` with the shared training fields; ``given``
+    (``params``, ``seed``, ``definition``, ``train``) replaces the defaults: the comparison's
+    parameters and base seed, the standard setting."""
+    kind, values = "bandit_sampled", dict(params=config.params(objective), seed=config.seed)
     if config.suite == "reasoning":
         task, knobs = REASONING_SUITE.get(setting, (None, {}))
         kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
-    else:
-        kind = f"bandit_{kind}"
     values.update(given)
     return RunSpec.make(
         kind,
@@ -267,6 +245,13 @@ def run_spec(
         optimizer=config.optimizer,
         **values,
     )
+
+
+def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
+    """A sampled run and, for a bandit rule that has one (:func:`~.runs.has_exact_flow`), its
+    exact flow: what compare and sweep run for each (setting, rule)."""
+    exact = replace(spec, kind="bandit_exact")
+    return [spec, exact] if spec.kind == "bandit_sampled" and has_exact_flow(exact) else [spec]
 
 
 #: The ``kind`` column of compare's results: sampled runs or the exact flow.
@@ -294,10 +279,8 @@ def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
     planned = []
     for setting in config.settings:
         for objective in config.objectives:
-            for kind in ("sampled", "exact"):
-                spec = run_spec(config, setting, objective, kind)
-                if kind == "sampled" or has_exact_flow(spec):
-                    planned.append((part_name(setting, config.label(objective), kind), spec))
+            for spec in with_exact_flow(run_spec(config, setting, objective)):
+                planned.append((part_name(setting, spec.label, KIND_COLUMN[spec.kind]), spec))
     return planned
 
 

@@ -46,7 +46,7 @@ import itertools
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +60,22 @@ from sandbox.configs import check_int, read_mapping
 from sandbox.objectives import get_objective
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
-from . import compare
-from .compare import REASONING_SUITE, SUITE_DEFAULTS, CompareConfig, check_name, label_frame
+from .compare import (
+    REASONING_SUITE,
+    SUITE_DEFAULTS,
+    CompareConfig,
+    check_name,
+    label_frame,
+    run_spec,
+    with_exact_flow,
+)
 from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
 from .plots import final_scores, format_scores, render_all
 from .results import part_name, write_parquet_atomic
 from .runs import (
     RunSpec,
     format_value,
-    has_exact_flow,
+    freeze,
     run_specs,
     trainer_config,
     variant_label,
@@ -104,50 +111,6 @@ RESERVED_COLUMNS = (
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One objective (registry name or preset) with fixed hyperparameter overrides."""
-
-    objective: str
-    params: tuple[tuple[str, Any], ...] = ()  # sorted by name
-
-    @classmethod
-    def make(cls, objective: str, params: Mapping[str, Any] | None = None) -> Variant:
-        return cls(objective, tuple(sorted((params or {}).items())))
-
-    @property
-    def param_dict(self) -> dict[str, Any]:
-        return dict(self.params)
-
-    @property
-    def label(self) -> str:
-        """``nsr[noise=band,sigma=0.1]``; the bare name when no parameter is set."""
-        return variant_label(self.objective, self.param_dict)
-
-    @property
-    def slug(self) -> tuple[str, ...]:
-        """File-name fields: the name, then ``k=v`` per parameter (hashed if long)."""
-        return variant_slug(self.objective, self.param_dict)
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    """One unit of work: a variant on one setting with one base seed (S vectorised seeds)."""
-
-    setting: str
-    variant: Variant
-    seed: int
-
-    @property
-    def run_id(self) -> str:
-        """Stable across processes and restarts: setting, variant slug, base seed."""
-        return part_name(self.setting, *self.variant.slug, f"seed{self.seed}")[: -len(".parquet")]
-
-    @property
-    def part(self) -> str:
-        return f"{self.run_id}.parquet"
-
-
 @dataclass
 class SweepPlan:
     """A validated sweep: shared training fields, settings, base seeds and variants."""
@@ -156,8 +119,8 @@ class SweepPlan:
     config: CompareConfig  # the shared training fields (and the suite)
     settings: list[str]
     seeds: list[int]
-    variants: list[Variant]
-    setting_defs: dict[str, Any]  # setting name -> BanditSetting or (task, knobs)
+    variants: list[tuple[str, tuple[tuple[str, Any], ...]]]  # (rule, params sorted by name)
+    setting_defs: dict[str, dict[str, Any]]  # setting -> RunSpec.definition (env or task + knobs)
     train: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: str | None = field(default=None, compare=False)
@@ -166,18 +129,28 @@ class SweepPlan:
     def suite(self) -> str:
         return self.config.suite
 
-    def runs(self) -> list[SweepRun]:
-        """Every run, in a fixed order: setting, then variant, then base seed."""
+    def runs(self) -> list[RunSpec]:
+        """Every run's sampled spec, in a fixed order: setting, then variant, then base seed."""
         return [
-            SweepRun(s, v, seed)
-            for s, v, seed in itertools.product(self.settings, self.variants, self.seeds)
+            run_spec(
+                self.config,
+                setting,
+                rule,
+                params=params,
+                seed=seed,
+                definition=self.setting_defs[setting],
+                train=self.train,
+            )
+            for setting, (rule, params), seed in itertools.product(
+                self.settings, self.variants, self.seeds
+            )
         ]
 
     def training_fields(self) -> dict[str, Any]:
         """What every run shares (a finished part is only reused if these are unchanged)."""
-        skip = ("objectives", "seed", "settings", "objective_params")  # the grid owns parameters
-        shared = {k: v for k, v in asdict(self.config).items() if k not in skip}
-        defs = {s: _setting_def_json(self.setting_defs[s]) for s in self.settings}
+        # compare's, less the base seed, which each run's id records
+        shared = {k: v for k, v in self.config.training_fields().items() if k != "seed"}
+        defs = {s: self.setting_defs[s] for s in self.settings}
         return _jsonable({"shared": shared, "train": self.train, "setting_defs": defs})
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,34 +164,23 @@ class SweepPlan:
                 "seed": self.seeds,
                 **self.training_fields(),
                 "variants": [
-                    {"label": v.label, "objective": v.objective, "params": v.param_dict}
-                    for v in self.variants
+                    {
+                        "label": variant_label(rule, dict(params)),
+                        "objective": rule,
+                        "params": dict(params),
+                    }
+                    for rule, params in self.variants
                 ],
                 "runs": len(self.runs()),
             }
         )
 
-    def trainer_config(
-        self, setting: str, variant: Variant, seed: int
-    ) -> BanditTrainConfig | SequenceTrainConfig:
-        """The validated trainer config of one run."""
-        spec = run_spec(
-            self.config,
-            setting,
-            variant.objective,
-            variant.param_dict,
-            seed,
-            self.setting_defs[setting],
-            self.train,
-        )
-        return trainer_config(spec)
-
     def variant_table(self) -> pd.DataFrame:
         """One row per variant: label, base objective and one column per swept parameter."""
         rows = []
-        for v in self.variants:
-            row = {"objective": v.label, "base_objective": v.objective}
-            row.update({_param_column(k): val for k, val in v.params})
+        for rule, params in self.variants:
+            row = {"objective": variant_label(rule, dict(params)), "base_objective": rule}
+            row.update({_param_column(k): val for k, val in params})
             rows.append(row)
         return pd.DataFrame(rows)
 
@@ -227,39 +189,19 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _setting_def_json(definition: Any) -> dict[str, Any]:
-    if isinstance(definition, BanditSetting):
-        return {"env": definition.env_id, **definition.kwargs}
-    task, knobs = definition
-    return {"task": task, **knobs}
-
-
 def _param_column(name: str, taken: Iterable[str] = ()) -> str:
     return f"param_{name}" if name in RESERVED_COLUMNS or name in set(taken) else name
 
 
-def run_spec(
-    config: CompareConfig,
-    setting: str,
-    objective: str,
-    params: Mapping[str, Any],
-    seed: int,
-    setting_def: Any,
-    train: Mapping[str, Any] | None = None,
-    kind: str = "sampled",
-) -> RunSpec:
-    """The spec of one run (``kind`` sampled or exact): the shared fields, the variant's
-    parameters, the base seed, the setting's definition and the ``[train]`` extras."""
-    return compare.run_spec(
-        config,
-        setting,
-        objective,
-        kind,
-        params=dict(params),
-        seed=seed,
-        definition=_setting_def_json(setting_def),
-        train=dict(train or {}),
-    )
+def run_part(spec: RunSpec) -> str:
+    """A run's part file name: setting, variant slug, base seed (:attr:`RunSpec.part` less the
+    kind: one part holds the sampled run and its exact flow)."""
+    return part_name(spec.setting, *variant_slug(spec.rule, dict(spec.params)), f"seed{spec.seed}")
+
+
+def run_id(spec: RunSpec) -> str:
+    """Stable across processes and restarts: the part name less ``.parquet``."""
+    return run_part(spec).removesuffix(".parquet")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,15 +209,10 @@ def run_spec(
 # ------------------------------------------------------------------------------------------------
 
 
-def read_sweep_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a ``.toml``, ``.yaml`` or ``.yml`` sweep file
-    (:func:`sandbox.configs.read_mapping`, the reader of ``--config`` files too)."""
-    return read_mapping(path, "sweep file")
-
-
 def load_sweep(path: str | Path) -> SweepPlan:
-    """Read and validate a sweep file (TOML or YAML)."""
-    plan = parse_sweep(read_sweep_file(path))
+    """Read and validate a ``.toml``, ``.yaml`` or ``.yml`` sweep file (read by
+    :func:`sandbox.configs.read_mapping`, the reader of ``--config`` files too)."""
+    plan = parse_sweep(read_mapping(path, "sweep file"))
     plan.source = str(path)
     return plan
 
@@ -287,10 +224,10 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return values
 
 
-def _parse_grid(grid: Any) -> list[Variant]:
+def _parse_grid(grid: Any) -> list[tuple[str, tuple[tuple[str, Any], ...]]]:
     if not isinstance(grid, list) or not grid:
         raise ValueError("grid: needs at least one [[grid]] entry (objective = ..., params = ...)")
-    variants: list[Variant] = []
+    variants = []
     for i, entry in enumerate(grid):
         where = f"grid[{i}]"
         if isinstance(entry, str):
@@ -323,21 +260,26 @@ def _parse_grid(grid: Any) -> list[Variant]:
                     raise ValueError(
                         f"{where}.params.{bad[0]}: {name} with {combo_params}: {exc}"
                     ) from exc
-                variants.append(Variant.make(name, combo_params))
+                variants.append((name, freeze(combo_params)))
     seen: set[str] = set()
-    for v in variants:
-        if v.label in seen:
-            raise ValueError(f"grid: variant {v.label} appears twice")
-        seen.add(v.label)
+    for rule, params in variants:
+        label = variant_label(rule, dict(params))
+        if label in seen:
+            raise ValueError(f"grid: variant {label} appears twice")
+        seen.add(label)
     return variants
 
 
 def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The sweep's settings and each one's definition (standard or from [envs] / [tasks])."""
+    """The sweep's settings and each one's definition (standard or from [envs] / [tasks]), as
+    :attr:`RunSpec.definition` holds it: ``env`` or ``task``, then the kwargs or knobs."""
     own_key, other_key = ("envs", "tasks") if suite == "bandit" else ("tasks", "envs")
     if other_key in spec:
         raise ValueError(f"{other_key}: not used by the {suite} suite (use [{own_key}.NAME])")
-    standard: dict[str, Any] = make_bandit_suite() if suite == "bandit" else dict(REASONING_SUITE)
+    if suite == "bandit":
+        standard = {n: {"env": s.env_id, **s.kwargs} for n, s in make_bandit_suite().items()}
+    else:
+        standard = {n: {"task": task, **knobs} for n, (task, knobs) in REASONING_SUITE.items()}
     custom = spec.get(own_key, {})
     if not isinstance(custom, dict):
         raise ValueError(f"{own_key}: expected tables [{own_key}.NAME], got {custom!r}")
@@ -355,14 +297,13 @@ def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[s
                 raise ValueError(
                     f"{where}.env: missing (a registered id such as sandbox/SoftmaxBandit-v0)"
                 )
-            definition = BanditSetting(env_id, kwargs, f"custom setting {name}")
             try:
-                model = definition.make().unwrapped
+                model = BanditSetting(env_id, kwargs).make().unwrapped
             except Exception as exc:  # gymnasium raises its own error types
                 raise ValueError(f"{where}: cannot make {env_id} with {kwargs}: {exc}") from exc
             if not hasattr(model, "mean_rewards"):
                 raise ValueError(f"{where}.env: {env_id} is not a bandit with an exact model")
-            defs[name] = definition
+            defs[name] = {"env": env_id, **kwargs}
         else:
             task = kwargs.pop("task", None)
             if not isinstance(task, str):
@@ -371,7 +312,7 @@ def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[s
                 make_task(task, **kwargs)
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"{where}: {exc}") from exc
-            defs[name] = (task, kwargs)
+            defs[name] = {"task": task, **kwargs}
     settings = _as_list("settings", spec.get("settings", SUITE_DEFAULTS[suite]["settings"]))
     for name in settings:
         if name not in defs:
@@ -408,7 +349,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     shared = {
         k: spec[k] for k in SHARED_FIELDS if k in spec and k not in ("suite", "settings", "seed")
     }
-    objectives = list(dict.fromkeys(v.objective for v in variants))
+    objectives = list(dict.fromkeys(rule for rule, _ in variants))
     try:
         # the suite's default settings here: CompareConfig only knows the standard ones
         config = CompareConfig(suite=suite, objectives=objectives, seed=seeds[0], **shared)
@@ -439,13 +380,12 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     )
     # every (setting, variant) builds its trainer config: the shared fields, [train], the task
     # and the objective's parameters are checked together, before anything runs
-    for setting in settings:
-        for variant in variants:
-            try:
-                plan.trainer_config(setting, variant, seeds[0])
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{variant.label} on {setting}: {exc}") from exc
-    ids = [r.run_id for r in plan.runs()]
+    for run in plan.runs()[:: len(seeds)]:  # the first base seed of each: seeds vary fastest
+        try:
+            trainer_config(run)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{run.label} on {run.setting}: {exc}") from exc
+    ids = [run_id(r) for r in plan.runs()]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"grid: two runs map to the run id {dup!r}; rename a value")
@@ -466,7 +406,7 @@ def with_overrides(
         setattr(config, key, check_int(key, value))
     new = replace(plan, config=config)
     new.source = plan.source
-    new.trainer_config(new.settings[0], new.variants[0], new.seeds[0])  # the trainer's checks
+    trainer_config(new.runs()[0])  # the trainer's checks
     return new
 
 
@@ -475,60 +415,31 @@ def with_overrides(
 # ------------------------------------------------------------------------------------------------
 
 
-def run_variant(
-    config: CompareConfig,
-    setting: str,
-    objective: str,
-    params: Mapping[str, Any] | None,
-    seed: int,
-    *,
-    setting_def: Any = None,
-    train: Mapping[str, Any] | None = None,
-) -> pd.DataFrame:
-    """One sweep run as a tidy frame: the sampled run and, where the rule has one, the exact
-    flow (:func:`~sandbox.experiments.runs.has_exact_flow`) of ``objective`` on ``setting``,
-    with ``params`` as the objective's overrides and ``seed`` as the base seed.
+def run_variant(spec: RunSpec, suite: str) -> pd.DataFrame:
+    """One sweep run as a tidy frame: the sampled run ``spec`` and, where the rule has one, its
+    exact flow (:func:`~.compare.with_exact_flow`).
 
     ``objective`` in the frame holds the variant label (so the standard figures and tables group
-    by variant); ``base_objective``, ``variant``, ``run_id``, ``run_seed`` and one column per
-    parameter are added. ``setting_def`` defaults to the suite's standard setting of that name.
+    by variant); ``base_objective``, ``variant``, ``run_id``, ``run_seed`` (the base seed) and one
+    column per parameter are added.
     """
-    params = dict(params or {})
-    variant = Variant.make(objective, params)
-    if setting_def is None:
-        setting_def = (
-            make_bandit_suite()[setting] if config.suite == "bandit" else REASONING_SUITE[setting]
-        )
-    specs = [run_spec(config, setting, objective, params, seed, setting_def, train)]
-    exact = replace(specs[0], kind="bandit_exact")
-    if config.suite == "bandit" and has_exact_flow(exact):
-        specs.append(exact)
-    frame = pd.concat([label_frame(f, config.suite) for f in run_specs(specs)], ignore_index=True)
+    frames = [label_frame(f, suite) for f in run_specs(with_exact_flow(spec))]
+    frame = pd.concat(frames, ignore_index=True)
     frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
     taken = list(frame.columns)
-    frame["base_objective"] = objective
-    frame["variant"] = variant.label
-    frame["run_id"] = SweepRun(setting, variant, seed).run_id
-    frame["run_seed"] = seed
-    for key, value in variant.params:
+    frame["base_objective"] = spec.rule
+    frame["variant"] = spec.label
+    frame["run_id"] = run_id(spec)
+    frame["run_seed"] = spec.seed
+    for key, value in spec.params:
         frame[_param_column(key, taken)] = value
     return frame
 
 
-def _execute(plan: SweepPlan, run: SweepRun) -> list[pd.DataFrame]:
+def _execute(spec: RunSpec, suite: str) -> list[pd.DataFrame]:
     """Worker entry (process pool or Ray task): one run, one thread."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
-    return [
-        run_variant(
-            plan.config,
-            run.setting,
-            run.variant.objective,
-            run.variant.param_dict,
-            run.seed,
-            setting_def=plan.setting_defs[run.setting],
-            train=plan.train,
-        )
-    ]
+    return [run_variant(spec, suite)]
 
 
 class SweepRunError(RuntimeError):
@@ -564,7 +475,7 @@ def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
     """The plan's finished parts, in plan order, as one tidy frame."""
     parts_dir = Path(parts_dir)
-    frames = [pd.read_parquet(parts_dir / r.part) for r in plan.runs()]
+    frames = [pd.read_parquet(parts_dir / run_part(r)) for r in plan.runs()]
     results = pd.concat(frames, ignore_index=True)
     # a parameter that is a string for one objective and a number for another: store as text
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
@@ -617,7 +528,11 @@ def run_sweep(
     )
     out_dir, parts = folder.out, folder.parts
     runs = plan.runs()
-    jobs = [Job(r.run_id, (r.part,), (plan, r)) for r in runs if not folder.done(r.part)]
+    jobs = [
+        Job(run_id(r), (run_part(r),), (r, plan.suite))
+        for r in runs
+        if not folder.done(run_part(r))
+    ]
     folder.run(
         _execute,
         jobs,
@@ -649,11 +564,12 @@ def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
         "  shared: "
         + ", ".join(f"{k}={v}" for k, v in plan.training_fields()["shared"].items())
         + (f";  train: {plan.train}" if plan.train else ""),
-        "  variants: " + ", ".join(v.label for v in plan.variants),
+        "  variants: "
+        + ", ".join(variant_label(rule, dict(params)) for rule, params in plan.variants),
     ]
     if out_dir is not None:
         parts = Path(out_dir) / "parts"
-        done = sum((parts / r.part).exists() for r in runs)
+        done = sum((parts / run_part(r)).exists() for r in runs)
         lines.append(f"  {out_dir}: {done} of {len(runs)} runs finished")
     return "\n".join(lines)
 
