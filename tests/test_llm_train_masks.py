@@ -113,9 +113,16 @@ def test_trl_adapter_masks_are_the_loss_assemblys(tmp_path, monkeypatch):
     monkeypatch.setattr(GRPOTrainer, "get_off_policy_mask", refuse)
     monkeypatch.setattr(GRPOTrainer, "get_high_entropy_mask", refuse)
     ours._metrics["train"].clear()
-    ours._compute_loss(ours.model, t.make_inputs(ours))
+    inputs = t.make_inputs(ours)
+    # a sampler 5 nats above the current policy on every token: mean KL ~ 5 > 0.02 on every
+    # sequence, so exactly the A < 0 sequences drop
+    inputs["sampling_per_token_logps"] = inputs["sampling_per_token_logps"] + 5.0
+    ours._compute_loss(ours.model, inputs)
     assert (ours.loss_fn.off_policy_mask, ours.loss_fn.top_entropy_quantile) == (0.02, 0.5)
     logged = ours._metrics["train"]
-    assert 0 < logged["sandbox/off_policy_masked_frac"][0] < 1
+    rows = inputs["completion_mask"].sum(-1) > 0
+    negative = (inputs["advantages"][rows] < 0).float().mean().item()
+    assert 0 < negative < 1  # the inputs have both signs, so the share is informative
+    assert logged["sandbox/off_policy_masked_frac"][0] == pytest.approx(negative, abs=1e-6)
     assert 0.3 < logged["sandbox/entropy_masked_frac"][0] <= 0.5
     assert "sandbox/entropy" not in logged  # TRL's own "entropy" is logged once
