@@ -196,8 +196,17 @@ class _LogProbHead(torch.nn.Module):
     the completion tokens' log-probs and the next-token entropies (0 where the mask is 0), from the
     real head's weight. The head is held outside the module tree (not a submodule)."""
 
-    def __init__(self, head: torch.nn.Linear, targets: Tensor, mask: Tensor, *, temperature: float,
-                 chunk_size: int, with_entropy: bool, kernel: str = "chunked") -> None:  # fmt: skip
+    def __init__(
+        self,
+        head: torch.nn.Linear,
+        targets: Tensor,
+        mask: Tensor,
+        *,
+        temperature: float,
+        chunk_size: int,
+        with_entropy: bool,
+        kernel: str = "chunked",
+    ) -> None:
         super().__init__()
         object.__setattr__(self, "head", head)
         self.kernel = kernel
@@ -221,9 +230,14 @@ class _LogProbHead(torch.nn.Module):
             )[:2]
         else:
             logp, ent = ChunkedLogProb.apply(
-                hidden[keep], weight, bias, self.targets[keep],
-                self.temperature, self.chunk_size, self.with_entropy,
-            )  # fmt: skip
+                hidden[keep],
+                weight,
+                bias,
+                self.targets[keep],
+                self.temperature,
+                self.chunk_size,
+                self.with_entropy,
+            )
         stats = [logp] if ent is None else [logp, ent]
         # masked_scatter keeps the output attached to the graph even when no token is kept
         return torch.stack([x.new_zeros(keep.shape).masked_scatter(keep, x) for x in stats], -1)
@@ -317,15 +331,24 @@ def completion_logp(
 
     def make(linear: torch.nn.Linear) -> _LogProbHead:
         default = TRL_VOCAB_CHUNK if head == "trl" else default_chunk_size(linear.out_features)
-        return _LogProbHead(linear, completion, completion_mask, temperature=float(temperature),
-                            chunk_size=chunk_size or default, with_entropy=entropy is not None,
-                            kernel=head)  # fmt: skip
+        return _LogProbHead(
+            linear,
+            completion,
+            completion_mask,
+            temperature=float(temperature),
+            chunk_size=chunk_size or default,
+            with_entropy=entropy is not None,
+            kernel=head,
+        )
 
     with _swapped_head(model, make):
         stats = model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions,
-            logits_to_keep=Tc + 1, use_cache=False,
-        ).logits  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            logits_to_keep=Tc + 1,
+            use_cache=False,
+        ).logits
     logp = stats[..., 0]
     if entropy is None:
         return logp, None

@@ -105,8 +105,9 @@ def resolve_alias(name: str) -> str:
     """
     path = gguf_path(name)
     stat = os.stat(path)
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
-                                                     "clip-sandbox")  # fmt: skip
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.path.expanduser("~"), ".cache", "clip-sandbox"
+    )
     folder = os.path.join(root, f"{name}-{stat.st_size}-{stat.st_mtime_ns}")
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
@@ -184,9 +185,12 @@ def check_model(name: str, *, offline: bool) -> None:
     if isinstance(cached, str):
         return
     if not is_offline(offline):
-        print(f"--model {name!r} is not in the local Hugging Face cache: downloading it from the "
-              "Hub (HF_HUB_OFFLINE=1 or --offline fails at once instead)", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print(
+            f"--model {name!r} is not in the local Hugging Face cache: downloading it from the "
+            "Hub (HF_HUB_OFFLINE=1 or --offline fails at once instead)",
+            file=sys.stderr,
+            flush=True,
+        )
     else:
         raise ValueError(
             f"--model {name!r} is not in the local Hugging Face cache and this run is offline; "
@@ -297,8 +301,9 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     if name in ALIASES:
-        return _load(AutoModelForCausalLM, resolve_alias(name), True, False, what="model",
-                     dtype=dtype)  # fmt: skip
+        return _load(
+            AutoModelForCausalLM, resolve_alias(name), True, False, what="model", dtype=dtype
+        )
     _check_alias_like(name)
     return _load(AutoModelForCausalLM, name, offline, trust_remote_code, what="model", dtype=dtype)
 

@@ -72,16 +72,28 @@ class StepMetrics:
         if self.extremes:
             ext_keys = sorted(self.extremes)
             ext = dist.all_reduce(torch.stack([self.extremes[k] for k in ext_keys]), "max")
-            values.update({k: v if k.endswith("_max") else -v
-                           for k, v in zip(ext_keys, ext.tolist(), strict=True)})  # fmt: skip
+            values.update(
+                {
+                    k: v if k.endswith("_max") else -v
+                    for k, v in zip(ext_keys, ext.tolist(), strict=True)
+                }
+            )
         return values
 
 
 class Reporter:
     """``metrics.jsonl`` (rank 0), optional TensorBoard and W&B."""
 
-    def __init__(self, out: str, report_to: list[str], config: dict[str, Any], *, main: bool,
-                 resumed_step: int, wandb_project: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        out: str,
+        report_to: list[str],
+        config: dict[str, Any],
+        *,
+        main: bool,
+        resumed_step: int,
+        wandb_project: str,
+    ) -> None:
         self.main, self.writers, self.wandb = main, [], None
         self.path = os.path.join(out, "metrics.jsonl")
         if not main:

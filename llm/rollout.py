@@ -158,14 +158,18 @@ def generate(
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(derive_seed(*seed_keys, first_index + start))
             out = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device),
-                generation_config=gen_config, synced_gpus=synced_gpus,
-            )  # fmt: skip
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=gen_config,
+                synced_gpus=synced_gpus,
+            )
         seqs = out.sequences if return_logp else out
         new = seqs[:, ids.shape[1] :]
         if return_logp:  # scores: one [n, V] per new token, after the temperature warper
-            lp = [x.float().gather(-1, new[:, t, None])[:, 0] - x.float().logsumexp(-1)
-                  for t, x in enumerate(out.scores)]  # fmt: skip
+            lp = [
+                x.float().gather(-1, new[:, t, None])[:, 0] - x.float().logsumexp(-1)
+                for t, x in enumerate(out.scores)
+            ]
             logps.append(torch.stack(lp, 1).cpu())
         prompts.append(ids)
         masks.append(mask)
@@ -203,12 +207,19 @@ def generation_config(
         compile_config = CompileConfig()
         compile_config._compile_all_devices = True  # transformers compiles on CUDA only otherwise
     return GenerationConfig(
-        do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        output_scores=return_logp, return_dict_in_generate=return_logp,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        output_scores=return_logp,
+        return_dict_in_generate=return_logp,
         cache_implementation="static" if cache == "static" else None,
-        compile_config=compile_config, disable_compile=not compile_decode,
-    )  # fmt: skip
+        compile_config=compile_config,
+        disable_compile=not compile_decode,
+    )
 
 
 def rollout_batch(

@@ -413,10 +413,16 @@ def forward_logp(
     LM head in chunks (:func:`llm.logprobs.completion_logp`)."""
     with run.autocast:
         return completion_logp(
-            net, sub["prompt"], sub["prompt_mask"], sub["completion"], sub["completion_mask"],
-            run.cfg.temperature, entropy=entropy, chunk_size=run.cfg.logp_chunk,
+            net,
+            sub["prompt"],
+            sub["prompt_mask"],
+            sub["completion"],
+            sub["completion_mask"],
+            run.cfg.temperature,
+            entropy=entropy,
+            chunk_size=run.cfg.logp_chunk,
             head=run.cfg.lm_head,
-        )  # fmt: skip
+        )
 
 
 def needs_sampler_logp(cfg: TrainConfig) -> bool:

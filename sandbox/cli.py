@@ -65,8 +65,7 @@ def _interrupted(err: KeyboardInterrupt, where: str) -> int:
 
     signum = err.signum if isinstance(err, Terminated) else 2
     name = "SIGTERM" if signum == 15 else ("SIGINT" if signum == 2 else f"signal {signum}")
-    print(f"\ninterrupted ({name}): {where}; run the same command again to resume",
-          file=sys.stderr)  # fmt: skip
+    print(f"\ninterrupted ({name}): {where}; run the same command again to resume", file=sys.stderr)
     return 128 + signum
 
 
@@ -149,9 +148,14 @@ def _sweep(args: argparse.Namespace) -> int:
         return 0
     try:
         main(
-            plan, out, backend=args.backend, workers=args.workers, address=args.address,
-            force=args.force, progress=not args.no_progress,
-        )  # fmt: skip
+            plan,
+            out,
+            backend=args.backend,
+            workers=args.workers,
+            address=args.address,
+            force=args.force,
+            progress=not args.no_progress,
+        )
     except ImportError as err:  # --backend ray without Ray installed
         print(f"clip-sandbox: error: {err}", file=sys.stderr)
         return 2
@@ -177,8 +181,10 @@ def _plot(args: argparse.Namespace) -> int:
 
         path = plot_final_scores(results, out / "final_scores.png")
         print(format_scores(results))
-        print(f"\n{source} holds final scores only: wrote {path}; pass results.parquet (or its "
-              "folder) for the curves")  # fmt: skip
+        print(
+            f"\n{source} holds final scores only: wrote {path}; pass results.parquet (or its "
+            "folder) for the curves"
+        )
         return 0
     if args.highlight:
         unknown = sorted(set(args.highlight) - set(results["objective"]))
@@ -228,8 +234,12 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
         "--name", default=None, help="run name: results go to OUT/NAME (default: the suite's)"
     )
     p.add_argument("--out", default="runs", help="output root folder (default: runs)")
-    p.add_argument("--workers", type=positive_int, default=None,
-                   help="processes (default: min(cpus, 4); 1 runs in this process)")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="processes (default: min(cpus, 4); 1 runs in this process)",
+    )
     p.add_argument("--force", action="store_true", help="recompute finished runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     shown = {}
@@ -246,34 +256,61 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
                 shown[f.name] = "; ".join(f"{s}: {_shown(v)}" for s, v in per_suite.items())
         else:
             shown[f.name] = _shown(default)
-    add_arguments(p, CompareConfig, unset=True, shown=shown, metavars=_METAVARS, choices=_CHOICES,
-                  skip=("objective_params",))  # fmt: skip
+    add_arguments(
+        p,
+        CompareConfig,
+        unset=True,
+        shown=shown,
+        metavars=_METAVARS,
+        choices=_CHOICES,
+        skip=("objective_params",),
+    )
     f = next(f for f in fields(CompareConfig) if f.name == "objective_params")
-    p.add_argument("--objective-params", nargs="+", default=None, help=f.metadata["help"],
-                   metavar=_METAVARS["objective_params"])  # fmt: skip
+    p.add_argument(
+        "--objective-params",
+        nargs="+",
+        default=None,
+        help=f.metadata["help"],
+        metavar=_METAVARS["objective_params"],
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clip-sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("objectives", help="list objectives and presets with their parameters")
-    p.add_argument("--kind", choices=("all", "objective", "preset"), default="all",
-                   help="registered objectives (paper defaults), named presets, or all (default)")  # fmt: skip
+    p.add_argument(
+        "--kind",
+        choices=("all", "objective", "preset"),
+        default="all",
+        help="registered objectives (paper defaults), named presets, or all (default)",
+    )
     p.set_defaults(func=_objectives)
     p = sub.add_parser("weights", help="gradient weight g(r) of objectives at given ratios")
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.8, 1.0, 1.2, 1.5, 3.0],
-                   metavar="R", help="ratios r = pi / pi_old to evaluate g(r) at "
-                   "(default: 0.5 0.8 1.0 1.2 1.5 3.0)")  # fmt: skip
-    p.add_argument("--objectives", nargs="+", default=None, metavar="NAME",
-                   help="names or presets (default: the tour's selection)")  # fmt: skip
+    p.add_argument(
+        "--ratios",
+        type=float,
+        nargs="+",
+        default=[0.5, 0.8, 1.0, 1.2, 1.5, 3.0],
+        metavar="R",
+        help="ratios r = pi / pi_old to evaluate g(r) at (default: 0.5 0.8 1.0 1.2 1.5 3.0)",
+    )
+    p.add_argument(
+        "--objectives",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="names or presets (default: the tour's selection)",
+    )
     p.set_defaults(func=_weights)
     p = sub.add_parser(
-        "compare", help="compare objectives on the bandit (or reasoning) suite (make demo)",
+        "compare",
+        help="compare objectives on the bandit (or reasoning) suite (make demo)",
         description="Every objective on a suite of settings: sampled runs over seeds and, on "
         "bandits, the exact expected-gradient flow. Steps are 1-based (step s: the s-th rollout "
         "+ update round), as in llm.train. A rerun with the same --name resumes; other settings "
         "are refused (use another --name or --force).",
-    )  # fmt: skip
+    )
     _add_compare_arguments(p)
     p.set_defaults(func=_compare)
     p = sub.add_parser(
@@ -282,17 +319,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="sweep file (.toml, .yaml); examples in sweeps/")
     p.add_argument("--out", default="runs", help="output root folder (results go to OUT/NAME)")
     p.add_argument("--name", default=None, help="run name (default: the sweep's name)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local",
-                   help="local process pool, or Ray tasks (pip install 'clip-sandbox[ray]')")  # fmt: skip
-    p.add_argument("--address", default=None,
-                   help="Ray cluster address (e.g. auto or ray://host:10001); default: start a "
-                   "local Ray instance with --workers CPUs")  # fmt: skip
-    p.add_argument("--workers", type=positive_int, default=None,
-                   help="processes (local: default min(cpus, 4)) or CPUs of a local Ray instance")  # fmt: skip
-    p.add_argument("--seeds", type=positive_int, default=None, metavar="N",
-                   help="override the file's seeds per run (a smoke run: --seeds 2 --steps 5)")  # fmt: skip
-    p.add_argument("--steps", type=positive_int, default=None, metavar="N",
-                   help="override the file's training steps")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="local process pool, or Ray tasks (pip install 'clip-sandbox[ray]')",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (e.g. auto or ray://host:10001); default: start a "
+        "local Ray instance with --workers CPUs",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="processes (local: default min(cpus, 4)) or CPUs of a local Ray instance",
+    )
+    p.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="override the file's seeds per run (a smoke run: --seeds 2 --steps 5)",
+    )
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="override the file's training steps",
+    )
     p.add_argument("--force", action="store_true", help="recompute finished runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
@@ -300,13 +358,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="standard figures and the score table from any results")
     p.add_argument("results", help="results folder (results.parquet or parts/) or a parquet/CSV")
     p.add_argument("--out", default=None, help="figure folder (default: the results folder)")
-    p.add_argument("--highlight", nargs="+", default=None,
-                   help="objectives (variant labels) drawn in the line plots (default: all)")  # fmt: skip
+    p.add_argument(
+        "--highlight",
+        nargs="+",
+        default=None,
+        help="objectives (variant labels) drawn in the line plots (default: all)",
+    )
     p.set_defaults(func=_plot)
     p = sub.add_parser("tour", help="the objectives tour (tables, autograd check, figure)")
-    p.add_argument("--out", default="runs/tour",
-                   help="folder for gradient_weights.csv/.png and autograd_check.csv "
-                   "(default: runs/tour)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        default="runs/tour",
+        help="folder for gradient_weights.csv/.png and autograd_check.csv (default: runs/tour)",
+    )
     p.set_defaults(func=_tour)
     return parser
 

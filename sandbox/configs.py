@@ -265,8 +265,11 @@ def parse_config(
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", metavar="FILE", help="YAML or TOML file of settings; "
-                        "flags given here override it")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML or TOML file of settings; flags given here override it",
+    )
     add_arguments(parser, cls, extra_help=extra_help)
     if known.config:
         parser.set_defaults(**load_file(known.config, cls))

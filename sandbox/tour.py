@@ -16,9 +16,23 @@ import torch
 from sandbox.objectives import get_objective
 
 DEFAULT_TOUR = (
-    "unclipped", "grpo", "dapo", "dual_clip", "gspo", "nsr_dapo", "nsr_band_dapo", "dgpo", "atr",
-    "gppo", "ce_gppo", "cispo_verl", "cispo_trl", "sapo", "gmpo", "vespo",
-)  # fmt: skip
+    "unclipped",
+    "grpo",
+    "dapo",
+    "dual_clip",
+    "gspo",
+    "nsr_dapo",
+    "nsr_band_dapo",
+    "dgpo",
+    "atr",
+    "gppo",
+    "ce_gppo",
+    "cispo_verl",
+    "cispo_trl",
+    "sapo",
+    "gmpo",
+    "vespo",
+)
 
 
 def default_ratios() -> torch.Tensor:
@@ -36,9 +50,14 @@ def weight_table(names=DEFAULT_TOUR, ratios=None) -> pd.DataFrame:
             g = obj.expected_coef(ratios, torch.full_like(ratios, sign)) / sign
             for r, gi in zip(ratios.tolist(), g.tolist(), strict=True):
                 rows.append(
-                    {"objective": name, "adv_sign": "A > 0" if sign > 0 else "A < 0",
-                     "ratio": r, "g": gi, "w_pi_old": gi / r}
-                )  # fmt: skip
+                    {
+                        "objective": name,
+                        "adv_sign": "A > 0" if sign > 0 else "A < 0",
+                        "ratio": r,
+                        "g": gi,
+                        "w_pi_old": gi / r,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -81,9 +100,18 @@ def plot_weights(table: pd.DataFrame, path: str | Path) -> Path:
 
     sns.set_theme(style="whitegrid", context="notebook")
     grid = sns.relplot(
-        data=table, x="ratio", y="g", hue="adv_sign", col="objective", col_wrap=5, kind="line",
-        height=2.6, aspect=1.1, linewidth=2, palette={"A > 0": "tab:blue", "A < 0": "tab:red"},
-    )  # fmt: skip
+        data=table,
+        x="ratio",
+        y="g",
+        hue="adv_sign",
+        col="objective",
+        col_wrap=5,
+        kind="line",
+        height=2.6,
+        aspect=1.1,
+        linewidth=2,
+        palette={"A > 0": "tab:blue", "A < 0": "tab:red"},
+    )
     for ax in grid.axes.flat:
         r = sorted(table["ratio"].unique())
         ax.plot(r, r, ls=":", color="grey", lw=1)

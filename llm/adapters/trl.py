@@ -320,10 +320,12 @@ class SandboxGRPOTrainer(GRPOTrainer):
         self.objective = spec.build()
         # the one loss assembly: objective x TRL's weights + beta * k3, aggregated as TRL does
         self.loss_fn = PolicyLoss(
-            self.objective, spec.aggregation or None, kl_coef=self.beta,
+            self.objective,
+            spec.aggregation or None,
+            kl_coef=self.beta,
             off_policy_mask=self.off_policy_mask_threshold,
             top_entropy_quantile=self.top_entropy_quantile,
-        )  # fmt: skip
+        )
         self.aggregation = self.loss_fn.mode
         if self.args.importance_sampling_level == "sequence" and self.objective.level == "token":
             raise ValueError(
@@ -407,24 +409,32 @@ class SandboxGRPOTrainer(GRPOTrainer):
         entropy_on = self.loss_fn.top_entropy_quantile < 1
         # validate=False: no host sync, and an all-padding micro-batch gives 0 as in TRL.
         out = self.loss_fn(
-            per_token_logps, self._objective_old_logps(old_logps, inputs), advantages, mask,
+            per_token_logps,
+            self._objective_old_logps(old_logps, inputs),
+            advantages,
+            mask,
             logp_ref=inputs["ref_per_token_logps"] if kl_on else None,
             rollout_logp=inputs.get("sampling_per_token_logps"),  # the off-policy mask's sampler
             entropy=entropies if entropy_on else None,
             entropy_pool=self._entropy_pool(entropies, mask) if entropy_on else None,
             weights=self._loss_weights(inputs),
             kl_weight=self._importance_weight(per_token_logps, old_logps, mask)
-            if kl_on and self.args.use_bias_correction_kl else None,
-            generator=self._objective_rng(per_token_logps.device), validate=False,
+            if kl_on and self.args.use_bias_correction_kl
+            else None,
+            generator=self._objective_rng(per_token_logps.device),
+            validate=False,
             **trl_normalisers(
-                self.aggregation, loss_type=self.args.loss_type, mask=mask, training=training,
+                self.aggregation,
+                loss_type=self.args.loss_type,
+                mask=mask,
+                training=training,
                 grad_accum=self.current_gradient_accumulation_steps,
                 num_items_in_batch=inputs.get("num_items_in_batch"),
                 num_processes=self.accelerator.num_processes,
                 steps_per_generation=self.args.steps_per_generation,
                 max_completion_length=self.max_completion_length,
             ),
-        )  # fmt: skip
+        )
         loss = out.loss
         if getattr(self, "aux_loss_enabled", False):
             ga = self.current_gradient_accumulation_steps if training else 1

@@ -134,10 +134,20 @@ def exact_flow(
     """
     _check_objective(obj)
     frames, z = exact_flows(
-        [obj], model, steps=steps, lr=lr, advantage=advantage, group_size=group_size, eps=eps,
-        epochs=epochs, optimizer=optimizer, betas=betas, adam_eps=adam_eps, logits=logits,
+        [obj],
+        model,
+        steps=steps,
+        lr=lr,
+        advantage=advantage,
+        group_size=group_size,
+        eps=eps,
+        epochs=epochs,
+        optimizer=optimizer,
+        betas=betas,
+        adam_eps=adam_eps,
+        logits=logits,
         return_logits=True,
-    )  # fmt: skip
+    )
     return (frames[0], z[0]) if return_logits else frames[0]
 
 
@@ -206,8 +216,9 @@ def exact_flows(
         low_sum = high_sum = torch.zeros(len(objs), dtype=F64)
         grad_norm = torch.full((len(objs),), math.nan, dtype=F64)
         for i in range(epochs):
-            terms = _batched_terms(objs, _Inputs(z, z_old, rewards, noise_t), binary, advantage,
-                                   group_size, eps)  # fmt: skip
+            terms = _batched_terms(
+                objs, _Inputs(z, z_old, rewards, noise_t), binary, advantage, group_size, eps
+            )
             g = _gradient(terms)
             if rho is not None:
                 g = g * rho[:, None]
@@ -251,9 +262,12 @@ def exact_flows(
         frame = pd.DataFrame(values, columns=list(FLOW_COLUMNS))
         frame["step"] = frame["step"].astype("int64")
         frame.attrs.update(
-            objective=repr(obj), advantage=advantage, lr=float(lr), epochs=epochs,
+            objective=repr(obj),
+            advantage=advantage,
+            lr=float(lr),
+            epochs=epochs,
             optimizer=optimizer,
-        )  # fmt: skip
+        )
         frames.append(frame)
     return (frames, z) if return_logits else frames
 

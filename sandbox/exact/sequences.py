@@ -504,10 +504,18 @@ def sequence_gradient(
         :class:`TabularSequencePolicy` the single ``[P, nodes, C]`` gradient of its logits.
     """
     terms = sequence_terms(
-        obj, policy, task, prompt_ids=prompt_ids, old_policy=old_policy, max_len=max_len,
-        advantage=advantage, group_size=group_size, eps=eps, aggregation=aggregation,
+        obj,
+        policy,
+        task,
+        prompt_ids=prompt_ids,
+        old_policy=old_policy,
+        max_len=max_len,
+        advantage=advantage,
+        group_size=group_size,
+        eps=eps,
+        aggregation=aggregation,
         chunk_size=chunk_size,
-    )  # fmt: skip
+    )
     return surrogate_gradient(policy, terms.space, terms.weight, chunk_size=chunk_size)
 
 

@@ -432,9 +432,16 @@ def _objective_loss(
     logp_old, adv = rollout_mb
     S, n = logp.shape
     return loss_fn(
-        logp.reshape(S * n, 1), logp_old.reshape(S * n, 1), adv.reshape(S * n, 1), mask,
-        generator=generator, validate=validate, num_tokens=n, num_seqs=n, groups=S,
-    )  # fmt: skip
+        logp.reshape(S * n, 1),
+        logp_old.reshape(S * n, 1),
+        adv.reshape(S * n, 1),
+        mask,
+        generator=generator,
+        validate=validate,
+        num_tokens=n,
+        num_seqs=n,
+        groups=S,
+    )
 
 
 def bandit_update(
