@@ -176,6 +176,7 @@ class BanditTrainConfig:
     off_policy_mask: float | None = arg(
         None, "drop A < 0 samples with log pi_old - log pi > this (None: off)"
     )
+    grad_mass: bool = arg(False, "log the advantage-weighted gradient mass shares (sandbox.loss)")
     seed: int = arg(0, "base seed of the run's torch.Generator")
     device: str = arg("cpu", "torch device")
     dtype: str = arg("float32", f"one of {list(DTYPES)}")
@@ -449,6 +450,7 @@ def bandit_update(
     generator: torch.Generator,
     validate: bool = True,
     off_policy_mask: float | None = None,
+    grad_mass: bool = False,
 ) -> UpdateStats:
     """mu epochs x minibatches optimizer steps of ``objective`` on one rollout, for all seeds.
 
@@ -472,13 +474,16 @@ def bandit_update(
         off_policy_mask: ``None`` or delta > 0: :class:`sandbox.loss.PolicyLoss`'s off-policy
             mask (a sample is a one-token sequence: dropped when A < 0 and
             ``log pi_old(a) - log pi(a) > delta``).
+        grad_mass: also log :func:`sandbox.loss.grad_mass_shares` (metrics only).
     """
     S, P, K = logits.shape
     N = rollout.size
     if N % minibatches:
         raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
     n = N // minibatches
-    loss_fn = PolicyLoss(objective, aggregation, off_policy_mask=off_policy_mask)
+    loss_fn = PolicyLoss(
+        objective, aggregation, off_policy_mask=off_policy_mask, grad_mass=grad_mass
+    )
     mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
     metric_sum: Tensor | None = None
     names: tuple[str, ...] = ()
@@ -606,6 +611,7 @@ def run_bandit(
             generator=generator,
             validate=step == 0,
             off_policy_mask=config.off_policy_mask,
+            grad_mass=config.grad_mass,
         )
 
         # 4. log on device (no host sync inside the loop)
