@@ -73,19 +73,32 @@ def llm_spec(
     if not config.paper_aggregation:
         train["aggregation"] = "token-mean"
     return RunSpec.make(
-        "llm", f"addition-{s['digits']}", rule, seed=seed, steps=steps, lr=lr,
-        epochs=config.epochs, minibatches=config.minibatches, group_size=s["group_size"],
-        prompts_per_step=s["prompts_per_step"], device=config.device,
-        definition={"task": "addition", "digits": s["digits"]}, train=train,
-    )  # fmt: skip
+        "llm",
+        f"addition-{s['digits']}",
+        rule,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        group_size=s["group_size"],
+        prompts_per_step=s["prompts_per_step"],
+        device=config.device,
+        definition={"task": "addition", "digits": s["digits"]},
+        train=train,
+    )
 
 
 register_rung(
     Rung(
-        "llm", llm_spec, lambda c: llm_settings(c)["lrs"], lambda c: llm_settings(c)["steps"],
-        replicates=False, columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
+        "llm",
+        llm_spec,
+        lambda c: llm_settings(c)["lrs"],
+        lambda c: llm_settings(c)["steps"],
+        replicates=False,
+        columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
     )
-)  # fmt: skip
+)
 
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {},

@@ -249,9 +249,15 @@ class SequenceTrainer:
         ids, mask = self._encode(prompts * cfg.seeds, cfg.eval_k)
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 7919)
         completion, completion_mask = self.model.generate(
-            ids, mask, max_new_tokens=self.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id,
-            generator=generator, temperature=cfg.temperature, allowed=self.allowed,
-        )  # fmt: skip
+            ids,
+            mask,
+            max_new_tokens=self.max_new_tokens,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            generator=generator,
+            temperature=cfg.temperature,
+            allowed=self.allowed,
+        )
         rows = [a for _ in range(cfg.seeds) for a in answers for _ in range(cfg.eval_k)]
         return self._rewards(completion, completion_mask, rows).mean(-1)
 
