@@ -5,7 +5,7 @@ Two phases, both run specs (:mod:`.runs`) through the one planner (:class:`.plan
 resumable parts, progress bar, the refusal of a folder made with other settings):
 
 1. **Calibration** (parts ``calib__<rung>__lr=<lr>``): the reference rule ``dapo`` on a short grid
-   of step sizes, ``calib_seeds`` seeds, ``calib_steps`` steps. Its clip share (``clip_low_frac +
+   of step sizes, ``calib_seeds`` seeds, ``calib_steps`` steps (default: the rung's run length). Its clip share (``clip_low_frac +
    clip_high_frac``, the objective's own Z_lo/Z_hi token shares, averaged over steps and seeds)
    against the step size is the curve; :func:`pick_step_size` takes the grid point inside the
    target band (default 5-10%) closest to its middle, else the one closest to the band.
@@ -95,7 +95,11 @@ class StudyConfig:
     target_low: float = arg(0.05, "calibration: lowest clip share of dapo")
     target_high: float = arg(0.10, "calibration: highest clip share of dapo")
     calib_seeds: int = arg(4, "calibration seeds per step size")
-    calib_steps: int = arg(20, "calibration steps")
+    calib_steps: int = arg(
+        0,
+        "calibration steps (0: the rung's own run length; the clip share falls as the policy "
+        "sharpens, so a shorter window overstates it)",
+    )
     bandit_setting: str = arg("mixed", "envs.make_bandit_suite name")
     bandit_steps: int = arg(60, "bandit steps")
     bandit_prompts_per_step: int = arg(4, "groups per bandit step")
@@ -139,6 +143,10 @@ class StudyConfig:
         for name in ("seeds", "epochs", "minibatches", "group_size", "calib_seeds", "tf_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.calib_steps < 0:
+            raise ValueError(
+                f"calib_steps must be >= 0 (0: the run length), got {self.calib_steps}"
+            )
         if not 0 <= self.target_low < self.target_high <= 1:
             raise ValueError(
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
@@ -294,7 +302,8 @@ def job_spec(config: StudyConfig, job: tuple) -> RunSpec:
     phase, rung, rule, lr, seed = job
     r = RUNGS[rung]
     if phase == "calib":
-        return r.spec(config, rule, lr, config.calib_seeds, config.calib_steps, seed)
+        steps = config.calib_steps or r.steps(config)
+        return r.spec(config, rule, lr, config.calib_seeds, steps, seed)
     return r.spec(config, rule, lr, 1 if not r.replicates else config.seeds, r.steps(config), seed)
 
 
@@ -351,8 +360,9 @@ def run_study(
 
 
 def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (rung, lr): the reference rule's clip share (mean over steps and seeds), its SE
-    over seeds, and the mean pass rate."""
+    """Per (rung, lr): the reference rule's clip share (mean over steps and seeds) and the mean
+    pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the seeds
+    of a run (one value per step, repeated on every seed's row)."""
     calib = rows[rows["phase"] == "calib"].copy()
     calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
     per_seed = calib.groupby(["rung", "lr", "seed"], as_index=False)[
@@ -361,7 +371,6 @@ def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
     g = per_seed.groupby(["rung", "lr"], as_index=False)
     return g.agg(
         clip_share=("clip_share", "mean"),
-        clip_share_se=("clip_share", "sem"),
         pass_rate=("pass_rate", "mean"),
         seeds=("seed", "nunique"),
     )
@@ -528,7 +537,7 @@ def plot_calibration(
     low, high = (config.target_low, config.target_high) if config else (0.05, 0.10)
     for ax, rung in zip(axes[0], rungs, strict=False):
         c = curve[curve["rung"] == rung].sort_values("lr")
-        ax.errorbar(c["lr"], c["clip_share"], yerr=c["clip_share_se"].fillna(0), marker="o")
+        ax.plot(c["lr"], c["clip_share"], marker="o")
         ax.axhspan(low, high, color="tab:green", alpha=0.15)
         chosen = summary.loc[summary["rung"] == rung, "lr"]
         if len(chosen):
