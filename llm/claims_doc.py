@@ -47,8 +47,8 @@ def ledger_section(ledger: pd.DataFrame) -> str:
         ],
         needed=[("n/a" if not math.isfinite(x) else str(int(x))) for x in ledger["seeds_needed"]],
         verdict=[
-            f"{v} †" if "below the margin" in str(r) else v
-            for v, r in zip(ledger["verdict"], ledger["reason"], strict=True)
+            f"{v} †" if small else v
+            for v, small in zip(ledger["verdict"], ledger["below_margin"], strict=True)
         ],
     )
     table = rows[
@@ -69,26 +69,36 @@ def ledger_section(ledger: pd.DataFrame) -> str:
     return _table(table)
 
 
-def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame) -> str:
-    """What the ledger says, rung by rung, in words generated from it."""
-    lines = []
+NEGLIGIBLE = "below the margin"
+
+
+def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame, title: str = "") -> str:
+    """What a ledger says, rung by rung, in words generated from it. A row whose interval (exact
+    gap) lies within the margin counts as "below the margin" whatever its verdict."""
+    effective = ledger["verdict"].where(~ledger["below_margin"].astype(bool), NEGLIGIBLE)
+    ledger = ledger.assign(effective=effective)
+    lines = [title] if title else []
     for rung, part in ledger.groupby("rung", sort=False):
         said = []
-        for verdict in (evidence.SUPPORTED, evidence.CONTRADICTED, evidence.UNRESOLVED, "tie"):
-            names = part.loc[part["verdict"] == verdict, "claim"].tolist()
+        for verdict in (evidence.SUPPORTED, evidence.CONTRADICTED, evidence.UNRESOLVED, NEGLIGIBLE):
+            names = part.loc[part["effective"] == verdict, "claim"].tolist()
             if names:
                 said.append(f"{verdict}: {', '.join(names)}")
         lines.append(f"- **{rung}** — " + "; ".join(said) + ".")
-    across = ledger.pivot_table(index="claim", columns="rung", values="verdict", aggfunc="first")
+    across = ledger.pivot_table(index="claim", columns="rung", values="effective", aggfunc="first")
     same = [
-        c for c, row in across.iterrows() if row.dropna().nunique() == 1 and len(row.dropna()) > 1
+        f"{c} ({row.dropna().iloc[0]})"
+        for c, row in across.iterrows()
+        if row.dropna().nunique() == 1 and len(row.dropna()) > 1
     ]
     differ = [c for c, row in across.iterrows() if row.dropna().nunique() > 1]
     lines.append("")
     lines.append(
-        f"Same verdict on every rung that ran it: {', '.join(same) or 'none'}. "
-        f"Verdicts that change between rungs (what does not transfer): {', '.join(differ) or 'none'}."
+        f"The same reading on every rung that ran it: {', '.join(same) or 'none'}. "
+        f"Readings that change between rungs: {', '.join(differ) or 'none'}."
     )
+    if summary is None:
+        return "\n".join(lines)
     idle = summary[summary["never_binds"]]
     if len(idle):
         pairs = ", ".join(f"{r} on {g}" for g, r in zip(idle["rung"], idle["rule"], strict=True))
@@ -157,17 +167,13 @@ def write_doc(out: Path, path: Path) -> None:
     """Write the page ``path`` from the tables in ``out``."""
     read = {
         n: pd.read_csv(out / f"{n}.csv")
-        for n in ("calibration", "summary", "ledger", "power", "agreement")
+        for n in ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement")
     }
     order = {rung: i for i, rung in enumerate(RUNGS)}
     claim_order = {c.name: i for i, c in enumerate(CLAIMS)}
-    for name in ("summary", "ledger", "power"):
-        keys = (
-            ["rung", "rule"]
-            if name == "summary"
-            else ["claim", "rung"]
-            if name == "ledger"
-            else ["rung", "metric"]
+    for name in ("summary", "ledger", "ledger_auc", "power"):
+        keys = {"summary": ["rung", "rule"], "power": ["rung", "metric"]}.get(
+            name, ["claim", "rung"]
         )
         read[name] = read[name].sort_values(
             keys,
@@ -233,7 +239,7 @@ def write_doc(out: Path, path: Path) -> None:
             else f"undefined (a rung resolves no pair); bootstrap [{lo:+.2f}, {hi:+.2f}]"
             for t, lo, hi in zip(agree["tau_b"], agree["lo"], agree["hi"], strict=True)
         ],
-    )[["rung_a", "rung_b", "without", "rules", "tau"]]
+    )[["metric", "rung_a", "rung_b", "without", "rules", "tau"]]
     claims = pd.DataFrame(
         [
             (c.name, c.rule_a, c.rule_b, c.metric, c.direction, f"{c.source}, {c.where}")
@@ -249,7 +255,10 @@ def write_doc(out: Path, path: Path) -> None:
         claims=_table(claims),
         calibration=_table(cal_rows),
         ledger=ledger_section(led),
-        summary=summary_text(led, summ),
+        ledger_auc=ledger_section(read["ledger_auc"]),
+        summary=summary_text(led, summ, "On each claim's own metric:")
+        + "\n\n"
+        + summary_text(read["ledger_auc"], None, "On `reward_auc` (the pass-rate claims):"),
         rules=_table(rules_rows),
         power=_table(power_rows),
         agreement=_table(agree_rows)
@@ -341,15 +350,55 @@ rebuilt from them by the second command. Settings of the committed run (`config.
 
 `seeds for the margin`: paired seeds a two-sided paired t-test at 5% needs for 80% power to detect
 the margin, given this claim's SD of paired differences. `clip share`: each rule's
-`clip_low_frac + clip_high_frac` over the study's steps (n/a: the rule reports none). †: an exact
-difference (the flow has no noise, so its sign is the verdict) smaller than the margin: real, but
-too small to matter: at its calibrated step size the exact flow ends next to the optimum of
-`mixed` (0.875, `sandbox.experiments.runs.optimum`) under every rule (the `bandit_exact` rows
-below), so `final_pass` barely separates rules there; its `reward_auc` does.
+`clip_low_frac + clip_high_frac` over the study's steps (n/a: the rule reports none). †: every
+effect the interval allows (on `bandit_exact`: the exact gap, whose sign is the verdict as the flow
+has no noise) is smaller than the margin — resolved, perhaps, but too small to matter. At their
+calibrated step sizes both bandit rungs end next to the optimum of `mixed` (0.875,
+`sandbox.experiments.runs.optimum`) under every rule but gspo (the bandit rows of the table
+below), so `final_pass` barely separates rules there; the area under the training-reward curve
+does:
+
+### The same claims on `reward_auc` (how fast, not where it ends)
+
+{ledger_auc}
 
 ## What transfers and what does not
 
 {summary}
+
+Reading of the committed run (2026-11-25; the lists above are regenerated from the parts, this
+paragraph is not):
+
+- **Calibration is not free.** Only the sampled bandit reached the 5–10% band at its run length;
+  tiny_tf's best grid point fell just below it even at μ = 4 × 2, and the exact flow clips at most
+  ~2% of its (expected) tokens at any step size tried, because it moves smoothly to the optimum.
+  The ledger's `clip share` column shows where each comparison sits.
+- **The bandits saturate where they end.** At the calibrated step sizes every rule but gspo ends
+  within a hair of the optimum, so `final_pass` claims come out "below the margin" there; the
+  area under the reward curve separates rules. On it, DGPO's soft clip beats the hard clip at the
+  same bounds on the sampled bandit *and* on tiny_tf — the one claim supported on two rungs — and
+  NSR beats DAPO on the sampled bandit (not resolved on tiny_tf).
+- **Claims contradicted on the sampled bandit:** NSR's stochastic rescue does not beat its own
+  deterministic decay (the interval excludes a gain of the margin, on both metrics); the clipped
+  rule does not beat the unclipped one (the control: on the bandit the trust region slows learning,
+  `reward_auc` contradicted);
+  KL-Cov ends with *lower* entropy than GRPO. These are toy findings, not verdicts on the papers'
+  LLM claims.
+- **tiny_tf has no power at 16 seeds** for most claims: its residual SD (the power table) asks for
+  ~60–130 paired seeds to resolve 0.02, and every pass-rate claim is "not resolved" there except
+  DGPO's on `reward_auc`. "Not resolved at this power" is a result: it says how many seeds a
+  claim needs, not that the claim fails to transfer.
+- **Rank agreement** between the two bandit rungs is positive with or without gspo. Between a
+  bandit and the tiny transformer, the orders by `final_pass` do not agree (wide intervals around
+  0: the bandits' final values are saturated); the orders by `reward_auc` do — sampled bandit ~
+  tiny_tf stays positive without gspo, while exact ~ tiny_tf loses its lower bound without it.
+- **Mechanism (b)** needs no ranking: the hard clips (dapo, grpo, atr_grpo, clip_cov, gspo) zero a
+  sizeable share of the advantage-weighted gradient mass — mostly on the Z_hi side on tiny_tf — while
+  DGPO and NSR's decay zero none of it and keep ~20–26% of the mass a hard clip would drop; NSR keeps
+  part of it (its noise rescues some tokens and drops others).
+- Not done: mechanism checks (a) (the entropy–covariance prediction against the observed entropy
+  change) and (c) (NSR's realised gradient variance against its decay's) on measured steps; the
+  exact theory has both on bandits (`sandbox.exact`).
 
 ## Every rule: scores, clip share and where its gradient goes (mechanism check b)
 
@@ -357,7 +406,7 @@ below), so `final_pass` barely separates rules there; its `reward_auc` does.
 the rule gives a zero coefficient, ratio below / above 1 (its Z_lo and Z_hi); `rescued`: share on
 tokens where the hard clip at the rule's own bounds (dapo's for a rule without bounds) would bind
 but the rule keeps a gradient. Read off `out.coef` in the one loss assembly
-(`sandbox.loss.grad_mass_shares`); averaged over steps and seeds.
+(`sandbox.loss.grad_mass_shares`); averaged over steps and seeds (n/a on the exact flow: it takes expected gradients and reports no per-sample coefficients).
 
 ![mechanism]({rel}/mechanism.png)
 
@@ -372,7 +421,7 @@ difference (√2 × residual) and the paired seeds needed to resolve the margin 
 
 ## Rank agreement between rungs
 
-Kendall's τ-b of the rule orders by `final_pass`, a pair of rules counted as tied where its paired
+Kendall's τ-b of the rule orders by `final_pass` and by `reward_auc`, a pair of rules counted as tied where its paired
 95% interval contains 0 (the exact flow: where the exact gap is below 1e-6), with a percentile
 bootstrap over seeds; with and without `{step_size_rule}`, whose 3e-4/4e-4 bounds make its gap a
 step-size effect rather than a clipping finding.

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -426,7 +426,8 @@ def study_ledger(scores: pd.DataFrame, claims: Sequence[Claim] = CLAIMS) -> pd.D
     """:func:`.claims.ledger` with the study's margins. On a deterministic rung (one exact run)
     the difference is exact: its interval has zero width, so :func:`.evidence.verdict` gives
     supported for any gap on the claimed side and contradicted otherwise; the reason says
-    when the exact gap is below the margin (an effect too small to matter)."""
+    when the exact gap is below the margin. ``below_margin``: the whole interval (the exact
+    gap) lies within +- the margin: whatever the verdict, the effect is too small to matter."""
     table = ledger(scores, claims, margins=MARGINS)
     for i, row in table.iterrows():
         if row["rung"] in RUNGS and RUNGS[row["rung"]].deterministic and row["seeds"] == 1:
@@ -436,7 +437,17 @@ def study_ledger(scores: pd.DataFrame, claims: Sequence[Claim] = CLAIMS) -> pd.D
             small = abs(d) < row["margin"]
             reason = "exact difference" + (f", below the margin {row['margin']:g}" if small else "")
             table.loc[i, ["verdict", "reason"]] = verdict, reason
+    if len(table):  # every effect the interval allows (the exact gap) is smaller than the margin
+        lo = table["lo"].fillna(table["estimate"].where(table["seeds"] == 1))
+        hi = table["hi"].fillna(table["estimate"].where(table["seeds"] == 1))
+        table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
     return table
+
+
+def auc_claims(claims: Sequence[Claim] = CLAIMS) -> list[Claim]:
+    """The ``final_pass`` claims restated on ``reward_auc`` (the area under the training-reward
+    curve: it separates rules that all end near a saturated optimum by how fast they got there)."""
+    return [replace(c, metric="reward_auc") for c in claims if c.metric == "final_pass"]
 
 
 def rung_power(scores: pd.DataFrame) -> pd.DataFrame:
@@ -456,7 +467,8 @@ def rank_agreement(
         r: s.pivot_table(index="seed", columns="rule", values=metric)
         for r, s in scores.groupby("rung", sort=False)
     }
-    rungs = list(tables)
+    ladder = list(RUNGS)
+    rungs = sorted(tables, key=lambda r: ladder.index(r) if r in ladder else len(ladder))
     rows = []
     for i, a in enumerate(rungs):
         for b in rungs[i + 1 :]:
@@ -470,6 +482,7 @@ def rank_agreement(
                 )
                 rows.append(
                     {
+                        "metric": metric,
                         "rung_a": a,
                         "rung_b": b,
                         "without": STEP_SIZE_RULE if without else "",
@@ -479,7 +492,8 @@ def rank_agreement(
                         "hi": hi,
                     }
                 )
-    return pd.DataFrame(rows, columns=["rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"])
+    columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
@@ -510,8 +524,11 @@ def write_tables(
         "scores": scores,
         "summary": rule_summary(scores),
         "ledger": study_ledger(scores),
+        "ledger_auc": study_ledger(scores, auc_claims()),
         "power": rung_power(scores),
-        "agreement": rank_agreement(scores),
+        "agreement": pd.concat(
+            [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
+        ),
     }
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
@@ -556,6 +573,7 @@ def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = summary.dropna(subset=["grad_mass_zero_lo"]).sort_values("rule")  # the flow has none
     rungs = list(dict.fromkeys(summary["rung"]))
     fig, axes = plt.subplots(
         1, max(len(rungs), 1), figsize=(4.5 * max(len(rungs), 1), 3.6), squeeze=False
