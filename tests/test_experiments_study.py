@@ -259,6 +259,21 @@ def test_rank_agreement_with_and_without_the_step_size_rule():
     assert table.loc["gspo", "tau_b"] == pytest.approx(-1.0, abs=1e-12)
 
 
+def test_quick_profile_runs_the_llm_rung_one_spec_per_paired_seed(tmp_path, capsys):
+    from llm.claims import main
+
+    out = tmp_path / "quick"
+    argv = ["--quick", "--rules", "dapo", "nsr_dapo", "--rungs", "llm", "--workers", "1"]
+    assert main([*argv, "--no-progress", "--out", str(out)]) == 0
+    parts = sorted(p.name for p in (out / "parts").glob("*.parquet"))
+    # one calibration run (lr 1e-3), then 2 rules x 3 seeds, one part per seed
+    assert len(parts) == 1 + 2 * 3 and sum(p.startswith("study__llm") for p in parts) == 6
+    scores = pd.read_csv(out / "scores.csv")
+    assert sorted(scores.groupby("rule")["seed"].apply(sorted).tolist()) == [[0, 1, 2]] * 2
+    ledger = pd.read_csv(out / "ledger.csv")
+    assert ledger[["claim", "rung", "seeds"]].values.tolist() == [["nsr_beats_dapo", "llm", 3]]
+
+
 # -- resumption after a real SIGINT -----------------------------------------------------------
 
 ARGV = [

@@ -312,7 +312,10 @@ def run_job(config: StudyConfig, job: tuple) -> list[pd.DataFrame]:
     :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
     phase, rung, rule, lr, base = job
     [frame] = run_specs([job_spec(config, job)])
-    seed = frame["seed"].clip(lower=0) + base  # the flow's -1 -> 0; replicate s -> base + s
+    if RUNGS[rung].replicates:  # replicate s -> base + s (the flow's -1 -> base)
+        seed = frame["seed"].clip(lower=0) + base
+    else:  # one seed per spec: the kind logs the spec's own seed
+        seed = pd.Series(base, index=frame.index)
     rows = pd.DataFrame({"phase": phase, "rung": rung, "rule": rule, "lr": lr, "seed": seed})
     rows["step"] = frame["step"]
     renamed = dict(RUNGS[rung].columns)
@@ -559,7 +562,9 @@ def plot_calibration(
         chosen = summary.loc[summary["rung"] == rung, "lr"]
         if len(chosen):
             ax.axvline(chosen.iloc[0], color="k", ls="--", lw=1)
-        ax.set(xscale="log", title=rung, xlabel="step size", ylabel="dapo clip share")
+        ax.set(title=rung, xlabel="step size", ylabel="dapo clip share")
+        if c["lr"].nunique() > 1:
+            ax.set_xscale("log")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
