@@ -313,8 +313,9 @@ rebuilt from them by the second command. Settings of the committed run (`config.
   The task was chosen by a 10-step pilot of dapo (16 seeds, lr 1e-3, 8 prompts × 8 per step,
   held-out 512 × 2): the sampled pass rate went 0.023 → 0.047 and held-out pass@1 was 0.046,
   against 0.0002 on 2-digit addition and 0.000 on 5-symbol reversal (no signal to learn from in
-  10 steps); mod_arith starts near 0 and climbs through the run ({tf_curve}), and has thousands
-  of distinct problems, so the held-out set is not the training set (bits-reverse-3 of the
+  10 steps); mod_arith starts near 0 and climbs through the run ({tf_curve}), and has 9,000
+  distinct problems (8,999 seen in 100,000 draws), so a replicate's 160 training prompts share
+  about a dozen problems with the 512 held-out ones (11 in one draw; bits-reverse-3 of the
   transfer study has 8 prompts and is solved in ~20 steps).
 - **Calibration.** Per rung, dapo on a step-size grid ({calib_seeds} seeds, the rung's full run
   length); its clip share (`clip_low_frac + clip_high_frac`, averaged over steps) picks the step
