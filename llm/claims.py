@@ -48,6 +48,7 @@ LLM_DEFAULTS: dict[str, Any] = {
     "eval_every": 50,
     "eval_prompts": 512,
     "eval_k": 1,
+    "seeds": 8,
 }
 
 
@@ -96,6 +97,7 @@ register_rung(
         lambda c: llm_settings(c)["lrs"],
         lambda c: llm_settings(c)["steps"],
         replicates=False,
+        seeds=lambda c: llm_settings(c)["seeds"],
         columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
     )
 )
@@ -130,6 +132,7 @@ PROFILES: dict[str, dict[str, Any]] = {
                 "max_new_tokens": 3,
                 "eval_every": 1,
                 "eval_prompts": 2,
+                "seeds": 3,
             }
         },
     },

@@ -137,8 +137,9 @@ def transfer_section(scores_csv: Path) -> str:
     return (
         "`python -m llm.transfer` (`results/transfer/`, [transfer.md](transfer.md)) ran 7 rules x "
         "3 seeds on four rungs, SmolLM2-135M on one H100 among them. Recomputed here from its "
-        f"committed `scores.csv`: on the LLM rung dapo clipped {_pct(clip['llm', 'dapo'])} of "
-        f"tokens and `cispo_trl` at most {_pct(cispo)} on any rung, so the rules barely acted; "
+        f"committed `scores.csv`: on the LLM rung dapo clipped {100 * clip['llm', 'dapo']:.2f}% "
+        f"of tokens and `cispo_trl` at most {100 * cispo:.2f}% on any rung, so the rules barely "
+        "acted; "
         f"its bandit~LLM tau ({bl[0]:+.2f}) is carried by GSPO's preset ranking last on every "
         f"rung (without GSPO {bl_wo[0]:+.2f}; tau-b with near-ties as ties {bl[1]:+.2f} and "
         f"{bl_wo[1]:+.2f}); its exact~sampled tau {ex[0]:+.2f} is {ex[1]:+.2f} with near-ties as "
@@ -444,8 +445,9 @@ no timing below is a measurement:
 - rung `llm`: SmolLM2-135M-Instruct, 3-digit addition through the chat template (a task the base
   model starts low on, so learning takes the run), 100 steps, 32 prompts × 8 completions per step,
   μ = 2 × 2, token-mean aggregation, held-out pass@1 on 512 problems at steps 0, 50, 100;
-- calibration: dapo at lr 2e-6, 5e-6, 1e-5, 2e-5 (the transfer study's 5e-6 clipped 0.8%; the
-  issue asks for ≥ 3%), one seed each would do for the curve, then every claim rule at the chosen lr;
+- calibration: dapo at lr 2e-6, 5e-6, 1e-5, 2e-5 (the transfer study's 5e-6 clipped 0.85%; the
+  issue asks for ≥ 3%), one seed per step size (an llm spec trains one seed), then every claim
+  rule at the chosen lr;
 - 8 paired seeds per rule (one spec per seed; each part committed as it finishes, so an interrupted
   GPU session loses at most the run in flight); the page is then rebuilt with the command above and
   the ledger gains the `llm` rows.

@@ -175,6 +175,7 @@ class Rung:
     steps: Callable[[StudyConfig], int]
     replicates: bool = True
     deterministic: bool = False
+    seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
     columns: tuple[tuple[str, str], ...] = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
 
 
@@ -286,7 +287,8 @@ def study_jobs(config: StudyConfig, step_sizes: dict[str, float]) -> list[tuple]
     spec per seed."""
     out = []
     for rung in config.rungs:
-        seeds = [0] if RUNGS[rung].replicates else range(config.seeds)
+        r = RUNGS[rung]
+        seeds = [0] if r.replicates else range(r.seeds(config) if r.seeds else config.seeds)
         out += [
             ("study", rung, r, step_sizes[rung], s) for s in seeds for r in rung_rules(config, rung)
         ]
