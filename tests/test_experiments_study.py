@@ -348,3 +348,33 @@ def test_sigint_mid_study_then_resume_loses_and_duplicates_no_part(tmp_path):
     counts = rows.groupby(["phase", "rule", "lr"]).size()
     assert set(counts[("calib", "dapo")].to_numpy()) == {2 * 120}  # no run twice, none lost
     assert set(counts["study"].to_numpy()) == {4 * 120}
+
+
+def test_entropy_law_logging_is_exact_and_its_error_is_second_order_in_the_step():
+    """``entropy_change`` is the next step's entropy minus this one's, exactly; the law's
+    prediction is first order, so halving one SGD step (same seed: the same first rollout,
+    dz exactly proportional to lr) cuts its error by about 4."""
+    import envs
+    from sandbox.train import BanditTrainConfig, run_bandit
+
+    model = envs.make_bandit_suite()["mixed"].make().unwrapped
+    errors = []
+    for lr in (0.4, 0.2):
+        cfg = BanditTrainConfig(
+            objective="dapo",
+            seeds=8,
+            steps=3,
+            lr=lr,
+            epochs=1,
+            minibatches=1,
+            entropy_law=True,
+            dtype="float64",
+        )
+        frame = run_bandit(model, cfg).to_frame()
+        h = frame.pivot(index="step", columns="seed", values="entropy").to_numpy()
+        change = frame.pivot(index="step", columns="seed", values="entropy_change").to_numpy()
+        np.testing.assert_allclose(change[:-1], h[1:] - h[:-1], rtol=0, atol=1e-12)
+        first = frame[frame["step"] == 0]
+        errors.append(np.abs(first["entropy_change"] - first["entropy_change_pred"]).to_numpy())
+    ratio = errors[0].sum() / errors[1].sum()
+    assert 3.0 < ratio < 5.0, ratio

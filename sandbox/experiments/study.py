@@ -78,6 +78,8 @@ ROW_COLUMNS = (
     "grad_mass_zero_lo",
     "grad_mass_zero_hi",
     "grad_mass_rescued",
+    "entropy_change",
+    "entropy_change_pred",
 )
 
 
@@ -204,6 +206,8 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
         shared = _shared(config, rule)
         if exact:  # the flow takes neither aggregation nor gradient-mass flags
             shared.pop("train")
+        else:
+            shared["train"]["entropy_law"] = True
         return RunSpec.make(
             kind,
             config.bandit_setting,
@@ -516,6 +520,42 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mechanism check (a), per (rung, rule) where logged: the observed per-step entropy change
+    against the entropy-covariance law's first-order prediction from the same step's logit
+    change, over every step and seed: means, correlation, least-squares slope (1 where the law
+    holds) and the RMS of observed - predicted."""
+    study = rows[(rows["phase"] == "study")].dropna(
+        subset=["entropy_change", "entropy_change_pred"]
+    )
+    out = []
+    for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
+        obs, pred = g["entropy_change"].to_numpy(), g["entropy_change_pred"].to_numpy()
+        out.append(
+            {
+                "rung": rung,
+                "rule": rule,
+                "points": len(g),
+                "observed_mean": obs.mean(),
+                "predicted_mean": pred.mean(),
+                "corr": float(np.corrcoef(obs, pred)[0, 1]),
+                "slope": float(np.dot(pred, obs) / np.dot(pred, pred)),
+                "rms_error": float(np.sqrt(np.mean((obs - pred) ** 2))),
+            }
+        )
+    columns = [
+        "rung",
+        "rule",
+        "points",
+        "observed_mean",
+        "predicted_mean",
+        "corr",
+        "slope",
+        "rms_error",
+    ]
+    return pd.DataFrame(out, columns=columns)
+
+
 def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
@@ -530,6 +570,7 @@ def write_tables(
         "summary": rule_summary(scores),
         "ledger": study_ledger(scores),
         "ledger_auc": study_ledger(scores, auc_claims()),
+        "entropy_law": entropy_law(rows),
         "power": rung_power(scores),
         "agreement": pd.concat(
             [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True

@@ -80,6 +80,9 @@ zero_var_frac       share of the seed's groups whose G rewards are all equal (ze
                     seed's row. For objectives called per seed (clip_cov, kl_cov) they are
                     per seed.
 off_policy_masked_frac  with ``off_policy_mask``: share of samples dropped (pooled over seeds)
+entropy_change      with ``entropy_law``: exact entropy after the step's update minus before
+entropy_change_pred with ``entropy_law``: the entropy-covariance law's first-order prediction of
+                    it from the update's logit change (:func:`sandbox.exact.softmax.entropy_covariance_prediction`)
 =================== ========================================================================
 
 The row of step t describes the policy *before* the step's update (the one that sampled the
@@ -105,6 +108,7 @@ from envs.bandit import BanditModel, ContextualBanditModel
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
+from sandbox.exact.softmax import entropy_covariance_prediction
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective
@@ -177,6 +181,11 @@ class BanditTrainConfig:
         None, "drop A < 0 samples with log pi_old - log pi > this (None: off)"
     )
     grad_mass: bool = arg(False, "log the advantage-weighted gradient mass shares (sandbox.loss)")
+    entropy_law: bool = arg(
+        False,
+        "log each step's entropy change (entropy_change) and the entropy-covariance law's "
+        "first-order prediction from the step's logit change (entropy_change_pred)",
+    )
     seed: int = arg(0, "base seed of the run's torch.Generator")
     device: str = arg("cpu", "torch device")
     dtype: str = arg("float32", f"one of {list(DTYPES)}")
@@ -577,6 +586,7 @@ def run_bandit(
     logits = task.initial_logits.expand(S, P, K).clone().requires_grad_(True)
     optimizer = make_optimizer(config.optimizer, [logits], config.lr)
     seed_hist = torch.empty(config.steps, len(SEED_COLUMNS), S, dtype=dtype, device=device)
+    law_hist = torch.empty(config.steps, 2, S, dtype=dtype, device=device)  # observed, predicted
     metric_hist: Tensor | None = None
     metric_names: tuple[str, ...] = ()
 
@@ -626,6 +636,12 @@ def run_bandit(
                 shape = (config.steps, len(metric_names), stats.metrics.shape[1])
                 metric_hist = torch.empty(shape, dtype=stats.metrics.dtype, device=device)
             metric_hist[step] = stats.metrics
+            if config.entropy_law:  # arXiv 2505.22617: dH ~ -Cov(log pi, dz), per prompt
+                after = torch.log_softmax(logits.detach(), -1)
+                h_after = -(after.exp() * after).sum(-1) @ task.prompt_probs
+                dz = logits.detach() - log_pi  # log_pi differs from the logits by a constant
+                pred = entropy_covariance_prediction(log_pi, dz) @ task.prompt_probs
+                law_hist[step] = torch.stack([h_after - entropy, pred])
         if progress and (step % max(1, config.steps // 20) == 0 or step == config.steps - 1):
             bar.set_postfix(expected_reward=f"{expected_reward.mean().item():.3f}")
         if callback is not None:
@@ -637,6 +653,9 @@ def run_bandit(
     metrics_np = metric_hist.cpu().numpy()
     for j, name in enumerate(metric_names):
         history[name] = np.broadcast_to(metrics_np[:, j], (config.steps, S))
+    if config.entropy_law:
+        law = law_hist.cpu().numpy()
+        history["entropy_change"], history["entropy_change_pred"] = law[:, 0], law[:, 1]
     final_logits = logits.detach() if task.contextual else logits.detach()[:, 0]
     return BanditRun(config, objective.name, aggregation, final_logits.clone(), history)
 
