@@ -40,6 +40,9 @@ sync): the objective's, the correction's (``rollout_is_*``, ``rollout_kl_k3``), 
 (mean over valid tokens of the KL term, times ``kl_weight`` when given), ``entropy`` (mean
 over valid tokens) when given, ``off_policy_masked_frac`` (share of non-empty sequences dropped)
 and ``entropy_masked_frac`` (share of valid tokens masked) when those options are on.
+With ``grad_mass=True`` also the advantage-weighted gradient mass shares of
+:func:`grad_mass_shares` (``grad_mass_zero_lo``, ``grad_mass_zero_hi``, ``grad_mass_rescued``):
+read off the objective's ``coef``, they change nothing in the loss.
 """
 
 from __future__ import annotations
@@ -74,6 +77,49 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(valid, x.detach(), 0.0).sum() / valid.sum().clamp(min=1)
 
 
+#: The hard-clip bounds a rule without its own is measured against (DAPO's, arXiv 2503.14476).
+REFERENCE_BOUNDS = (0.2, 0.28)
+
+
+def grad_mass_shares(
+    coef: Tensor,
+    logp: Tensor,
+    logp_old: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+) -> dict[str, Tensor]:
+    """Where a rule's gradient goes, as shares of the unclipped gradient's advantage-weighted mass.
+
+    The unclipped surrogate ``r * A`` has coefficient ``r * A`` (``r = exp(logp - logp_old)``);
+    its mass on the valid tokens is ``M = sum |r * A|``. With ``coef`` the rule's realised
+    coefficient (``out.coef``):
+
+    - ``grad_mass_zero_lo``: ``sum |r A| [coef = 0, r < 1] / M`` (the Z_lo side discarded),
+    - ``grad_mass_zero_hi``: ``sum |r A| [coef = 0, r > 1] / M`` (the Z_hi side discarded),
+    - ``grad_mass_rescued``: ``sum |r A| [hard clip binds, coef != 0] / M``, the hard clip
+      binding where ``A > 0, r > 1 + eps_high`` or ``A < 0, r < 1 - eps_low`` (the rule's own
+      bounds; :data:`REFERENCE_BOUNDS` for a rule without them): mass a hard clip would drop
+      that this rule keeps (NSR's rescue, the soft clips' tails).
+
+    All detached 0-d tensors (0 where ``M = 0``); tokens are pooled over the batch.
+    """
+    valid = mask != 0
+    adv = (adv if adv.dim() == 2 else adv[:, None]).detach().expand_as(logp)
+    r = torch.exp((logp.detach() - logp_old.detach()).clamp(-20, 20))
+    mass = torch.where(valid, (r * adv).abs(), 0.0)
+    total = mass.sum().clamp(min=torch.finfo(mass.dtype).tiny)
+    zero = coef.detach() == 0
+    lo, hi = REFERENCE_BOUNDS if eps_low is None or eps_high is None else (eps_low, eps_high)
+    binds = ((adv > 0) & (r > 1 + hi)) | ((adv < 0) & (r < 1 - lo))
+    return {
+        "grad_mass_zero_lo": (mass * (zero & (r < 1))).sum() / total,
+        "grad_mass_zero_hi": (mass * (zero & (r > 1))).sum() / total,
+        "grad_mass_rescued": (mass * (binds & ~zero)).sum() / total,
+    }
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     """The per-micro-batch loss of a policy-gradient step, configured once per run.
@@ -93,6 +139,8 @@ class PolicyLoss:
             k1 KL(pi_sampler || pi) exceeds delta (:func:`sandbox.masks.off_policy_mask`).
         top_entropy_quantile: q in (0, 1] (1: off): keep the top-q share of valid tokens by
             entropy (:func:`sandbox.masks.high_entropy_mask`); needs ``entropy``.
+        grad_mass: also report :func:`grad_mass_shares` of the objective's coefficients
+            (metrics only; the loss is unchanged).
     """
 
     objective: Objective
@@ -106,6 +154,7 @@ class PolicyLoss:
     rollout_is_max: float = 2.0
     off_policy_mask: float | None = None
     top_entropy_quantile: float = 1.0
+    grad_mass: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.objective, Objective):
@@ -259,4 +308,11 @@ class PolicyLoss:
             validate=validate,
             groups=groups if grouped else None,
         )
-        return out.loss, dict(out.metrics)
+        metrics = dict(out.metrics)
+        if self.grad_mass:
+            bounds = (
+                getattr(self.objective, "eps_low", None),
+                getattr(self.objective, "eps_high", None),
+            )
+            metrics.update(grad_mass_shares(out.coef, logp, logp_old, adv, mask, *bounds))
+        return out.loss, metrics

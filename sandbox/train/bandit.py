@@ -80,6 +80,9 @@ zero_var_frac       share of the seed's groups whose G rewards are all equal (ze
                     seed's row. For objectives called per seed (clip_cov, kl_cov) they are
                     per seed.
 off_policy_masked_frac  with ``off_policy_mask``: share of samples dropped (pooled over seeds)
+entropy_change      with ``entropy_law``: exact entropy after the step's update minus before
+entropy_change_pred with ``entropy_law``: the entropy-covariance law's first-order prediction of
+                    it from the update's logit change (:func:`sandbox.exact.softmax.entropy_covariance_prediction`)
 =================== ========================================================================
 
 The row of step t describes the policy *before* the step's update (the one that sampled the
@@ -105,6 +108,7 @@ from envs.bandit import BanditModel, ContextualBanditModel
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
+from sandbox.exact.softmax import entropy_covariance_prediction
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective
@@ -175,6 +179,12 @@ class BanditTrainConfig:
     )
     off_policy_mask: float | None = arg(
         None, "drop A < 0 samples with log pi_old - log pi > this (None: off)"
+    )
+    grad_mass: bool = arg(False, "log the advantage-weighted gradient mass shares (sandbox.loss)")
+    entropy_law: bool = arg(
+        False,
+        "log each step's entropy change (entropy_change) and the entropy-covariance law's "
+        "first-order prediction from the step's logit change (entropy_change_pred)",
     )
     seed: int = arg(0, "base seed of the run's torch.Generator")
     device: str = arg("cpu", "torch device")
@@ -456,6 +466,7 @@ def bandit_update(
     generator: torch.Generator,
     validate: bool = True,
     off_policy_mask: float | None = None,
+    grad_mass: bool = False,
 ) -> UpdateStats:
     """mu epochs x minibatches optimizer steps of ``objective`` on one rollout, for all seeds.
 
@@ -479,13 +490,16 @@ def bandit_update(
         off_policy_mask: ``None`` or delta > 0: :class:`sandbox.loss.PolicyLoss`'s off-policy
             mask (a sample is a one-token sequence: dropped when A < 0 and
             ``log pi_old(a) - log pi(a) > delta``).
+        grad_mass: also log :func:`sandbox.loss.grad_mass_shares` (metrics only).
     """
     S, P, K = logits.shape
     N = rollout.size
     if N % minibatches:
         raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
     n = N // minibatches
-    loss_fn = PolicyLoss(objective, aggregation, off_policy_mask=off_policy_mask)
+    loss_fn = PolicyLoss(
+        objective, aggregation, off_policy_mask=off_policy_mask, grad_mass=grad_mass
+    )
     mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
     metric_sum: Tensor | None = None
     names: tuple[str, ...] = ()
@@ -579,6 +593,7 @@ def run_bandit(
     logits = task.initial_logits.expand(S, P, K).clone().requires_grad_(True)
     optimizer = make_optimizer(config.optimizer, [logits], config.lr)
     seed_hist = torch.empty(config.steps, len(SEED_COLUMNS), S, dtype=dtype, device=device)
+    law_hist = torch.empty(config.steps, 2, S, dtype=dtype, device=device)  # observed, predicted
     metric_hist: Tensor | None = None
     metric_names: tuple[str, ...] = ()
 
@@ -613,6 +628,7 @@ def run_bandit(
             generator=generator,
             validate=step == 0,
             off_policy_mask=config.off_policy_mask,
+            grad_mass=config.grad_mass,
         )
 
         # 4. log on device (no host sync inside the loop)
@@ -627,6 +643,12 @@ def run_bandit(
                 shape = (config.steps, len(metric_names), stats.metrics.shape[1])
                 metric_hist = torch.empty(shape, dtype=stats.metrics.dtype, device=device)
             metric_hist[step] = stats.metrics
+            if config.entropy_law:  # arXiv 2505.22617: dH ~ -Cov(log pi, dz), per prompt
+                after = torch.log_softmax(logits.detach(), -1)
+                h_after = -(after.exp() * after).sum(-1) @ task.prompt_probs
+                dz = logits.detach() - log_pi  # log_pi differs from the logits by a constant
+                pred = entropy_covariance_prediction(log_pi, dz) @ task.prompt_probs
+                law_hist[step] = torch.stack([h_after - entropy, pred])
         if progress and (step % max(1, config.steps // 20) == 0 or step == config.steps - 1):
             bar.set_postfix(expected_reward=f"{expected_reward.mean().item():.3f}")
         if callback is not None:
@@ -638,6 +660,9 @@ def run_bandit(
     metrics_np = metric_hist.cpu().numpy()
     for j, name in enumerate(metric_names):
         history[name] = np.broadcast_to(metrics_np[:, j], (config.steps, S))
+    if config.entropy_law:
+        law = law_hist.cpu().numpy()
+        history["entropy_change"], history["entropy_change_pred"] = law[:, 0], law[:, 1]
     final_logits = logits.detach() if task.contextual else logits.detach()[:, 0]
     return BanditRun(config, objective.name, aggregation, final_logits.clone(), history)
 

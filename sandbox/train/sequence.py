@@ -88,6 +88,9 @@ class SequenceTrainConfig:
     )
     top_entropy_quantile: float = arg(1.0, "keep the top-q share of tokens by entropy (1: off)")
     max_new_tokens: int | None = arg(None, "completion budget (None: the task's answer length + 1)")
+    eval_prompts: int = arg(0, "held-out prompts evaluated after the last step (0: none)")
+    eval_k: int = arg(1, "samples per held-out prompt (pass@1 = mean over the k samples)")
+    grad_mass: bool = arg(False, "log the advantage-weighted gradient mass shares (sandbox.loss)")
     temperature: float = arg(1.0, "sampling temperature")
     d_model: int = arg(32, "transformer width")
     n_layers: int = arg(2, "transformer layers")
@@ -103,9 +106,10 @@ class SequenceTrainConfig:
         if self.task not in available_tasks():
             raise ValueError(f"task must be one of {available_tasks()}, got {self.task!r}")
         make_task(self.task, **self.task_knobs)
-        for name in ("seeds", "steps", "prompts_per_step", "epochs", "minibatches"):
+        for name in ("seeds", "steps", "prompts_per_step", "epochs", "minibatches", "eval_k"):
             check_int(name, getattr(self, name))
         check_int("group_size", self.group_size)
+        check_int("eval_prompts", self.eval_prompts, 0)
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(
                 f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
@@ -182,7 +186,7 @@ class SequenceTrainer:
         self.loss_fn = PolicyLoss(
             self.objective, config.aggregation, kl_coef=config.kl_coef,
             entropy_coef=config.entropy_coef, off_policy_mask=config.off_policy_mask,
-            top_entropy_quantile=config.top_entropy_quantile,
+            top_entropy_quantile=config.top_entropy_quantile, grad_mass=config.grad_mass,
         )  # fmt: skip
         self.aggregation = self.loss_fn.mode
         S = config.seeds
@@ -205,21 +209,57 @@ class SequenceTrainer:
         self.steps_done = 0
 
     # -- rollout ----------------------------------------------------------------------------------
-    def _prompts(self) -> tuple[Tensor, Tensor, list[str]]:
-        cfg, tok = self.config, self.task.tokenizer
-        S, P = cfg.seeds, cfg.prompts_per_step
-        prompts, answers = self.task.sample_batch(self.rng, S * P)
+    def _encode(self, prompts: list[str], rows: int) -> tuple[Tensor, Tensor]:
+        """``S * B`` prompt strings -> left-padded ids and mask ``[S, B * rows, Tp]``, each
+        prompt repeated ``rows`` times in a row (a group, or the k samples of an evaluation)."""
+        tok, S = self.task.tokenizer, self.config.seeds
         encoded = [self.task.encode_prompt(p) for p in prompts]
         Tp = max(len(e) for e in encoded)
-        ids = np.full((S * P, Tp), tok.pad_id, dtype=np.int64)
-        mask = np.zeros((S * P, Tp), dtype=bool)
+        ids = np.full((len(encoded), Tp), tok.pad_id, dtype=np.int64)
+        mask = np.zeros((len(encoded), Tp), dtype=bool)
         for i, e in enumerate(encoded):  # left padding
             ids[i, Tp - len(e) :] = e
             mask[i, Tp - len(e) :] = True
+        B = len(encoded) // S
+        ids_t = torch.from_numpy(ids).view(S, B, 1, Tp).expand(S, B, rows, Tp).reshape(S, -1, Tp)
+        mask_t = torch.from_numpy(mask).view(S, B, 1, Tp).expand(S, B, rows, Tp).reshape(S, -1, Tp)
+        return ids_t.to(self.device), mask_t.to(self.device)
+
+    def _prompts(self) -> tuple[Tensor, Tensor, list[str]]:
+        cfg = self.config
         G = cfg.group_size
-        ids_t = torch.from_numpy(ids).view(S, P, 1, Tp).expand(S, P, G, Tp).reshape(S, P * G, Tp)
-        mask_t = torch.from_numpy(mask).view(S, P, 1, Tp).expand(S, P, G, Tp).reshape(S, -1, Tp)
-        return ids_t.to(self.device), mask_t.to(self.device), [a for a in answers for _ in range(G)]
+        prompts, answers = self.task.sample_batch(self.rng, cfg.seeds * cfg.prompts_per_step)
+        ids, mask = self._encode(prompts, G)
+        return ids, mask, [a for a in answers for _ in range(G)]
+
+    def held_out(self) -> tuple[list[str], list[str]]:
+        """The held-out problems: ``eval_prompts`` of them, fixed by ``seed`` alone (their own
+        random stream, so every rule and every step count sees the same set)."""
+        rng = np.random.default_rng([self.config.seed, 7919])
+        return self.task.sample_batch(rng, self.config.eval_prompts)
+
+    @torch.no_grad()
+    def evaluate(self) -> Tensor:
+        """Held-out pass@1 per seed ``[S]``: every seed's model samples ``eval_k`` completions
+        (temperature 1, the training sampler) for each held-out problem, in one batched call;
+        the share the verifier accepts. Sampling uses a generator of its own (seeded by
+        ``seed``), so evaluating leaves the training stream untouched."""
+        cfg, tok = self.config, self.task.tokenizer
+        prompts, answers = self.held_out()
+        ids, mask = self._encode(prompts * cfg.seeds, cfg.eval_k)
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 7919)
+        completion, completion_mask = self.model.generate(
+            ids,
+            mask,
+            max_new_tokens=self.max_new_tokens,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            generator=generator,
+            temperature=cfg.temperature,
+            allowed=self.allowed,
+        )
+        rows = [a for _ in range(cfg.seeds) for a in answers for _ in range(cfg.eval_k)]
+        return self._rewards(completion, completion_mask, rows).mean(-1)
 
     def _rewards(self, completion: Tensor, completion_mask: Tensor, answers: list[str]) -> Tensor:
         S, N, _ = completion.shape
@@ -341,6 +381,9 @@ def train_sequence(
         arr = torch.stack(values).cpu().numpy()
         data[k] = (arr if arr.ndim == 2 else np.repeat(arr[:, None], S, 1)).reshape(-1)
     frame = pd.DataFrame(data)
+    if config.eval_prompts:  # the final policy (after the last update), on the last step's rows
+        frame["eval_pass"] = np.nan
+        frame.loc[frame["step"] == steps - 1, "eval_pass"] = trainer.evaluate().cpu().numpy()
     frame["pass_rate"] = frame["reward"]
     frame["expected_reward"] = frame["reward"]
     frame.attrs.update(config=asdict(config), objective=trainer.objective.name,

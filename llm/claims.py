@@ -1,0 +1,213 @@
+"""The claims study CLI: the seed papers' claims (:mod:`sandbox.experiments.claims`) tested on
+every rung, calibrated and paired by seed (:mod:`sandbox.experiments.study`), with the ``llm``
+rung added here (``sandbox`` never imports ``llm``).
+
+Profiles: ``quick`` (CI-sized smoke: seconds, the tiny Llama on the llm rung), ``cpu`` (the toy
+rungs at full power: 16 paired seeds per rule), ``gpu`` (adds the llm rung on SmolLM2-135M,
+8 paired seeds per rule). Flags override a profile's values.
+
+Outputs in ``--out`` (default ``runs/claims-<profile>``; the committed study is
+``results/claims``): ``parts/`` (one parquet per finished run, written atomically: an interrupted
+study resumes and recomputes nothing finished), ``config.json`` (a folder made with other
+settings is refused, ``--force`` recomputes), ``results.parquet``, ``calibration.csv``,
+``scores.csv``, ``summary.csv``, ``ledger.csv``, ``power.csv``, ``agreement.csv``,
+``calibration.png``, ``mechanism.png``; with ``--doc PATH`` the write-up (docs/claims.md)::
+
+    python -m llm.claims --quick                                   # smoke, seconds
+    python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
+    python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
+    python -m llm.claims --tables-only --out results/claims --doc docs/claims.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+import llm.runs  # noqa: F401  (registers the llm run kind, in workers too)
+from sandbox.configs import add_arguments
+from sandbox.experiments.runs import RunSpec
+from sandbox.experiments.study import Rung, StudyConfig, register_rung, run_study, write_tables
+
+#: The llm rung's settings (``StudyConfig.extra`` overrides them).
+LLM_DEFAULTS: dict[str, Any] = {
+    "model": "smollm2-135m",
+    "digits": 3,
+    "steps": 100,
+    "lrs": [2e-6, 5e-6, 1e-5, 2e-5],
+    "prompts_per_step": 32,
+    "group_size": 8,
+    "max_new_tokens": 16,
+    "eval_every": 50,
+    "eval_prompts": 512,
+    "eval_k": 1,
+    "seeds": 8,
+}
+
+
+def llm_settings(config: StudyConfig) -> dict[str, Any]:
+    return {**LLM_DEFAULTS, **config.extra.get("llm", {})}
+
+
+def llm_spec(
+    config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int
+) -> RunSpec:
+    """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts)."""
+    s = llm_settings(config)
+    train = {
+        "model": s["model"],
+        "max_new_tokens": s["max_new_tokens"],
+        "eval_every": s["eval_every"],
+        "eval_prompts": s["eval_prompts"],
+        "eval_k": s["eval_k"],
+        "offline": True,
+        "save_model": False,
+        "progress": False,
+    }
+    if not config.paper_aggregation:
+        train["aggregation"] = "token-mean"
+    return RunSpec.make(
+        "llm",
+        f"addition-{s['digits']}",
+        rule,
+        seed=seed,
+        steps=steps,
+        lr=lr,
+        epochs=config.epochs,
+        minibatches=config.minibatches,
+        group_size=s["group_size"],
+        prompts_per_step=s["prompts_per_step"],
+        device=config.device,
+        definition={"task": "addition", "digits": s["digits"]},
+        train=train,
+    )
+
+
+register_rung(
+    Rung(
+        "llm",
+        llm_spec,
+        lambda c: llm_settings(c)["lrs"],
+        lambda c: llm_settings(c)["steps"],
+        replicates=False,
+        seeds=lambda c: llm_settings(c)["seeds"],
+        columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
+    )
+)
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "cpu": {},
+    "gpu": {"rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"], "device": "cuda"},
+    "quick": {
+        "rules": ["dapo", "nsr_dapo", "grpo", "gspo"],
+        "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
+        "seeds": 3,
+        "calib_seeds": 2,
+        "calib_steps": 2,
+        "bandit_steps": 4,
+        "bandit_lrs": [1.0, 4.0],
+        "tf_task": "bits",
+        "tf_knobs": {"op": "reverse", "length": 3},
+        "tf_steps": 2,
+        "tf_prompts_per_step": 2,
+        "tf_lrs": [1e-2],
+        "tf_eval_prompts": 8,
+        "tf_eval_k": 1,
+        "group_size": 4,
+        "extra": {
+            "llm": {
+                "model": "tiny",
+                "digits": 1,
+                "steps": 1,
+                "lrs": [1e-3],
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "max_new_tokens": 3,
+                "eval_every": 1,
+                "eval_prompts": 2,
+                "seeds": 3,
+            }
+        },
+    },
+}
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Namespace]:
+    parser = argparse.ArgumentParser(
+        prog="python -m llm.claims", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", default=None, help="output folder (default: runs/claims-PROFILE)")
+    parser.add_argument(
+        "--force", action="store_true", help="recompute a folder made with other settings"
+    )
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="named settings")
+    parser.add_argument("--quick", action="store_true", help="= --profile quick")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
+    parser.add_argument(
+        "--tables-only", action="store_true", help="rebuild the tables from OUT/parts"
+    )
+    parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
+    add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra"))
+    args = parser.parse_args(argv)
+    profile = "quick" if args.quick else args.profile
+    args.out = args.out or f"runs/claims-{profile}"
+    settings = dict(PROFILES[profile])
+    settings.update(
+        {
+            f.name: getattr(args, f.name)
+            for f in fields(StudyConfig)
+            if getattr(args, f.name, None) is not None
+        }
+    )
+    return StudyConfig(**settings), args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config, args = parse_args(argv)
+        if not args.tables_only:
+            config.validate()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    out = Path(args.out)
+    try:
+        if args.tables_only:
+            parts = sorted((out / "parts").glob("*.parquet"))
+            if not parts:
+                raise ValueError(f"--tables-only: no result parts in {out}/parts")
+            recorded = out / "config.json"
+            if recorded.exists():
+                config = StudyConfig(**json.loads(recorded.read_text()))
+            rows = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+            write_tables(rows, out, config)
+        else:
+            run_study(
+                config, out, progress=not args.no_progress, force=args.force, workers=args.workers
+            )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    ledger = pd.read_csv(out / "ledger.csv")
+    with pd.option_context("display.width", 220, "display.max_columns", 30):
+        cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
+        print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")
+    if args.doc:
+        from llm.claims_doc import write_doc
+
+        write_doc(out, Path(args.doc))
+    print(f"{time.perf_counter() - start:.0f} s; wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

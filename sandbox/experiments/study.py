@@ -1,0 +1,653 @@
+"""The claims study on the toy rungs: calibrate each rung, run every claim rule paired by seed,
+and test the claims (:mod:`.claims`) with paired intervals (:mod:`.evidence`).
+
+Two phases, both run specs (:mod:`.runs`) through the one planner (:class:`.planner.RunFolder`:
+resumable parts, progress bar, the refusal of a folder made with other settings):
+
+1. **Calibration** (parts ``calib__<rung>__lr=<lr>``): the reference rule ``dapo`` on a short grid
+   of step sizes, ``calib_seeds`` seeds, ``calib_steps`` steps (default: the rung's run length). Its clip share (``clip_low_frac +
+   clip_high_frac``, the objective's own Z_lo/Z_hi token shares, averaged over steps and seeds)
+   against the step size is the curve; :func:`pick_step_size` takes the grid point inside the
+   target band (default 5-10%) closest to its middle, else the one closest to the band.
+2. **Study** (parts ``study__<rung>__<rule>__lr=<lr>``): every rule at the rung's calibrated step
+   size, ``seeds`` paired seeds. The same aggregation for every rule (``token-mean``; the papers'
+   own with ``paper_aggregation``).
+
+Pairing: a seed fixes the prompts, the held-out set and the initial model for every rule on a rung.
+On the toy rungs the ``seeds`` paired seeds are the replicates of one vectorised run (replicate
+``s`` of every rule starts from the same weights and sees the same prompt stream and the same first
+rollout: ``tests/test_experiments_study.py`` checks it); the exact flow is deterministic (one
+"seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed.
+
+Per run (rung, rule, seed) the scores are the metrics of :mod:`.claims`: ``final_pass`` (bandits:
+the exact expected reward of the last logged policy; ``tiny_tf``: held-out pass@1 of the final
+model on ``tf_eval_prompts`` problems fixed by the seed, ``tf_eval_k`` samples each), ``reward_auc``
+(mean per-step training reward), ``final_entropy``; and the mechanism columns: ``clip_frac``,
+``rescue_frac`` and the advantage-weighted gradient mass shares (:func:`sandbox.loss.grad_mass_shares`:
+``grad_mass_zero_lo``, ``grad_mass_zero_hi``, ``grad_mass_rescued``), averaged over steps.
+
+The ``llm`` rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) with
+:func:`register_rung`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sandbox.configs import arg
+
+from . import evidence
+from .claims import CLAIMS, Claim, claim_rules, ledger, power_lines
+from .planner import Job, RunFolder
+from .results import part_name, read_parts, write_parquet_atomic
+from .runs import RunSpec, objective_of, run_specs
+
+#: The reference rule every rung is calibrated with.
+REFERENCE = "dapo"
+#: A rule whose gap is a step-size effect (its bounds are 1e3 x narrower): rank agreement is
+#: reported with and without it.
+STEP_SIZE_RULE = "gspo"
+#: The smallest effect of interest per metric (the power line and the "contradicted" margin):
+#: 0.02 pass@1 (a gap a paper would report), 0.05 nats of entropy.
+MARGINS = {"final_pass": 0.02, "reward_auc": 0.02, "final_entropy": 0.05}
+#: Rules whose clip share stays below this are flagged: their bounds never bind.
+NEVER_BINDS = 1e-3
+#: Mechanism columns averaged per run (the loss's gradient-mass metrics, the objective's shares).
+MECHANISM = (
+    "clip_frac",
+    "rescue_frac",
+    "grad_mass_zero_lo",
+    "grad_mass_zero_hi",
+    "grad_mass_rescued",
+)
+ROW_COLUMNS = (
+    "pass_rate",
+    "train_reward",
+    "eval_pass",
+    "entropy",
+    "clip_low_frac",
+    "clip_high_frac",
+    "rescue_frac",
+    "grad_mass_zero_lo",
+    "grad_mass_zero_hi",
+    "grad_mass_rescued",
+    "entropy_change",
+    "entropy_change_pred",
+)
+
+
+@dataclass
+class StudyConfig:
+    """Settings of the claims study; every field is a flag of ``python -m llm.claims``."""
+
+    rules: list[str] = arg([*claim_rules(), STEP_SIZE_RULE], "rules (default: every claim's)")
+    rungs: list[str] = arg(["bandit_exact", "bandit_sampled", "tiny_tf"], "rungs, cheapest first")
+    seeds: int = arg(16, "paired seeds per rule (exact flow: 1)")
+    epochs: int = arg(2, "mu: passes over each batch (all rungs)")
+    minibatches: int = arg(2, "optimizer steps per epoch (all rungs)")
+    group_size: int = arg(8, "G on the toy rungs")
+    paper_aggregation: bool = arg(False, "each rule's own aggregation (default: token-mean)")
+    target_low: float = arg(0.05, "calibration: lowest clip share of dapo")
+    target_high: float = arg(0.10, "calibration: highest clip share of dapo")
+    calib_seeds: int = arg(4, "calibration seeds per step size")
+    calib_steps: int = arg(
+        0,
+        "calibration steps (0: the rung's own run length; the clip share falls as the policy "
+        "sharpens, so a shorter window overstates it)",
+    )
+    bandit_setting: str = arg("mixed", "envs.make_bandit_suite name")
+    bandit_steps: int = arg(60, "bandit steps")
+    bandit_prompts_per_step: int = arg(4, "groups per bandit step")
+    bandit_lrs: list[float] = arg(
+        [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], "bandit step-size grid (SGD)"
+    )
+    tf_task: str = arg("mod_arith", "tiny_tf task (envs.reasoning)")
+    tf_knobs: dict[str, Any] = arg({"steps": 2}, "tiny_tf task knobs")
+    tf_steps: int = arg(40, "tiny_tf steps")
+    tf_prompts_per_step: int = arg(4, "tiny_tf prompts per step")
+    tf_lrs: list[float] = arg([1e-3, 3e-3, 1e-2], "tiny_tf step-size grid (Adam)")
+    tf_epochs: int = arg(
+        4,
+        "mu on tiny_tf: epochs (x minibatches); 2 x 2 left dapo's clip share below 4%% at "
+        "every step size tried, so this rung calibrates with more passes",
+    )
+    tf_eval_prompts: int = arg(512, "tiny_tf held-out problems (fixed by the seed)")
+    tf_eval_k: int = arg(2, "tiny_tf samples per held-out problem")
+    extra: dict[str, Any] = arg({}, "settings of rungs registered elsewhere (llm.claims)")
+    device: str = arg("cpu", "cpu | cuda")
+
+    def __post_init__(self) -> None:
+        for name in ("bandit_lrs", "tf_lrs"):  # the CLI gives strings
+            try:
+                values = [float(v) for v in getattr(self, name)]
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be numbers, got {getattr(self, name)!r}") from None
+            if not values or not all(math.isfinite(v) and v > 0 for v in values):
+                raise ValueError(f"{name} must be finite numbers > 0, got {values}")
+            setattr(self, name, values)
+
+    def validate(self) -> None:
+        """``ValueError`` naming the first bad field."""
+        for name in self.rules:
+            objective_of(name)  # ValueError listing the valid names
+        if REFERENCE not in self.rules:
+            raise ValueError(f"rules must include the reference rule {REFERENCE!r}")
+        for rung in self.rungs:
+            if rung not in RUNGS:
+                raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
+        for name in ("seeds", "epochs", "minibatches", "group_size", "calib_seeds", "tf_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.calib_steps < 0:
+            raise ValueError(
+                f"calib_steps must be >= 0 (0: the run length), got {self.calib_steps}"
+            )
+        if not 0 <= self.target_low < self.target_high <= 1:
+            raise ValueError(
+                f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
+                f"{self.target_low}, {self.target_high}"
+            )
+        if self.epochs * self.minibatches < 2:
+            raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
+
+    def fields_of_parts(self) -> dict[str, Any]:
+        """What every part depends on besides its name (rung, rule, step size, base seed): a
+        folder's parts are reused only while these are unchanged. The step-size grids are not
+        among them: a grid that grows reuses the calibration runs it keeps."""
+        skip = ("rules", "rungs", "bandit_lrs", "tf_lrs")
+        return {k: v for k, v in asdict(self).items() if k not in skip}
+
+
+@dataclass(frozen=True)
+class Rung:
+    """A rung: its run kind's spec for (rule, step size, seeds, steps, base seed), its step-size
+    grid, its training length, whether one spec trains all paired seeds (``replicates``), and
+    which of the kind's columns are the study's ``pass_rate`` and ``train_reward``."""
+
+    name: str
+    spec: Callable[[StudyConfig, str, float, int, int, int], RunSpec]
+    grid: Callable[[StudyConfig], list[float]]
+    steps: Callable[[StudyConfig], int]
+    replicates: bool = True
+    deterministic: bool = False
+    seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
+    columns: tuple[tuple[str, str], ...] = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
+
+
+RUNGS: dict[str, Rung] = {}
+
+
+def register_rung(rung: Rung) -> Rung:
+    """Add a rung to the study (``llm.claims`` adds ``llm``)."""
+    RUNGS[rung.name] = rung
+    return rung
+
+
+def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
+    aggregation = None if config.paper_aggregation else "token-mean"
+    return {
+        "epochs": config.epochs,
+        "minibatches": config.minibatches,
+        "device": config.device,
+        "train": {"aggregation": aggregation, "grad_mass": True},
+    }
+
+
+def _bandit(kind: str) -> Callable[..., RunSpec]:
+    def spec(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int):
+        exact = kind == "bandit_exact"
+        shared = _shared(config, rule)
+        if exact:  # the flow takes neither aggregation nor gradient-mass flags
+            shared.pop("train")
+        else:
+            shared["train"]["entropy_law"] = True
+        return RunSpec.make(
+            kind,
+            config.bandit_setting,
+            rule,
+            **shared,
+            seed=seed,
+            seeds=1 if exact else seeds,
+            steps=steps,
+            group_size=config.group_size,
+            optimizer="sgd",
+            lr=lr,
+            prompts_per_step=config.bandit_prompts_per_step,
+        )
+
+    return spec
+
+
+def _tiny_tf(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int):
+    shared = {**_shared(config, rule), "epochs": config.tf_epochs}
+    shared["train"].update(eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k)
+    knobs = "-".join(f"{k}{v}" for k, v in sorted(config.tf_knobs.items()))
+    return RunSpec.make(
+        "tiny_tf",
+        f"{config.tf_task}-{knobs}",
+        rule,
+        **shared,
+        seed=seed,
+        seeds=seeds,
+        steps=steps,
+        group_size=config.group_size,
+        prompts_per_step=config.tf_prompts_per_step,
+        lr=lr,
+        definition={"task": config.tf_task, **config.tf_knobs},
+    )
+
+
+register_rung(
+    Rung(
+        "bandit_exact",
+        _bandit("bandit_exact"),
+        lambda c: c.bandit_lrs,
+        lambda c: c.bandit_steps,
+        deterministic=True,
+        columns=(("pass_rate", "expected_reward"), ("train_reward", "expected_reward")),
+    )
+)
+register_rung(
+    Rung(
+        "bandit_sampled",
+        _bandit("bandit_sampled"),
+        lambda c: c.bandit_lrs,
+        lambda c: c.bandit_steps,
+        columns=(("pass_rate", "expected_reward"), ("train_reward", "reward")),
+    )
+)
+register_rung(Rung("tiny_tf", _tiny_tf, lambda c: c.tf_lrs, lambda c: c.tf_steps))
+
+
+def rung_rules(config: StudyConfig, rung: str) -> list[str]:
+    """The rules a rung runs: the exact flow only those with an exact flow (not clip_cov,
+    kl_cov: their batch ranking has no closed-form expectation)."""
+    if not RUNGS[rung].deterministic:
+        return list(config.rules)
+    return [r for r in config.rules if objective_of(r).has_expected_coef()]
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+def calibration_jobs(config: StudyConfig) -> list[tuple[str, str, float, int]]:
+    """(phase, rung, rule, lr, base seed) of every calibration run."""
+    return [
+        ("calib", rung, REFERENCE, lr, 0)
+        for rung in config.rungs
+        for lr in RUNGS[rung].grid(config)
+    ]
+
+
+def study_jobs(config: StudyConfig, step_sizes: dict[str, float]) -> list[tuple]:
+    """(phase, rung, rule, lr, base seed) of every study run; a rung without replicates runs one
+    spec per seed."""
+    out = []
+    for rung in config.rungs:
+        r = RUNGS[rung]
+        seeds = [0] if r.replicates else range(r.seeds(config) if r.seeds else config.seeds)
+        out += [
+            ("study", rung, r, step_sizes[rung], s) for s in seeds for r in rung_rules(config, rung)
+        ]
+    return out
+
+
+def job_part(job: tuple) -> str:
+    phase, rung, rule, lr, seed = job
+    return part_name(phase, rung, rule, f"lr={lr!r}", f"s{seed}")
+
+
+def job_spec(config: StudyConfig, job: tuple) -> RunSpec:
+    phase, rung, rule, lr, seed = job
+    r = RUNGS[rung]
+    if phase == "calib":
+        steps = config.calib_steps or r.steps(config)
+        return r.spec(config, rule, lr, config.calib_seeds, steps, seed)
+    return r.spec(config, rule, lr, 1 if not r.replicates else config.seeds, r.steps(config), seed)
+
+
+def run_job(config: StudyConfig, job: tuple) -> list[pd.DataFrame]:
+    """One run as the study's tidy rows: phase, rung, rule, lr, seed (paired id), step and
+    :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
+    phase, rung, rule, lr, base = job
+    [frame] = run_specs([job_spec(config, job)])
+    if RUNGS[rung].replicates:  # replicate s -> base + s (the flow's -1 -> base)
+        seed = frame["seed"].clip(lower=0) + base
+    else:  # one seed per spec: the kind logs the spec's own seed
+        seed = pd.Series(base, index=frame.index)
+    rows = pd.DataFrame({"phase": phase, "rung": rung, "rule": rule, "lr": lr, "seed": seed})
+    rows["step"] = frame["step"]
+    renamed = dict(RUNGS[rung].columns)
+    for name in ROW_COLUMNS:
+        column = renamed.get(name, name)
+        rows[name] = frame[column].astype(float) if column in frame else np.nan
+    return [rows]
+
+
+def _run(folder: RunFolder, config: StudyConfig, jobs: list[tuple], desc: str, **kw: Any) -> None:
+    todo = [
+        Job("/".join(map(str, j[1:])), (job_part(j),), (config, j))
+        for j in jobs
+        if not folder.done(job_part(j))
+    ]
+    folder.run(run_job, todo, total=len(jobs), desc=desc, **kw)
+
+
+def run_study(
+    config: StudyConfig,
+    out: str | Path,
+    *,
+    progress: bool = True,
+    force: bool = False,
+    workers: int | None = None,
+) -> pd.DataFrame:
+    """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows."""
+    config.validate()
+    folder = RunFolder(out, config.fields_of_parts(), contents=asdict(config), force=force)
+    calib = calibration_jobs(config)
+    kw = {"progress": progress, "workers": workers}
+    _run(folder, config, calib, "calibration", **kw)
+    rows = read_parts(folder.parts)
+    step_sizes = calibrate(rows, config)
+    jobs = study_jobs(config, step_sizes)
+    _run(folder, config, jobs, "claims", **kw)
+    wanted = {job_part(j) for j in calib + jobs}
+    files = [f for f in sorted(folder.parts.glob("*.parquet")) if f.name in wanted]
+    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    write_tables(rows, folder.out, config)
+    return rows
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+
+def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (rung, lr): the reference rule's clip share (mean over steps and seeds) and the mean
+    pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the seeds
+    of a run (one value per step, repeated on every seed's row)."""
+    calib = rows[rows["phase"] == "calib"].copy()
+    calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
+    per_seed = calib.groupby(["rung", "lr", "seed"], as_index=False)[
+        ["clip_share", "pass_rate"]
+    ].mean()
+    g = per_seed.groupby(["rung", "lr"], as_index=False)
+    return g.agg(
+        clip_share=("clip_share", "mean"),
+        pass_rate=("pass_rate", "mean"),
+        seeds=("seed", "nunique"),
+    )
+
+
+def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> float:
+    """The step size of ``curve`` (columns ``lr``, ``clip_share``) whose clip share lies in
+    ``[low, high]`` closest to the band's middle; with none inside, the one closest to the band."""
+    if curve.empty:
+        raise ValueError("curve: no calibration points")
+    share = curve["clip_share"].to_numpy(float)
+    inside = (share >= low) & (share <= high)
+    distance = np.where(
+        inside, np.abs(share - (low + high) / 2), np.maximum(low - share, share - high) + 1
+    )
+    return float(curve["lr"].to_numpy(float)[int(np.nanargmin(distance))])
+
+
+def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, float]:
+    """The calibrated step size of each rung of ``config``."""
+    curve = calibration_curve(rows)
+    out = {}
+    for rung in config.rungs:
+        part = curve[(curve["rung"] == rung) & curve["lr"].isin(RUNGS[rung].grid(config))]
+        out[rung] = pick_step_size(part, config.target_low, config.target_high)
+    return out
+
+
+# -- analysis ---------------------------------------------------------------------------------
+
+
+def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns."""
+    study = rows[rows["phase"] == "study"].sort_values("step")
+    study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
+    trained = study[study["step"] > 0]  # the llm's step 0 only evaluates
+    g = trained.groupby(["rung", "rule", "seed"], sort=False)
+    scores = g.agg(
+        lr=("lr", "first"),
+        reward_auc=("train_reward", "mean"),
+        final_entropy=("entropy", "last"),
+        **{m: (m, "mean") for m in MECHANISM},
+    ).reset_index()
+    final = study.dropna(subset=["pass_rate"]).groupby(["rung", "rule", "seed"])["pass_rate"].last()
+    held_out = (
+        study.dropna(subset=["eval_pass"]).groupby(["rung", "rule", "seed"])["eval_pass"].last()
+    )
+    final = held_out.combine_first(final).rename("final_pass")
+    return scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
+
+
+def study_ledger(scores: pd.DataFrame, claims: Sequence[Claim] = CLAIMS) -> pd.DataFrame:
+    """:func:`.claims.ledger` with the study's margins. On a deterministic rung (one exact run)
+    the difference is exact: its interval has zero width, so :func:`.evidence.verdict` gives
+    supported for any gap on the claimed side and contradicted otherwise; the reason says
+    when the exact gap is below the margin. ``below_margin``: the whole interval (the exact
+    gap) lies within +- the margin: whatever the verdict, the effect is too small to matter."""
+    table = ledger(scores, claims, margins=MARGINS)
+    for i, row in table.iterrows():
+        if row["rung"] in RUNGS and RUNGS[row["rung"]].deterministic and row["seeds"] == 1:
+            d = float(row["estimate"])
+            exact = evidence.PairedDifference(d, d, d, 0.0, 1)
+            verdict, _ = evidence.verdict(exact, row["direction"], row["margin"])
+            small = abs(d) < row["margin"]
+            reason = "exact difference" + (f", below the margin {row['margin']:g}" if small else "")
+            table.loc[i, ["verdict", "reason"]] = verdict, reason
+    if len(table):  # every effect the interval allows (the exact gap) is smaller than the margin
+        lo = table["lo"].fillna(table["estimate"].where(table["seeds"] == 1))
+        hi = table["hi"].fillna(table["estimate"].where(table["seeds"] == 1))
+        table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
+    return table
+
+
+def auc_claims(claims: Sequence[Claim] = CLAIMS) -> list[Claim]:
+    """The ``final_pass`` claims restated on ``reward_auc`` (the area under the training-reward
+    curve: it separates rules that all end near a saturated optimum by how fast they got there)."""
+    return [replace(c, metric="reward_auc") for c in claims if c.metric == "final_pass"]
+
+
+def rung_power(scores: pd.DataFrame) -> pd.DataFrame:
+    """The power line of every rung with paired seeds, for every metric with a margin."""
+    sampled = scores[scores.groupby("rung")["seed"].transform("nunique") > 1]
+    frames = [power_lines(sampled, m, MARGINS[m]) for m in MARGINS if sampled[m].notna().any()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def rank_agreement(
+    scores: pd.DataFrame, metric: str = "final_pass", draws: int = 1000
+) -> pd.DataFrame:
+    """Tau-b (near-ties within the paired 95% interval count as ties) between the rule orders
+    of every pair of rungs, with a bootstrap interval over seeds, with and without
+    :data:`STEP_SIZE_RULE`."""
+    tables = {
+        r: s.pivot_table(index="seed", columns="rule", values=metric)
+        for r, s in scores.groupby("rung", sort=False)
+    }
+    ladder = list(RUNGS)
+    rungs = sorted(tables, key=lambda r: ladder.index(r) if r in ladder else len(ladder))
+    rows = []
+    for i, a in enumerate(rungs):
+        for b in rungs[i + 1 :]:
+            common = sorted(set(tables[a].columns) & set(tables[b].columns))
+            for without in (False, True):
+                rules = [r for r in common if not (without and r == STEP_SIZE_RULE)]
+                if len(rules) < 3:
+                    continue
+                tau, lo, hi = evidence.tau_b_interval(
+                    tables[a][rules].to_numpy(), tables[b][rules].to_numpy(), tol=1e-6, draws=draws
+                )
+                rows.append(
+                    {
+                        "metric": metric,
+                        "rung_a": a,
+                        "rung_b": b,
+                        "without": STEP_SIZE_RULE if without else "",
+                        "rules": len(rules),
+                        "tau_b": tau,
+                        "lo": lo,
+                        "hi": hi,
+                    }
+                )
+    columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per (rung, rule): seeds, the metrics' means, the mechanism columns, and ``never_binds``:
+    a rule that reports clip shares whose bounds (almost) never bound (below
+    :data:`NEVER_BINDS`); NaN ``clip_frac``: the rule reports none (no bounds, e.g. unclipped,
+    KL-Cov's penalty)."""
+    cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
+    out = scores.groupby(["rung", "rule"], sort=False)[cols].mean().reset_index()
+    out.insert(
+        2, "seeds", scores.groupby(["rung", "rule"], sort=False)["seed"].nunique().to_numpy()
+    )
+    out["lr"] = scores.groupby(["rung", "rule"], sort=False)["lr"].first().to_numpy()
+    out["never_binds"] = out["clip_frac"] < NEVER_BINDS  # NaN (no bounds reported): False
+    return out
+
+
+def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mechanism check (a), per (rung, rule) where logged: the observed per-step entropy change
+    against the entropy-covariance law's first-order prediction from the same step's logit
+    change, over every step and seed: means, correlation, least-squares slope (1 where the law
+    holds) and the RMS of observed - predicted."""
+    study = rows[(rows["phase"] == "study")].dropna(
+        subset=["entropy_change", "entropy_change_pred"]
+    )
+    out = []
+    for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
+        obs, pred = g["entropy_change"].to_numpy(), g["entropy_change_pred"].to_numpy()
+        out.append(
+            {
+                "rung": rung,
+                "rule": rule,
+                "points": len(g),
+                "observed_mean": obs.mean(),
+                "predicted_mean": pred.mean(),
+                "corr": float(np.corrcoef(obs, pred)[0, 1]),
+                "slope": float(np.dot(pred, obs) / np.dot(pred, pred)),
+                "rms_error": float(np.sqrt(np.mean((obs - pred) ** 2))),
+            }
+        )
+    columns = [
+        "rung",
+        "rule",
+        "points",
+        "observed_mean",
+        "predicted_mean",
+        "corr",
+        "slope",
+        "rms_error",
+    ]
+    return pd.DataFrame(out, columns=columns)
+
+
+def write_tables(
+    rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
+) -> dict[str, pd.DataFrame]:
+    """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
+    agreement) and the figures; returns the tables."""
+    out = Path(out)
+    write_parquet_atomic(rows, out / "results.parquet")
+    scores = run_scores(rows)
+    tables = {
+        "calibration": calibration_curve(rows),
+        "scores": scores,
+        "summary": rule_summary(scores),
+        "ledger": study_ledger(scores),
+        "ledger_auc": study_ledger(scores, auc_claims()),
+        "entropy_law": entropy_law(rows),
+        "power": rung_power(scores),
+        "agreement": pd.concat(
+            [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
+        ),
+    }
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False)
+    plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
+    plot_mechanism(tables["summary"], out / "mechanism.png")
+    return tables
+
+
+def plot_calibration(
+    curve: pd.DataFrame, summary: pd.DataFrame, path: Path, config: StudyConfig | None
+) -> None:
+    """dapo's clip share against the step size per rung, the target band shaded, the chosen
+    step size marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rungs = list(dict.fromkeys(curve["rung"]))
+    fig, axes = plt.subplots(
+        1, max(len(rungs), 1), figsize=(4 * max(len(rungs), 1), 3.2), squeeze=False
+    )
+    low, high = (config.target_low, config.target_high) if config else (0.05, 0.10)
+    for ax, rung in zip(axes[0], rungs, strict=False):
+        c = curve[curve["rung"] == rung].sort_values("lr")
+        ax.plot(c["lr"], c["clip_share"], marker="o")
+        ax.axhspan(low, high, color="tab:green", alpha=0.15)
+        chosen = summary.loc[summary["rung"] == rung, "lr"]
+        if len(chosen):
+            ax.axvline(chosen.iloc[0], color="k", ls="--", lw=1)
+        ax.set(title=rung, xlabel="step size", ylabel="dapo clip share")
+        if c["lr"].nunique() > 1:
+            ax.set_xscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
+    """Per rung and rule: the shares of the unclipped gradient mass discarded (Z_lo, Z_hi) and
+    rescued, stacked bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summary.dropna(subset=["grad_mass_zero_lo"]).sort_values("rule")  # the flow has none
+    rungs = list(dict.fromkeys(summary["rung"]))
+    fig, axes = plt.subplots(
+        1, max(len(rungs), 1), figsize=(4.5 * max(len(rungs), 1), 3.6), squeeze=False
+    )
+    for ax, rung in zip(axes[0], rungs, strict=False):
+        s = summary[summary["rung"] == rung]
+        x = np.arange(len(s))
+        bottom = np.zeros(len(s))
+        for col, label in (
+            ("grad_mass_zero_lo", "discarded Z_lo"),
+            ("grad_mass_zero_hi", "discarded Z_hi"),
+            ("grad_mass_rescued", "rescued"),
+        ):
+            v = s[col].fillna(0).to_numpy()
+            ax.bar(x, v, bottom=bottom, label=label)
+            bottom += v
+        ax.set_xticks(x, s["rule"], rotation=60, ha="right", fontsize=7)
+        ax.set(title=rung, ylabel="share of |r A| mass")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def fmt_interval(estimate: float, lo: float, hi: float) -> str:
+    """``+0.012 [-0.003, +0.027]`` (the estimate alone without an interval)."""
+    if not math.isfinite(lo):
+        return f"{estimate:+.4f}"
+    return f"{estimate:+.4f} [{lo:+.4f}, {hi:+.4f}]"
