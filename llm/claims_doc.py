@@ -164,20 +164,10 @@ def learning_curve(results: Path, rung: str, rule: str) -> str:
     return f"{rule}'s mean sampled pass rate: {said}"
 
 
-def write_doc(out: Path, path: Path) -> None:
-    """Write the page ``path`` from the tables in ``out``."""
-    read = {
-        n: pd.read_csv(out / f"{n}.csv")
-        for n in (
-            "calibration",
-            "summary",
-            "ledger",
-            "ledger_auc",
-            "power",
-            "agreement",
-            "entropy_law",
-        )
-    }
+def read_tables(out: Path) -> dict[str, pd.DataFrame]:
+    """The study's tables in ``out``, rungs in ladder order and claims in ledger order."""
+    names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
+    read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
     order = {rung: i for i, rung in enumerate(RUNGS)}
     claim_order = {c.name: i for i, c in enumerate(CLAIMS)}
     for name in ("summary", "ledger", "ledger_auc", "power"):
@@ -191,13 +181,13 @@ def write_doc(out: Path, path: Path) -> None:
             ),
             kind="stable",
         )
-    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
-    rel = os.path.relpath(out, path.parent)
-    cal, summ, led, power, agree = (
-        read[n] for n in ("calibration", "summary", "ledger", "power", "agreement")
-    )
+    return read
+
+
+def calibration_rows(cal: pd.DataFrame, summ: pd.DataFrame) -> pd.DataFrame:
+    """The calibration curve as printed, the chosen step size of each rung marked."""
     chosen = summ.groupby("rung", sort=False)["lr"].first()
-    cal_rows = cal.assign(
+    return cal.assign(
         chosen=[
             "**←**" if chosen.get(r) == lr else ""
             for r, lr in zip(cal["rung"], cal["lr"], strict=True)
@@ -205,7 +195,11 @@ def write_doc(out: Path, path: Path) -> None:
         clip_share=cal["clip_share"].map(_pct),
         pass_rate=cal["pass_rate"].map(lambda x: _num(x, 3)),
     )[["rung", "lr", "clip_share", "pass_rate", "seeds", "chosen"]]
-    rules_rows = summ.assign(
+
+
+def rule_rows(summ: pd.DataFrame) -> pd.DataFrame:
+    """Per rung and rule: the metrics, clip share and gradient-mass shares as printed."""
+    return summ.assign(
         final_pass=summ["final_pass"].map(lambda x: _num(x, 3)),
         reward_auc=summ["reward_auc"].map(lambda x: _num(x, 3)),
         final_entropy=summ["final_entropy"].map(lambda x: _num(x, 3)),
@@ -233,14 +227,22 @@ def write_doc(out: Path, path: Path) -> None:
             "binds",
         ]
     ]
-    power_rows = power.assign(
+
+
+def power_rows(power: pd.DataFrame) -> pd.DataFrame:
+    """The power lines as printed."""
+    return power.assign(
         residual_sd=power["residual_sd"].map(_num),
         diff_sd=power["diff_sd"].map(_num),
         seeds_needed=power["seeds_needed"].map(
             lambda x: "n/a" if not math.isfinite(x) else str(int(x))
         ),
     )[["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin", "seeds_needed"]]
-    agree_rows = agree.assign(
+
+
+def agreement_rows(agree: pd.DataFrame) -> pd.DataFrame:
+    """The rank agreement between rungs as printed (tau-b with its bootstrap interval)."""
+    return agree.assign(
         without=agree["without"].fillna("").map(lambda w: f"without {w}" if w else "all rules"),
         tau=[
             fmt_interval(t, lo, hi)
@@ -249,6 +251,14 @@ def write_doc(out: Path, path: Path) -> None:
             for t, lo, hi in zip(agree["tau_b"], agree["lo"], agree["hi"], strict=True)
         ],
     )[["metric", "rung_a", "rung_b", "without", "rules", "tau"]]
+
+
+def write_doc(out: Path, path: Path) -> None:
+    """Write the page ``path`` from the tables in ``out``."""
+    read = read_tables(out)
+    config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    summ, led, law = read["summary"], read["ledger"], read["entropy_law"]
+    agree = agreement_rows(read["agreement"])
     claims = pd.DataFrame(
         [
             (c.name, c.rule_a, c.rule_b, c.metric, c.direction, f"{c.source}, {c.where}")
@@ -256,34 +266,25 @@ def write_doc(out: Path, path: Path) -> None:
         ],
         columns=["claim", "A", "B", "metric", "A is", "source"],
     )
-    margins = ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items())
+    numbers = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
     text = TEMPLATE.format(
-        rel=rel,
+        rel=os.path.relpath(out, path.parent),
         provenance=PROVENANCE,
         config="\n".join(f"    {k}: {v}" for k, v in config.items()),
         claims=_table(claims),
-        calibration=_table(cal_rows),
+        calibration=_table(calibration_rows(read["calibration"], summ)),
         ledger=ledger_section(led),
         ledger_auc=ledger_section(read["ledger_auc"]),
-        entropy_law=_table(
-            read["entropy_law"].assign(
-                **{
-                    c: read["entropy_law"][c].map(_num)
-                    for c in ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
-                }
-            )
-        )
-        if len(read["entropy_law"])
+        entropy_law=_table(law.assign(**{c: law[c].map(_num) for c in numbers}))
+        if len(law)
         else "(not logged)",
         summary=summary_text(led, summ, "On each claim's own metric:")
         + "\n\n"
         + summary_text(read["ledger_auc"], None, "On `reward_auc` (the pass-rate claims):"),
-        rules=_table(rules_rows),
-        power=_table(power_rows),
-        agreement=_table(agree_rows)
-        if len(agree_rows)
-        else "(fewer than two rungs with 3 rules in common)",
-        margins=margins,
+        rules=_table(rule_rows(summ)),
+        power=_table(power_rows(read["power"])),
+        agreement=_table(agree) if len(agree) else "(fewer than two rungs with 3 rules in common)",
+        margins=", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         step_size_rule=STEP_SIZE_RULE,
         gpu=GPU_COMMAND,
         transfer=transfer_section(Path("results/transfer/scores.csv")),
