@@ -154,9 +154,12 @@ class SequenceTrainConfig:
     def model_config(self) -> TransformerConfig:
         task = make_task(self.task, **self.task_knobs)
         return TransformerConfig(
-            vocab_size=task.tokenizer.vocab_size, d_model=self.d_model, n_layers=self.n_layers,
-            n_heads=self.n_heads, max_len=task.max_prompt_tokens + self.completion_budget(),
-        )  # fmt: skip
+            vocab_size=task.tokenizer.vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            max_len=task.max_prompt_tokens + self.completion_budget(),
+        )
 
 
 @dataclass
@@ -184,10 +187,14 @@ class SequenceTrainer:
         self.task = make_task(config.task, **config.task_knobs)
         self.objective = config.build_objective()
         self.loss_fn = PolicyLoss(
-            self.objective, config.aggregation, kl_coef=config.kl_coef,
-            entropy_coef=config.entropy_coef, off_policy_mask=config.off_policy_mask,
-            top_entropy_quantile=config.top_entropy_quantile, grad_mass=config.grad_mass,
-        )  # fmt: skip
+            self.objective,
+            config.aggregation,
+            kl_coef=config.kl_coef,
+            entropy_coef=config.entropy_coef,
+            off_policy_mask=config.off_policy_mask,
+            top_entropy_quantile=config.top_entropy_quantile,
+            grad_mass=config.grad_mass,
+        )
         self.aggregation = self.loss_fn.mode
         S = config.seeds
         self.model = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
@@ -278,10 +285,15 @@ class SequenceTrainer:
         G = cfg.group_size
         prompt, prompt_mask, answers = self._prompts()  # answers: one per row, [S * N]
         completion, completion_mask = self.model.generate(
-            prompt, prompt_mask, max_new_tokens=self.max_new_tokens,
-            eos_id=self.task.tokenizer.eos_id, pad_id=self.task.tokenizer.pad_id,
-            generator=self.generator, temperature=cfg.temperature, allowed=self.allowed,
-        )  # fmt: skip
+            prompt,
+            prompt_mask,
+            max_new_tokens=self.max_new_tokens,
+            eos_id=self.task.tokenizer.eos_id,
+            pad_id=self.task.tokenizer.pad_id,
+            generator=self.generator,
+            temperature=cfg.temperature,
+            allowed=self.allowed,
+        )
         rewards = self._rewards(completion, completion_mask, answers)
         adv = seed_advantages(rewards, G, cfg.advantage)
         logp_old, entropy = self.model.completion_logp(
@@ -292,8 +304,17 @@ class SequenceTrainer:
             logp_ref, _ = self.reference.completion_logp(
                 prompt, prompt_mask, completion, completion_mask, self.allowed
             )
-        return SequenceBatch(prompt, prompt_mask, completion, completion_mask, rewards, adv,
-                             logp_old, logp_ref, entropy)  # fmt: skip
+        return SequenceBatch(
+            prompt,
+            prompt_mask,
+            completion,
+            completion_mask,
+            rewards,
+            adv,
+            logp_old,
+            logp_ref,
+            entropy,
+        )
 
     # -- update -----------------------------------------------------------------------------------
     @property
@@ -314,12 +335,17 @@ class SequenceTrainer:
             return None if x is None else x.reshape(S * n, -1)
 
         out = self.loss_fn(
-            flat(logp), flat(batch.logp_old[:, rows]), flat(batch.adv[:, rows]), flat(cmask),
+            flat(logp),
+            flat(batch.logp_old[:, rows]),
+            flat(batch.adv[:, rows]),
+            flat(cmask),
             logp_ref=None if batch.logp_ref is None else flat(batch.logp_ref[:, rows]),
             entropy=flat(entropy) if self.needs_entropy else None,
-            generator=self.generator, validate=validate, groups=S,
+            generator=self.generator,
+            validate=validate,
+            groups=S,
             max_len=self.max_new_tokens,  # Dr. GRPO's L: the budget, not this batch's width
-        )  # fmt: skip
+        )
         return LossOutput(out.loss, {k: v.mean() for k, v in out.metrics.items()})
 
     def update(self, batch: SequenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
@@ -386,8 +412,9 @@ def train_sequence(
         frame.loc[frame["step"] == steps - 1, "eval_pass"] = trainer.evaluate().cpu().numpy()
     frame["pass_rate"] = frame["reward"]
     frame["expected_reward"] = frame["reward"]
-    frame.attrs.update(config=asdict(config), objective=trainer.objective.name,
-                       aggregation=trainer.aggregation)  # fmt: skip
+    frame.attrs.update(
+        config=asdict(config), objective=trainer.objective.name, aggregation=trainer.aggregation
+    )
     if not math.isfinite(float(frame["grad_norm"].max())):
         raise FloatingPointError("non-finite gradient norm during training")
     return frame
