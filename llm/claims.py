@@ -25,14 +25,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 import llm.runs  # noqa: F401  (registers the llm run kind, in workers too)
-from sandbox.configs import add_arguments
+from sandbox.configs import add_arguments, add_study_arguments, profile_settings
 from sandbox.experiments.runs import RunSpec
 from sandbox.experiments.study import Rung, StudyConfig, register_rung, run_study, write_tables
 
@@ -143,31 +142,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
     parser = argparse.ArgumentParser(
         prog="python -m llm.claims", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--out", default=None, help="output folder (default: runs/claims-PROFILE)")
-    parser.add_argument(
-        "--force", action="store_true", help="recompute a folder made with other settings"
-    )
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu", help="named settings")
-    parser.add_argument("--quick", action="store_true", help="= --profile quick")
-    parser.add_argument("--no-progress", action="store_true")
+    add_study_arguments(parser, PROFILES, "claims", "results/claims")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
-    parser.add_argument(
-        "--tables-only", action="store_true", help="rebuild the tables from OUT/parts"
-    )
     parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
     add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra"))
     args = parser.parse_args(argv)
-    profile = "quick" if args.quick else args.profile
-    args.out = args.out or f"runs/claims-{profile}"
-    settings = dict(PROFILES[profile])
-    settings.update(
-        {
-            f.name: getattr(args, f.name)
-            for f in fields(StudyConfig)
-            if getattr(args, f.name, None) is not None
-        }
-    )
-    return StudyConfig(**settings), args
+    return StudyConfig(**profile_settings(args, StudyConfig, PROFILES, "claims")), args
 
 
 def main(argv: list[str] | None = None) -> int:

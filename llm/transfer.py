@@ -77,7 +77,13 @@ import pandas as pd
 import torch
 
 from llm.runs import RunSpec
-from sandbox.configs import add_arguments, arg, check_device
+from sandbox.configs import (
+    add_arguments,
+    add_study_arguments,
+    arg,
+    check_device,
+    profile_settings,
+)
 from sandbox.experiments import agreement
 from sandbox.experiments.agreement import run_scores, summarise
 from sandbox.experiments.planner import Job, RunFolder
@@ -366,45 +372,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[TransferConfig, argparse.
     parser = argparse.ArgumentParser(
         prog="python -m llm.transfer", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="output folder (default: runs/transfer-PROFILE; the committed "
-        "study is results/transfer, rebuilt with --tables-only)",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="delete the parts of a folder made with other settings and recompute",
-    )
-    parser.add_argument(
-        "--profile",
-        choices=sorted(PROFILES),
-        default="cpu",
-        help="named settings (default: cpu); flags override them",
-    )
-    parser.add_argument("--quick", action="store_true", help="= --profile quick")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument(
-        "--tables-only",
-        action="store_true",
-        help="run nothing: rebuild the tables and figure from every part in OUT/parts (parts "
-        "copied in from other machines or settings)",
-    )
+    add_study_arguments(parser, PROFILES, "transfer", "results/transfer")
     cpu = TransferConfig(**PROFILES["cpu"])  # the help shows the cpu profile's values
     shown = {f.name: str(getattr(cpu, f.name)) for f in fields(TransferConfig)}
     add_arguments(parser, TransferConfig, unset=True, shown=shown)  # unset: the profile decides
     args = parser.parse_args(argv)
-    profile = "quick" if args.quick else args.profile
-    args.out = args.out or f"runs/transfer-{profile}"
-    settings = dict(PROFILES[profile])
-    settings.update(
-        {
-            f.name: getattr(args, f.name)
-            for f in fields(TransferConfig)
-            if getattr(args, f.name) is not None
-        }
-    )
+    settings = profile_settings(args, TransferConfig, PROFILES, "transfer")
     if settings.get("llm_rules") is not None and args.rules is not None and not args.llm_rules:
         settings["llm_rules"] = [r for r in settings["llm_rules"] if r in args.rules]
     return TransferConfig(**settings), args

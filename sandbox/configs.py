@@ -189,6 +189,54 @@ def add_arguments(
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
+def add_study_arguments(
+    parser: argparse.ArgumentParser, profiles: dict[str, Any], study: str, committed: str
+) -> None:
+    """The flags every study's CLI shares (``python -m llm.transfer``, ``python -m llm.claims``):
+    ``--out`` (default ``runs/STUDY-PROFILE``: a default run never writes into the committed
+    evidence, ``committed``), ``--force``, ``--profile``, ``--quick``, ``--no-progress`` and
+    ``--tables-only``. :func:`profile_settings` reads them back."""
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"output folder (default: runs/{study}-PROFILE; the committed study is {committed}, "
+        "rebuilt with --tables-only)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="delete the parts of a folder made with other settings and recompute",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(profiles),
+        default="cpu",
+        help="named settings (default: cpu); flags override them",
+    )
+    parser.add_argument("--quick", action="store_true", help="= --profile quick")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="run nothing: rebuild the tables and figures from every part in OUT/parts (parts "
+        "copied in from other machines or settings)",
+    )
+
+
+def profile_settings(
+    args: argparse.Namespace, cls: type, profiles: dict[str, Any], study: str
+) -> dict[str, Any]:
+    """The settings of the chosen profile (``--quick``: ``quick``) with every field of ``cls``
+    given on the command line replacing the profile's; sets ``args.out`` to its default
+    ``runs/STUDY-PROFILE`` when unset (:func:`add_study_arguments`)."""
+    profile = "quick" if args.quick else args.profile
+    args.out = args.out or f"runs/{study}-{profile}"
+    settings = dict(profiles[profile])
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(cls)}
+    settings.update({name: value for name, value in given.items() if value is not None})
+    return settings
+
+
 def _yaml_floats(value: Any) -> Any:
     """PyYAML (YAML 1.1) reads ``1e-4`` as a string; read it as the float it means."""
     if isinstance(value, str) and _FLOAT.match(value):
