@@ -64,6 +64,8 @@ class Ensemble:
         names = [[n for n, _ in b.base_model.named_parameters()] for b in bases]
         if any(n != names[0] for n in names):
             raise ValueError("members must share one architecture (the same parameter names)")
+        if len({id(b) for b in bases}) < len(bases):
+            raise ValueError("members must be distinct models (one model twice would update twice)")
         for base in bases:
             check_no_post_head_transform(base)
         self.members = list(members)

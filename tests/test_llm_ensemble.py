@@ -172,7 +172,10 @@ def test_ensemble_checks(tok):
     )
     with pytest.raises(ValueError, match="share one architecture"):
         Ensemble([tiny_model(len(tok), 0), wider])
-    ens = Ensemble([tiny_model(len(tok), 0)] * 2)
+    same = tiny_model(len(tok), 0)
+    with pytest.raises(ValueError, match="members must be distinct models"):
+        Ensemble([same, same])
+    ens = Ensemble([tiny_model(len(tok), 0), tiny_model(len(tok), 0)])
     batch = stack_batches([rollout_of(ens.members[0], tok, 0, 0)] * 3, tok.pad_token_id)
     with pytest.raises(ValueError, match="batch must hold 2 members"):
         ens.completion_logp(batch, 1.0)
