@@ -58,7 +58,7 @@ from .correction import IS_LEVELS, IS_MODES, rollout_is_weights
 from .kl import KL_ESTIMATORS, kl_divergence
 from .masks import check_off_policy_mask, check_top_entropy_quantile, high_entropy_mask
 from .masks import off_policy_mask as off_policy_sequence_mask
-from .objectives import Objective
+from .objectives import LOG_RATIO_CLAMP, Objective
 
 ROLLOUT_IS_CHOICES = ("none", *IS_MODES)
 
@@ -107,7 +107,7 @@ def grad_mass_shares(
     """
     valid = mask != 0
     adv = (adv if adv.dim() == 2 else adv[:, None]).detach().expand_as(logp)
-    r = torch.exp((logp.detach() - logp_old.detach()).clamp(-20, 20))
+    r = torch.exp((logp.detach() - logp_old.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     mass = torch.where(valid, (r * adv).abs(), 0.0)
     total = mass.sum().clamp(min=torch.finfo(mass.dtype).tiny)
     zero = coef.detach() == 0
