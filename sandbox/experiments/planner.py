@@ -92,8 +92,13 @@ class RunFolder:
         address: str | None = None,
         error: type[Exception] = RuntimeError,
     ) -> None:
-        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes."""
+        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes.
+        ``backend`` is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any
+        run starts)."""
         from tqdm import tqdm
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
         todo = sum(len(job.parts) for job in jobs)
         if todo < total:
