@@ -32,6 +32,7 @@ import pandas as pd
 
 import llm.runs  # noqa: F401  (registers the llm run kind, in workers too)
 from sandbox.configs import add_arguments, add_study_arguments, profile_settings
+from sandbox.experiments.results import read_parts
 from sandbox.experiments.runs import RunSpec
 from sandbox.experiments.study import Rung, StudyConfig, register_rung, run_study, write_tables
 
@@ -162,14 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     try:
         if args.tables_only:
-            parts = sorted((out / "parts").glob("*.parquet"))
-            if not parts:
+            if not any((out / "parts").glob("*.parquet")):
                 raise ValueError(f"--tables-only: no result parts in {out}/parts")
             recorded = out / "config.json"
             if recorded.exists():
                 config = StudyConfig(**json.loads(recorded.read_text()))
-            rows = pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
-            write_tables(rows, out, config)
+            write_tables(read_parts(out / "parts"), out, config)
         else:
             run_study(
                 config, out, progress=not args.no_progress, force=args.force, workers=args.workers
