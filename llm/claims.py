@@ -56,6 +56,11 @@ def llm_settings(config: StudyConfig) -> dict[str, Any]:
     return {**LLM_DEFAULTS, **config.extra.get("llm", {})}
 
 
+def llm_epochs(config: StudyConfig) -> list[int]:
+    """The llm rung's mu grid: ``extra["llm"]["epochs"]``, else the study's ``epochs``."""
+    return [int(e) for e in llm_settings(config).get("epochs", config.epochs)]
+
+
 def llm_spec(
     config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int
 ) -> RunSpec:
@@ -80,7 +85,7 @@ def llm_spec(
         seed=seed,
         steps=steps,
         lr=lr,
-        epochs=config.epochs,
+        epochs=llm_epochs(config)[0],  # the job's own mu replaces it (study.job_spec)
         minibatches=config.minibatches,
         group_size=s["group_size"],
         prompts_per_step=s["prompts_per_step"],
@@ -98,6 +103,7 @@ register_rung(
         lambda c: llm_settings(c)["steps"],
         replicates=False,
         seeds=lambda c: llm_settings(c)["seeds"],
+        epochs=llm_epochs,
         columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
     )
 )

@@ -185,16 +185,18 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
 
 
 def calibration_rows(cal: pd.DataFrame, summ: pd.DataFrame) -> pd.DataFrame:
-    """The calibration curve as printed, the chosen step size of each rung marked."""
-    chosen = summ.groupby("rung", sort=False)["lr"].first()
-    return cal.assign(
-        chosen=[
-            "**←**" if chosen.get(r) == lr else ""
-            for r, lr in zip(cal["rung"], cal["lr"], strict=True)
+    """The calibration curve as printed, the chosen (step size, epochs) of each rung marked."""
+    first = summ.groupby("rung", sort=False)[["lr", "epochs"]].first()
+    chosen = {r: (row.lr, row.epochs) for r, row in first.iterrows()}
+    by_rung = [g.sort_values(["epochs", "lr"]) for _, g in cal.groupby("rung", sort=False)]
+    return pd.concat(by_rung).assign(
+        chosen=lambda c: [
+            "**←**" if chosen.get(r) == (lr, mu) else ""
+            for r, lr, mu in zip(c["rung"], c["lr"], c["epochs"], strict=True)
         ],
-        clip_share=cal["clip_share"].map(_pct),
-        pass_rate=cal["pass_rate"].map(lambda x: _num(x, 3)),
-    )[["rung", "lr", "clip_share", "pass_rate", "seeds", "chosen"]]
+        clip_share=lambda c: c["clip_share"].map(_pct),
+        pass_rate=lambda c: c["pass_rate"].map(lambda x: _num(x, 3)),
+    )[["rung", "epochs", "lr", "clip_share", "pass_rate", "seeds", "chosen"]]
 
 
 def rule_rows(summ: pd.DataFrame) -> pd.DataFrame:
@@ -217,6 +219,7 @@ def rule_rows(summ: pd.DataFrame) -> pd.DataFrame:
             "rule",
             "seeds",
             "lr",
+            "epochs",
             "final_pass",
             "reward_auc",
             "final_entropy",

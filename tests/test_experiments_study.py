@@ -40,15 +40,60 @@ def test_pick_step_size_takes_the_point_nearest_the_band_middle_on_a_monotone_cu
     # clip share rises with lr: 0.01, 0.04, 0.07, 0.095, 0.2; band [0.05, 0.10], middle 0.075:
     # 0.07 (|0.005|) beats 0.095 (|0.02|)
     curve = pd.DataFrame(
-        {"lr": [0.5, 1.0, 2.0, 4.0, 8.0], "clip_share": [0.01, 0.04, 0.07, 0.095, 0.2]}
+        {
+            "lr": [0.5, 1.0, 2.0, 4.0, 8.0],
+            "epochs": 2,
+            "clip_share": [0.01, 0.04, 0.07, 0.095, 0.2],
+        }
     )
-    assert pick_step_size(curve, 0.05, 0.10) == 2.0
+    assert pick_step_size(curve, 0.05, 0.10) == (2.0, 2)
     # nothing inside [0.3, 0.4]: the nearest to the band is 0.2 (distance 0.1), at lr 8
-    assert pick_step_size(curve, 0.3, 0.4) == 8.0
+    assert pick_step_size(curve, 0.3, 0.4) == (8.0, 2)
     # nothing inside [0.001, 0.005]: 0.01 at lr 0.5 is nearest (distance 0.005)
-    assert pick_step_size(curve, 0.001, 0.005) == 0.5
+    assert pick_step_size(curve, 0.001, 0.005) == (0.5, 2)
     with pytest.raises(ValueError, match="curve"):
         pick_step_size(curve.iloc[:0], 0.05, 0.1)
+
+
+def test_pick_step_size_searches_the_mu_grid_and_prefers_fewer_epochs_at_equal_distance():
+    # 2 epochs never reach the band [0.05, 0.10] (best 0.045); 4 epochs reach 0.062 at lr 1
+    # and 0.09 at lr 2: 0.062 is nearer the middle 0.075 (0.013 against 0.015)
+    curve = pd.DataFrame(
+        {
+            "lr": [1.0, 2.0, 1.0, 2.0],
+            "epochs": [2, 2, 4, 4],
+            "clip_share": [0.03, 0.045, 0.062, 0.09],
+        }
+    )
+    assert pick_step_size(curve, 0.05, 0.10) == (1.0, 4)
+    # the same share at 2 and at 8 epochs: the cheaper mu wins, whatever the row order
+    tie = pd.DataFrame({"lr": [1.0, 1.0], "epochs": [8, 2], "clip_share": [0.07, 0.07]})
+    assert pick_step_size(tie, 0.05, 0.10) == (1.0, 2)
+
+
+def test_mu_grids_read_an_int_as_a_grid_of_one_and_name_a_bad_value():
+    config = StudyConfig(epochs=3, tf_epochs=["4", 8])  # an old config.json; the CLI's strings
+    assert (config.epochs, config.tf_epochs) == ([3], [4, 8])
+    for bad in ([], [0], [2.5], ["x"]):
+        with pytest.raises(ValueError, match="tf_epochs"):
+            StudyConfig(tf_epochs=bad)
+
+
+def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
+    from sandbox.experiments.study import calibration_jobs, job_part, job_spec
+
+    config = StudyConfig(rungs=["bandit_sampled", "tiny_tf"], bandit_lrs=[1.0], epochs=[2],
+                         tf_lrs=[1e-3, 3e-3], tf_epochs=[4, 8])  # fmt: skip
+    jobs = calibration_jobs(config)
+    assert [(j[1], j[3], j[4]) for j in jobs] == [
+        ("bandit_sampled", 1.0, 2),
+        ("tiny_tf", 1e-3, 4),
+        ("tiny_tf", 3e-3, 4),
+        ("tiny_tf", 1e-3, 8),
+        ("tiny_tf", 3e-3, 8),
+    ]
+    assert [job_spec(config, j).epochs for j in jobs] == [2, 4, 4, 8, 8]
+    assert len({job_part(j) for j in jobs}) == 5  # mu is in the part name
 
 
 def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_is_in_band():
@@ -69,7 +114,7 @@ def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_
     assert share[0] < share[1]  # a tiny step barely leaves the trust region
     band = (share[1] * 0.9, share[1] * 1.1)
     config.target_low, config.target_high = band
-    assert calibrate(rows, config) == {"bandit_sampled": 2.0}
+    assert calibrate(rows, config) == {"bandit_sampled": (2.0, 2)}
 
 
 # -- pairing ----------------------------------------------------------------------------------
@@ -191,6 +236,7 @@ def _rows(values: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
                     "rung": rung,
                     "rule": rule,
                     "lr": 1.0,
+                    "epochs": 2,
                     "seed": seed,
                     "step": 1,
                     "pass_rate": v,

@@ -90,7 +90,9 @@ class StudyConfig:
     rules: list[str] = arg([*claim_rules(), STEP_SIZE_RULE], "rules (default: every claim's)")
     rungs: list[str] = arg(["bandit_exact", "bandit_sampled", "tiny_tf"], "rungs, cheapest first")
     seeds: int = arg(16, "paired seeds per rule (exact flow: 1)")
-    epochs: int = arg(2, "mu: passes over each batch (all rungs)")
+    epochs: list[int] = arg(
+        [2], "mu grid: epochs (x minibatches) calibration tries on the bandit and llm rungs"
+    )
     minibatches: int = arg(2, "optimizer steps per epoch (all rungs)")
     group_size: int = arg(8, "G on the toy rungs")
     paper_aggregation: bool = arg(False, "each rule's own aggregation (default: token-mean)")
@@ -113,10 +115,10 @@ class StudyConfig:
     tf_steps: int = arg(40, "tiny_tf steps")
     tf_prompts_per_step: int = arg(4, "tiny_tf prompts per step")
     tf_lrs: list[float] = arg([1e-3, 3e-3, 1e-2], "tiny_tf step-size grid (Adam)")
-    tf_epochs: int = arg(
-        4,
-        "mu on tiny_tf: epochs (x minibatches); 2 x 2 left dapo's clip share below 4%% at "
-        "every step size tried, so this rung calibrates with more passes",
+    tf_epochs: list[int] = arg(
+        [4, 8],
+        "mu grid on tiny_tf: epochs (x minibatches); 2 x 2 left dapo's clip share below 4%% at "
+        "every step size tried, 4 x 2 below 5%%, so this rung calibrates over more passes",
     )
     tf_eval_prompts: int = arg(512, "tiny_tf held-out problems (fixed by the seed)")
     tf_eval_k: int = arg(2, "tiny_tf samples per held-out problem")
@@ -132,6 +134,19 @@ class StudyConfig:
             if not values or not all(math.isfinite(v) and v > 0 for v in values):
                 raise ValueError(f"{name} must be finite numbers > 0, got {values}")
             setattr(self, name, values)
+        for name in (
+            "epochs",
+            "tf_epochs",
+        ):  # a grid; one int (an old config.json) is a grid of one
+            value = getattr(self, name)
+            values = [value] if isinstance(value, int | str) else list(value)
+            try:
+                ints = [int(v) for v in values]
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be integers, got {value!r}") from None
+            if not ints or ints != [float(v) for v in values] or min(ints) < 1:
+                raise ValueError(f"{name} must be integers >= 1, got {value!r}")
+            setattr(self, name, ints)
 
     def validate(self) -> None:
         """``ValueError`` naming the first bad field."""
@@ -142,7 +157,7 @@ class StudyConfig:
         for rung in self.rungs:
             if rung not in RUNGS:
                 raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
-        for name in ("seeds", "epochs", "minibatches", "group_size", "calib_seeds", "tf_epochs"):
+        for name in ("seeds", "minibatches", "group_size", "calib_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.calib_steps < 0:
@@ -154,22 +169,25 @@ class StudyConfig:
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
                 f"{self.target_low}, {self.target_high}"
             )
-        if self.epochs * self.minibatches < 2:
+        if min(self.epochs + self.tf_epochs) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
 
     def fields_of_parts(self) -> dict[str, Any]:
         """What every part depends on besides its name (rung, rule, step size, base seed): a
         folder's parts are reused only while these are unchanged. The step-size grids are not
-        among them: a grid that grows reuses the calibration runs it keeps."""
-        skip = ("rules", "rungs", "bandit_lrs", "tf_lrs")
+        among them (nor the mu grids: mu is in the part name): a grid that grows reuses the
+        calibration runs it keeps."""
+        skip = ("rules", "rungs", "bandit_lrs", "tf_lrs", "epochs", "tf_epochs")
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
 @dataclass(frozen=True)
 class Rung:
     """A rung: its run kind's spec for (rule, step size, seeds, steps, base seed), its step-size
-    grid, its training length, whether one spec trains all paired seeds (``replicates``), and
-    which of the kind's columns are the study's ``pass_rate`` and ``train_reward``."""
+    grid, its training length, whether one spec trains all paired seeds (``replicates``), which
+    of the kind's columns are the study's ``pass_rate`` and ``train_reward``, and its mu grid
+    (``epochs``: the epochs calibration tries with each step size; the spec's ``epochs`` is
+    replaced by the job's)."""
 
     name: str
     spec: Callable[[StudyConfig, str, float, int, int, int], RunSpec]
@@ -179,6 +197,7 @@ class Rung:
     deterministic: bool = False
     seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
     columns: tuple[tuple[str, str], ...] = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
+    epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
 
 
 RUNGS: dict[str, Rung] = {}
@@ -193,7 +212,6 @@ def register_rung(rung: Rung) -> Rung:
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
     aggregation = None if config.paper_aggregation else "token-mean"
     return {
-        "epochs": config.epochs,
         "minibatches": config.minibatches,
         "device": config.device,
         "train": {"aggregation": aggregation, "grad_mass": True},
@@ -226,7 +244,7 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
 
 
 def _tiny_tf(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int):
-    shared = {**_shared(config, rule), "epochs": config.tf_epochs}
+    shared = _shared(config, rule)
     shared["train"].update(eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k)
     knobs = "-".join(f"{k}{v}" for k, v in sorted(config.tf_knobs.items()))
     return RunSpec.make(
@@ -263,7 +281,11 @@ register_rung(
         columns=(("pass_rate", "expected_reward"), ("train_reward", "reward")),
     )
 )
-register_rung(Rung("tiny_tf", _tiny_tf, lambda c: c.tf_lrs, lambda c: c.tf_steps))
+register_rung(
+    Rung(
+        "tiny_tf", _tiny_tf, lambda c: c.tf_lrs, lambda c: c.tf_steps, epochs=lambda c: c.tf_epochs
+    )
+)
 
 
 def rung_rules(config: StudyConfig, rung: str) -> list[str]:
@@ -277,52 +299,58 @@ def rung_rules(config: StudyConfig, rung: str) -> list[str]:
 # -- planning ---------------------------------------------------------------------------------
 
 
-def calibration_jobs(config: StudyConfig) -> list[tuple[str, str, float, int]]:
-    """(phase, rung, rule, lr, base seed) of every calibration run."""
+def calibration_jobs(config: StudyConfig) -> list[tuple[str, str, str, float, int, int]]:
+    """(phase, rung, rule, lr, epochs, base seed) of every calibration run: the rung's step-size
+    grid times its mu grid."""
     return [
-        ("calib", rung, REFERENCE, lr, 0)
+        ("calib", rung, REFERENCE, lr, mu, 0)
         for rung in config.rungs
+        for mu in RUNGS[rung].epochs(config)
         for lr in RUNGS[rung].grid(config)
     ]
 
 
-def study_jobs(config: StudyConfig, step_sizes: dict[str, float]) -> list[tuple]:
-    """(phase, rung, rule, lr, base seed) of every study run; a rung without replicates runs one
-    spec per seed."""
+def study_jobs(config: StudyConfig, settings: dict[str, tuple[float, int]]) -> list[tuple]:
+    """(phase, rung, rule, lr, epochs, base seed) of every study run at each rung's calibrated
+    (step size, epochs); a rung without replicates runs one spec per seed."""
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
         seeds = [0] if r.replicates else range(r.seeds(config) if r.seeds else config.seeds)
-        out += [
-            ("study", rung, r, step_sizes[rung], s) for s in seeds for r in rung_rules(config, rung)
-        ]
+        lr, mu = settings[rung]
+        out += [("study", rung, r, lr, mu, s) for s in seeds for r in rung_rules(config, rung)]
     return out
 
 
 def job_part(job: tuple) -> str:
-    phase, rung, rule, lr, seed = job
-    return part_name(phase, rung, rule, f"lr={lr!r}", f"s{seed}")
+    phase, rung, rule, lr, mu, seed = job
+    return part_name(phase, rung, rule, f"lr={lr!r}", f"mu={mu}", f"s{seed}")
 
 
 def job_spec(config: StudyConfig, job: tuple) -> RunSpec:
-    phase, rung, rule, lr, seed = job
+    phase, rung, rule, lr, mu, seed = job
     r = RUNGS[rung]
     if phase == "calib":
         steps = config.calib_steps or r.steps(config)
-        return r.spec(config, rule, lr, config.calib_seeds, steps, seed)
-    return r.spec(config, rule, lr, 1 if not r.replicates else config.seeds, r.steps(config), seed)
+        spec = r.spec(config, rule, lr, config.calib_seeds, steps, seed)
+    else:
+        seeds = 1 if not r.replicates else config.seeds
+        spec = r.spec(config, rule, lr, seeds, r.steps(config), seed)
+    return replace(spec, epochs=mu)
 
 
 def run_job(config: StudyConfig, job: tuple) -> list[pd.DataFrame]:
-    """One run as the study's tidy rows: phase, rung, rule, lr, seed (paired id), step and
-    :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
-    phase, rung, rule, lr, base = job
+    """One run as the study's tidy rows: phase, rung, rule, lr, epochs, seed (paired id), step
+    and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
+    phase, rung, rule, lr, mu, base = job
     [frame] = run_specs([job_spec(config, job)])
     if RUNGS[rung].replicates:  # replicate s -> base + s (the flow's -1 -> base)
         seed = frame["seed"].clip(lower=0) + base
     else:  # one seed per spec: the kind logs the spec's own seed
         seed = pd.Series(base, index=frame.index)
-    rows = pd.DataFrame({"phase": phase, "rung": rung, "rule": rule, "lr": lr, "seed": seed})
+    rows = pd.DataFrame(
+        {"phase": phase, "rung": rung, "rule": rule, "lr": lr, "epochs": mu, "seed": seed}
+    )
     rows["step"] = frame["step"]
     renamed = dict(RUNGS[rung].columns)
     for name in ROW_COLUMNS:
@@ -355,8 +383,7 @@ def run_study(
     kw = {"progress": progress, "workers": workers}
     _run(folder, config, calib, "calibration", **kw)
     rows = read_parts(folder.parts)
-    step_sizes = calibrate(rows, config)
-    jobs = study_jobs(config, step_sizes)
+    jobs = study_jobs(config, calibrate(rows, config))
     _run(folder, config, jobs, "claims", **kw)
     wanted = {job_part(j) for j in calib + jobs}
     files = [f for f in sorted(folder.parts.glob("*.parquet")) if f.name in wanted]
@@ -369,15 +396,15 @@ def run_study(
 
 
 def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (rung, lr): the reference rule's clip share (mean over steps and seeds) and the mean
-    pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the seeds
-    of a run (one value per step, repeated on every seed's row)."""
+    """Per (rung, epochs, lr): the reference rule's clip share (mean over steps and seeds) and
+    the mean pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the
+    seeds of a run (one value per step, repeated on every seed's row)."""
     calib = rows[rows["phase"] == "calib"].copy()
     calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
-    per_seed = calib.groupby(["rung", "lr", "seed"], as_index=False)[
+    per_seed = calib.groupby(["rung", "epochs", "lr", "seed"], as_index=False)[
         ["clip_share", "pass_rate"]
     ].mean()
-    g = per_seed.groupby(["rung", "lr"], as_index=False)
+    g = per_seed.groupby(["rung", "epochs", "lr"], as_index=False)
     return g.agg(
         clip_share=("clip_share", "mean"),
         pass_rate=("pass_rate", "mean"),
@@ -385,26 +412,32 @@ def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> float:
-    """The step size of ``curve`` (columns ``lr``, ``clip_share``) whose clip share lies in
-    ``[low, high]`` closest to the band's middle; with none inside, the one closest to the band."""
+def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> tuple[float, int]:
+    """The (step size, epochs) of ``curve`` (columns ``lr``, ``epochs``, ``clip_share``) whose
+    clip share lies in ``[low, high]`` closest to the band's middle; with none inside, the one
+    closest to the band; at equal distance the fewer epochs (cheaper), then the smaller step."""
     if curve.empty:
         raise ValueError("curve: no calibration points")
+    curve = curve.sort_values(["epochs", "lr"], kind="stable")
     share = curve["clip_share"].to_numpy(float)
     inside = (share >= low) & (share <= high)
     distance = np.where(
         inside, np.abs(share - (low + high) / 2), np.maximum(low - share, share - high) + 1
     )
-    return float(curve["lr"].to_numpy(float)[int(np.nanargmin(distance))])
+    best = int(np.nanargmin(distance))
+    return float(curve["lr"].to_numpy(float)[best]), int(curve["epochs"].to_numpy()[best])
 
 
-def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, float]:
-    """The calibrated step size of each rung of ``config``."""
+def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, tuple[float, int]]:
+    """The calibrated (step size, epochs) of each rung of ``config``."""
     curve = calibration_curve(rows)
     out = {}
     for rung in config.rungs:
-        part = curve[(curve["rung"] == rung) & curve["lr"].isin(RUNGS[rung].grid(config))]
-        out[rung] = pick_step_size(part, config.target_low, config.target_high)
+        r = RUNGS[rung]
+        keep = curve["lr"].isin(r.grid(config)) & curve["epochs"].isin(r.epochs(config))
+        out[rung] = pick_step_size(
+            curve[(curve["rung"] == rung) & keep], config.target_low, config.target_high
+        )
     return out
 
 
@@ -419,6 +452,7 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
     g = trained.groupby(["rung", "rule", "seed"], sort=False)
     scores = g.agg(
         lr=("lr", "first"),
+        epochs=("epochs", "first"),
         reward_auc=("train_reward", "mean"),
         final_entropy=("entropy", "last"),
         **{m: (m, "mean") for m in MECHANISM},
@@ -515,7 +549,8 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     out.insert(
         2, "seeds", scores.groupby(["rung", "rule"], sort=False)["seed"].nunique().to_numpy()
     )
-    out["lr"] = scores.groupby(["rung", "rule"], sort=False)["lr"].first().to_numpy()
+    first = scores.groupby(["rung", "rule"], sort=False)[["lr", "epochs"]].first()
+    out["lr"], out["epochs"] = first["lr"].to_numpy(), first["epochs"].to_numpy()
     out["never_binds"] = out["clip_frac"] < NEVER_BINDS  # NaN (no bounds reported): False
     return out
 
@@ -600,12 +635,16 @@ def plot_calibration(
     low, high = (config.target_low, config.target_high) if config else (0.05, 0.10)
     for ax, rung in zip(axes[0], rungs, strict=False):
         c = curve[curve["rung"] == rung].sort_values("lr")
-        ax.plot(c["lr"], c["clip_share"], marker="o")
+        for mu, m in c.groupby("epochs"):
+            ax.plot(m["lr"], m["clip_share"], marker="o", label=f"{mu} epochs")
         ax.axhspan(low, high, color="tab:green", alpha=0.15)
-        chosen = summary.loc[summary["rung"] == rung, "lr"]
+        chosen = summary.loc[summary["rung"] == rung, ["lr", "epochs"]]
         if len(chosen):
-            ax.axvline(chosen.iloc[0], color="k", ls="--", lw=1)
+            lr, mu = chosen.iloc[0]
+            pick = c[(c["lr"] == lr) & (c["epochs"] == mu)]
+            ax.plot(pick["lr"], pick["clip_share"], "k*", ms=12, label="chosen")
         ax.set(title=rung, xlabel="step size", ylabel="dapo clip share")
+        ax.legend(fontsize=7)
         if c["lr"].nunique() > 1:
             ax.set_xscale("log")
     fig.tight_layout()
@@ -640,7 +679,8 @@ def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
             bottom += v
         ax.set_xticks(x, s["rule"], rotation=60, ha="right", fontsize=7)
         ax.set(title=rung, ylabel="share of |r A| mass")
-    axes[0][0].legend(fontsize=7)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
