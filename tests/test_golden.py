@@ -1,8 +1,9 @@
-"""Golden outputs of the three orchestrators: fixed-seed results that a refactor keeps bit-identical.
+"""Golden outputs of the three orchestrators: fixed-seed results that a refactor keeps unchanged.
 
 ``clip-sandbox compare`` (both suites, a rule with an exact flow and one without: clip_cov), a
 small sweep (both suites, a swept parameter) and ``python -m llm.transfer --quick`` run at small
-settings; their numeric results must equal the committed fixtures in ``tests/golden/`` exactly.
+settings; their numeric results must equal the committed fixtures in ``tests/golden/`` to float32
+rounding (:data:`RTOL`: bit-identical on the machine that wrote them, not across CPUs).
 Wall-time columns (``seconds``) are dropped. Regenerate (only when a change of the numbers is
 intended, and say why in the commit)::
 
@@ -72,6 +73,11 @@ params = { eps_high = [0.28, 0.4] }
 """,
 }
 
+#: Float tolerance of the comparison. Bit-identity holds on one machine, not across CPUs: on an
+#: AVX-512 Xeon the float32 reductions round differently from the machine that wrote the
+#: fixtures (max relative difference 3.5e-6, in kl_k3, every sampled draw unchanged); a change
+#: of behaviour moves results by far more than this.
+RTOL, ATOL = 1e-5, 1e-8
 #: Columns that measure wall time, not results.
 TIMING = ("seconds",)
 
@@ -119,14 +125,14 @@ def frames(out: Path) -> dict[str, pd.DataFrame]:
 def test_toy_orchestrators_reproduce_the_golden_results(name, tmp_path):
     got = compare_frame(name, tmp_path) if name in COMPARE else sweep_frame(name, tmp_path)
     want = pd.read_parquet(GOLDEN / f"{name}.parquet")
-    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=RTOL, atol=ATOL)
 
 
 def test_transfer_quick_reproduces_the_golden_results(tmp_path):
     pytest.importorskip("transformers")
     got = transfer_frame(tmp_path)
     want = pd.read_parquet(GOLDEN / "transfer_quick.parquet")
-    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=RTOL, atol=ATOL)
 
 
 if __name__ == "__main__":
