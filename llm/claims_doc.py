@@ -444,14 +444,17 @@ but the rule keeps a gradient. Read off `out.coef` in the one loss assembly
 
 ## Mechanism check (a): the entropy–covariance law on measured steps
 
-On the sampled bandit every step logs the exact entropy change of the policy under its update
-(`entropy_change`) and the law's first-order prediction from the same update's logit change,
-ΔH ≈ −Cov_π(log π, Δz) (arXiv 2505.22617; `sandbox.exact.softmax.entropy_covariance_prediction`,
-prompt-weighted). Over every step and seed of each rule: `slope` is the least-squares slope of
-observed on predicted through 0 (1 where the law holds), `corr` their correlation. It needs no
-ranking: it says whether the rule's coefficients predict what happens to the entropy, at the
-calibrated step size. Not measured on tiny_tf (a sequence model's entropy change per step needs
-the logit change at every visited prefix).
+Every step logs the entropy change of the policy under the step's updates (`entropy_change`) and
+the law's first-order prediction from the same updates' logit change, ΔH ≈ −Cov_π(log π, Δz)
+(arXiv 2505.22617; `sandbox.exact.softmax.entropy_covariance_prediction`). On the sampled bandit
+both are exact over the whole policy, prompt-weighted. On tiny_tf they are taken at the visited
+prefixes of the step's own rollout (every completion position): the next-token logits over the
+task's allowed tokens before the step's updates and after them (no-grad forwards of the same
+rows), ΔH and the prediction per prefix, then the token mean the `entropy` column uses; the
+prefixes are those the rollout policy visited, not the whole sequence space. Over every step and
+seed of each rule: `slope` is the least-squares slope of observed on predicted through 0 (1 where
+the law holds), `corr` their correlation. It needs no ranking: it says whether the
+rule's coefficients predict what happens to the entropy, at the calibrated step size.
 
 {entropy_law}
 

@@ -424,3 +424,24 @@ def test_entropy_law_logging_is_exact_and_its_error_is_second_order_in_the_step(
         errors.append(np.abs(first["entropy_change"] - first["entropy_change_pred"]).to_numpy())
     ratio = errors[0].sum() / errors[1].sum()
     assert 3.0 < ratio < 5.0, ratio
+
+
+def test_the_tiny_tf_rung_logs_the_entropy_law_and_its_table_has_a_row():
+    """The study turns ``entropy_law`` on for tiny_tf as for bandit_sampled: a study job's rows
+    carry both columns at every (step, seed), and :func:`entropy_law` tabulates the rung."""
+    from sandbox.experiments.study import RUNGS, entropy_law, run_job
+
+    config = StudyConfig(
+        rungs=["tiny_tf"],
+        seeds=2,
+        tf_steps=2,
+        tf_task="bits",
+        tf_knobs={"op": "reverse", "length": 3},
+        tf_eval_prompts=4,
+    )
+    assert sequence_config(RUNGS["tiny_tf"].spec(config, "dapo", 0.01, 2, 2, 0)).entropy_law
+    rows = run_job(config, ("study", "tiny_tf", "dapo", 0.01, 0))[0]
+    law = rows[["entropy_change", "entropy_change_pred"]]
+    assert len(rows) == 2 * 2 and law.notna().all().all() and (law != 0).any().all()
+    table = entropy_law(rows)
+    assert table[["rung", "rule", "points"]].values.tolist() == [["tiny_tf", "dapo", 4]]

@@ -25,6 +25,9 @@ model on ``tf_eval_prompts`` problems fixed by the seed, ``tf_eval_k`` samples e
 (mean per-step training reward), ``final_entropy``; and the mechanism columns: ``clip_frac``,
 ``rescue_frac`` and the advantage-weighted gradient mass shares (:func:`sandbox.loss.grad_mass_shares`:
 ``grad_mass_zero_lo``, ``grad_mass_zero_hi``, ``grad_mass_rescued``), averaged over steps.
+Per step, on ``bandit_sampled`` and ``tiny_tf`` (``entropy_law=True``), the observed entropy change
+and the entropy-covariance law's prediction (``entropy_change``, ``entropy_change_pred``; on
+``tiny_tf`` over the visited prefixes of the step's rollout), tabulated by :func:`entropy_law`.
 
 The ``llm`` rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) with
 :func:`register_rung`.
@@ -245,7 +248,9 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
 
 def _tiny_tf(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int):
     shared = _shared(config, rule)
-    shared["train"].update(eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k)
+    shared["train"].update(
+        eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k, entropy_law=True
+    )
     knobs = "-".join(f"{k}{v}" for k, v in sorted(config.tf_knobs.items()))
     return RunSpec.make(
         "tiny_tf",

@@ -191,6 +191,20 @@ class TinyTransformer(nn.Module):
         characters and EOS); the others get probability 0."""
         return logits if allowed is None else logits.masked_fill(~allowed, -math.inf)
 
+    def completion_logits(
+        self, prompt: Tensor, prompt_mask: Tensor, completion: Tensor, completion_mask: Tensor
+    ) -> Tensor:
+        """Next-token logits ``[S, B, Tc, V]`` (at least float32, unrestricted) at every completion
+        position: entry ``t`` is the output at the position before completion token ``t`` (the
+        prefix prompt + completion[:t]), from one full pass over prompt + completion. The
+        log-prob path (:meth:`completion_logp`) scores these logits."""
+        ids = torch.cat([prompt, completion], dim=-1)
+        mask = torch.cat([prompt_mask, completion_mask], dim=-1)
+        logits, _ = self(ids, mask)
+        Tp = prompt.shape[-1]
+        logits = logits[:, :, Tp - 1 : -1]  # the position before each completion token
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # >= fp32 scores
+
     def completion_logp(
         self,
         prompt: Tensor,
@@ -202,12 +216,7 @@ class TinyTransformer(nn.Module):
         """Log-probs ``[S, B, Tc]`` of the completion tokens (0 where ``completion_mask`` is 0) and
         the entropies ``[S, B, Tc]`` of the next-token distributions, in one full pass.
         ``allowed`` (bool ``[V]``) restricts the policy to those tokens."""
-        ids = torch.cat([prompt, completion], dim=-1)
-        mask = torch.cat([prompt_mask, completion_mask], dim=-1)
-        logits, _ = self(ids, mask)
-        Tp = prompt.shape[-1]
-        logits = logits[:, :, Tp - 1 : -1]  # the position before each completion token
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # >= fp32 scores
+        logits = self.completion_logits(prompt, prompt_mask, completion, completion_mask)
         logp_all = torch.log_softmax(self._restrict(logits, allowed), -1)
         # padding may hold ids outside `allowed` (log-prob -inf): score a finite id there instead
         safe = torch.where(completion_mask, completion, logp_all.detach().argmax(-1))

@@ -37,6 +37,18 @@ next-token entropy over the sampled completion tokens), ``completion_len``, ``gr
 seed, before clipping, mean over the step's updates), ``zero_var_frac`` and the objective's metrics
 (pooled over seeds, mean over updates), with ``off_policy_masked_frac`` (share of sequences
 dropped) and ``entropy_masked_frac`` (share of tokens masked) when those masks are on.
+
+With ``entropy_law`` (mechanism check (a), arXiv 2505.22617), per step and seed, over the visited
+prefixes of the step's own rollout (every completion position under the completion mask, the
+same token mean as ``entropy``), with z the next-token logits over the allowed tokens (the
+policy ``completion_logp`` scores) before the step's update and z' after all of its updates::
+
+    entropy_change      = mean_t [ H(softmax z'_t) - H(softmax z_t) ]
+    entropy_change_pred = mean_t [ -Cov_{a ~ softmax z_t}(log pi_t(a), z'_t(a) - z_t(a)) ]
+
+(:func:`sandbox.exact.softmax.entropy_covariance_prediction`; the error is O(|z' - z|^2)). It
+costs two no-grad forwards of the rollout's rows and draws no random numbers, so training is
+bit-identical with it on or off.
 """
 
 from __future__ import annotations
@@ -55,6 +67,8 @@ from envs.reasoning import available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
+from sandbox.exact.softmax import entropy as softmax_entropy
+from sandbox.exact.softmax import entropy_covariance_prediction
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 from sandbox.objectives import Objective
@@ -91,6 +105,12 @@ class SequenceTrainConfig:
     eval_prompts: int = arg(0, "held-out prompts evaluated after the last step (0: none)")
     eval_k: int = arg(1, "samples per held-out prompt (pass@1 = mean over the k samples)")
     grad_mass: bool = arg(False, "log the advantage-weighted gradient mass shares (sandbox.loss)")
+    entropy_law: bool = arg(
+        False,
+        "log each step's entropy change over the rollout's visited prefixes (entropy_change) and "
+        "the entropy-covariance law's first-order prediction from the step's logit change "
+        "(entropy_change_pred)",
+    )
     temperature: float = arg(1.0, "sampling temperature")
     d_model: int = arg(32, "transformer width")
     n_layers: int = arg(2, "transformer layers")
@@ -212,6 +232,9 @@ class SequenceTrainer:
         allowed = torch.zeros(tok.vocab_size, dtype=torch.bool)
         allowed[list(self.task.completion_token_ids)] = True
         self.allowed = allowed.to(self.device)
+        # the allowed ids as an index (built on the host: no nonzero() sync on the device)
+        ids = sorted(set(self.task.completion_token_ids))
+        self.allowed_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         self.max_new_tokens = config.completion_budget()
         self.steps_done = 0
 
@@ -370,15 +393,46 @@ class SequenceTrainer:
         updates = cfg.epochs * cfg.minibatches
         return grad_norm / updates, {k: v / updates for k, v in sums.items()}
 
+    # -- mechanism check (a) -------------------------------------------------------------------
+    @torch.no_grad()
+    def policy_logits(self, batch: SequenceBatch) -> Tensor:
+        """The current model's next-token logits over the allowed tokens, ``[S, N, Tc, K]`` (K =
+        the task's completion tokens, in ``allowed_ids`` order), at every prefix of ``batch``'s
+        rows: ``softmax`` of them is the policy :meth:`TinyTransformer.completion_logp` scores
+        (its restriction to ``allowed`` gives the other tokens probability 0)."""
+        logits = self.model.completion_logits(
+            batch.prompt, batch.prompt_mask, batch.completion, batch.completion_mask
+        )
+        return logits.index_select(-1, self.allowed_ids)
+
+    @torch.no_grad()
+    def entropy_law_columns(
+        self, batch: SequenceBatch, before: Tensor, after: Tensor
+    ) -> dict[str, Tensor]:
+        """Per-seed ``[S]`` token means over the visited prefixes (``completion_mask``) of the
+        observed entropy change ``H(softmax after) - H(softmax before)`` and of the law's
+        first-order prediction ``-Cov_pi(log pi, after - before)`` (arXiv 2505.22617), with
+        ``before``/``after`` from :meth:`policy_logits` around the step's updates."""
+        mask = batch.completion_mask
+        count = mask.sum((1, 2)).to(before.dtype)
+        change = softmax_entropy(after) - softmax_entropy(before)
+        pred = entropy_covariance_prediction(before, after - before)
+        zero = before.new_zeros(())
+        return {
+            "entropy_change": torch.where(mask, change, zero).sum((1, 2)) / count,
+            "entropy_change_pred": torch.where(mask, pred, zero).sum((1, 2)) / count,
+        }
+
     def step(self) -> dict[str, Tensor]:
         """One rollout and its updates; per-seed ``[S]`` tensors and pooled 0-d metrics."""
         batch = self.rollout()
+        before = self.policy_logits(batch) if self.config.entropy_law else None
         grad_norm, metrics = self.update(batch)
         self.steps_done += 1
         S, G = self.config.seeds, self.config.group_size
         cmask = batch.completion_mask.float()
         groups = batch.rewards.view(S, -1, G)
-        return {
+        out = {
             **metrics,  # the rollout's entropy below, not the update's, is the entropy column
             "reward": batch.rewards.mean(-1),
             "entropy": (batch.entropy * cmask).sum((1, 2)) / cmask.sum((1, 2)),
@@ -386,6 +440,9 @@ class SequenceTrainer:
             "grad_norm": grad_norm,
             "zero_var_frac": (groups == groups[..., :1]).all(-1).float().mean(-1),
         }
+        if before is not None:  # the logits after every one of the step's updates
+            out.update(self.entropy_law_columns(batch, before, self.policy_logits(batch)))
+        return out
 
 
 def train_sequence(
