@@ -123,6 +123,10 @@ class NSR(_NSRBase):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
 
+    def expectation(self) -> NSRDecay:
+        """:class:`NSRDecay` with this rule's parameters: the same ``expected_coef``, no draws."""
+        return NSRDecay(self.eps_low, self.eps_high, self.level, self.noise, self.sigma)
+
     def draw(self, logp: Tensor, generator: torch.Generator | None) -> Tensor:
         """xi's uniform source: one U(0, 1) per token (per sequence at level "sequence")."""
         shape = (logp.shape[0], 1) if self.level == "sequence" else tuple(logp.shape)
