@@ -44,10 +44,12 @@ GRAD_NOISE_COLUMNS = ("grad_rescue_var", "grad_sampling_var", "grad_signal")
 
 def counterpart_loss(loss_fn: PolicyLoss) -> PolicyLoss | None:
     """``loss_fn`` with its objective replaced by the objective's deterministic counterpart
-    (:meth:`sandbox.objectives.Objective.expectation`) and the metrics-only options off; ``None``
-    when the objective has none."""
+    (:meth:`sandbox.objectives.Objective.expectation`), the same aggregation mode and the
+    metrics-only options off; ``None`` when the objective has none."""
     det = loss_fn.objective.expectation()
-    return None if det is None else replace(loss_fn, objective=det, grad_mass=False)
+    if det is None:
+        return None
+    return replace(loss_fn, objective=det, aggregation=loss_fn.mode, grad_mass=False)
 
 
 def first_half(seeds: int, rows: int, device: torch.device | str | None = None) -> Tensor:

@@ -124,8 +124,11 @@ class NSR(_NSRBase):
         self.seed = seed
 
     def expectation(self) -> NSRDecay:
-        """:class:`NSRDecay` with this rule's parameters: the same ``expected_coef``, no draws."""
-        return NSRDecay(self.eps_low, self.eps_high, self.level, self.noise, self.sigma)
+        """:class:`NSRDecay` with this rule's parameters (and aggregation, which a preset may
+        set): the same ``expected_coef``, no draws."""
+        det = NSRDecay(self.eps_low, self.eps_high, self.level, self.noise, self.sigma)
+        det.aggregation = self.aggregation
+        return det
 
     def draw(self, logp: Tensor, generator: torch.Generator | None) -> Tensor:
         """xi's uniform source: one U(0, 1) per token (per sequence at level "sequence")."""
