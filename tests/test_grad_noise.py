@@ -160,10 +160,12 @@ def test_rescue_var_is_exactly_zero_for_a_deterministic_rule_against_itself():
     logits, rollout = bandit_batch(3)
     loss_fn = PolicyLoss(get_objective("nsr_decay_dapo"))
 
+    mask = torch.ones(12, 1, dtype=torch.bool)
+    old, adv = rollout.logp_old.reshape(-1, 1), rollout.adv.reshape(-1, 1)
+
     def forward():
         logp = torch.log_softmax(logits, -1)[:, 0].gather(1, rollout.index)
-        out = loss_fn(logp.reshape(-1, 1), rollout.logp_old.reshape(-1, 1), rollout.adv.reshape(-1, 1),
-                      torch.ones(12, 1, dtype=torch.bool), num_tokens=4, groups=3)  # fmt: skip
+        out = loss_fn(logp.reshape(-1, 1), old, adv, mask, num_tokens=4, groups=3)
         return out.loss, [logp]
 
     forward()[0].backward()
@@ -216,3 +218,58 @@ def test_tiny_tf_training_is_bit_identical_with_the_probe_on():
         values = torch.stack([on[k] for k in GRAD_NOISE_COLUMNS])
         assert values.shape == (3, 2) and bool((values >= 0).all())
         assert bool((values[2] > 0).all())  # a signal per model
+
+
+# --------------------------------------------------------------------------------------------------
+# The claims study: the flag on the toy rungs, the table by hand
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_study_turns_the_probe_on_for_rules_with_a_counterpart_on_the_toy_trainers():
+    from sandbox.experiments.study import RUNGS, StudyConfig
+
+    config = StudyConfig()
+    for rung in ("bandit_sampled", "tiny_tf"):
+        flags = {r: dict(RUNGS[rung].spec(config, r, 1.0, 2, 3, 0).train) for r in config.rules}
+        assert {r for r, t in flags.items() if t.get("grad_noise")} == {"nsr_dapo"}
+    assert "grad_noise" not in dict(
+        RUNGS["bandit_exact"].spec(config, "nsr_dapo", 1.0, 1, 3, 0).train
+    )
+
+
+def test_gradient_noise_table_by_hand():
+    from sandbox.experiments.study import gradient_noise
+
+    # nsr_dapo on one rung, 3 seeds x 2 steps: (rescue_var, sampling_var, signal) per step
+    values = {
+        0: [(1, 4, 10), (3, 4, 6)],  # step-means 2, 4, 8: ratio 1 + 2/4 = 1.5; 0.25, 0.5
+        1: [(0, 2, 4), (2, 6, 4)],  # 1, 4, 4: ratio 1.25 (mean of per-step ratios: 1.1667); 0.25, 1
+        2: [(3, 3, 8), (3, 1, 8)],  # 3, 2, 8: ratio 2.5; 0.375, 0.25
+    }
+
+    def row(phase, rule, seed, step, v):
+        keys = ("phase", "rung", "rule", "seed", "step", *GRAD_NOISE_COLUMNS)
+        return dict(zip(keys, (phase, "bandit_sampled", rule, seed, step, *v), strict=True))
+
+    rows = [row("study", "nsr_dapo", s, t + 1, v) for s in values for t, v in enumerate(values[s])]
+    rows.append(row("study", "dapo", 0, 1, (math.nan,) * 3))  # no counterpart: not logged
+    rows.append(row("calib", "nsr_dapo", 0, 1, (100, 1, 1)))  # calibration rows do not count
+    table = gradient_noise(pd.DataFrame(rows))
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert (row["rung"], row["rule"], row["seeds"], row["points"]) == (
+        "bandit_sampled",
+        "nsr_dapo",
+        3,
+        6,
+    )
+    assert row["rescue_to_signal"] == pytest.approx((0.25 + 0.25 + 0.375) / 3, abs=1e-12)
+    assert row["sampling_to_signal"] == pytest.approx((0.5 + 1.0 + 0.25) / 3, abs=1e-12)
+    # ratios 1.5, 1.25, 2.5: mean 1.75, SD sqrt((0.0625 + 0.25 + 0.5625) / 2) = 0.661438;
+    # t_{0.975, 2} = 4.302653: half-width 4.302653 * 0.661438 / sqrt(3) = 1.643097
+    assert row["variance_ratio"] == pytest.approx(1.75, abs=1e-12)
+    half = 4.302652729911275 * math.sqrt(0.875 / 2) / math.sqrt(3)
+    assert (row["lo"], row["hi"]) == pytest.approx((1.75 - half, 1.75 + half), abs=1e-9)
+    # parts written before the columns existed: an empty table, not an error
+    old = pd.DataFrame(rows).drop(columns=list(GRAD_NOISE_COLUMNS))
+    assert gradient_noise(old).empty
