@@ -168,6 +168,8 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     """The study's tables in ``out``, rungs in ladder order and claims in ledger order."""
     names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
+    noise = out / "grad_noise.csv"  # absent in a folder written before mechanism check (c)
+    read["grad_noise"] = pd.read_csv(noise) if noise.exists() else pd.DataFrame()
     order = {rung: i for i, rung in enumerate(RUNGS)}
     claim_order = {c.name: i for i, c in enumerate(CLAIMS)}
     for name in ("summary", "ledger", "ledger_auc", "power"):
@@ -232,6 +234,26 @@ def rule_rows(summ: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
+def grad_noise_section(noise: pd.DataFrame) -> str:
+    """Mechanism check (c) as printed: per rung and rule, the noise shares and the variance
+    ratio with its interval over seeds; "(not logged)" without rows."""
+    if noise.empty:
+        return "(not logged)"
+    ratio = [
+        _num(e)
+        if not (math.isfinite(lo) and math.isfinite(hi))
+        else f"{e:.4f} [{lo:.4f}, {hi:.4f}]"
+        for e, lo, hi in zip(noise["variance_ratio"], noise["lo"], noise["hi"], strict=True)
+    ]
+    rows = noise.assign(
+        rescue_to_signal=noise["rescue_to_signal"].map(_num),
+        sampling_to_signal=noise["sampling_to_signal"].map(_num),
+        variance_ratio=ratio,
+    )
+    cols = ["rung", "rule", "seeds", "points", "rescue_to_signal", "sampling_to_signal"]
+    return _table(rows[[*cols, "variance_ratio"]])
+
+
 def power_rows(power: pd.DataFrame) -> pd.DataFrame:
     """The power lines as printed."""
     return power.assign(
@@ -281,6 +303,7 @@ def write_doc(out: Path, path: Path) -> None:
         entropy_law=_table(law.assign(**{c: law[c].map(_num) for c in numbers}))
         if len(law)
         else "(not logged)",
+        grad_noise=grad_noise_section(read["grad_noise"]),
         summary=summary_text(led, summ, "On each claim's own metric:")
         + "\n\n"
         + summary_text(read["ledger_auc"], None, "On `reward_auc` (the pass-rate claims):"),
@@ -457,6 +480,20 @@ the law holds), `corr` their correlation. It needs no ranking: it says whether t
 rule's coefficients predict what happens to the entropy, at the calibrated step size.
 
 {entropy_law}
+
+## Mechanism check (c): NSR's gradient noise against its deterministic decay's
+
+On every optimizer update of the toy trainers, a rule with a deterministic counterpart (NSR →
+NSR-decay, the same expected coefficient: `Objective.expectation`) also takes the counterpart's
+gradient g_det on the same rows (`sandbox.grad_noise`): `rescue_var` = ‖g_NSR − g_det‖² (one draw
+of the rescue noise's variance given the batch), `sampling_var` = ‖h₁ − h₂‖² with h₁ + h₂ = g_det
+split over two halves of the rows (the batch-sampling variance of the minibatch gradient) and
+`signal` = ‖g_det‖², per seed's model, averaged over a step's updates; `variance_ratio` =
+1 + rescue_var / sampling_var (per seed, from its step-means; mean over seeds with a 95% t
+interval) estimates Var(NSR) / Var(decay), the share columns are the seeds' means of the
+step-means' ratios to `signal`.
+
+{grad_noise}
 
 ## Power
 

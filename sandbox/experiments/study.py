@@ -29,6 +29,10 @@ Per step, on ``bandit_sampled`` and ``tiny_tf`` (``entropy_law=True``), the obse
 and the entropy-covariance law's prediction (``entropy_change``, ``entropy_change_pred``; on
 ``tiny_tf`` over the visited prefixes of the step's rollout), tabulated by :func:`entropy_law`.
 
+Rules with a deterministic counterpart (:meth:`sandbox.objectives.Objective.expectation`: NSR ->
+NSR-decay) also log mechanism check (c) on the toy trainers' rungs (:mod:`sandbox.grad_noise`:
+``grad_rescue_var``, ``grad_sampling_var``, ``grad_signal``), tabled by :func:`gradient_noise`.
+
 The ``llm`` rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) with
 :func:`register_rung`.
 """
@@ -45,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from sandbox.configs import arg
+from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
 from . import evidence
 from .claims import CLAIMS, Claim, claim_rules, ledger, power_lines
@@ -83,6 +88,7 @@ ROW_COLUMNS = (
     "grad_mass_rescued",
     "entropy_change",
     "entropy_change_pred",
+    *GRAD_NOISE_COLUMNS,
 )
 
 
@@ -214,10 +220,13 @@ def register_rung(rung: Rung) -> Rung:
 
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
     aggregation = None if config.paper_aggregation else "token-mean"
+    train = {"aggregation": aggregation, "grad_mass": True}
+    if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
+        train["grad_noise"] = True
     return {
         "minibatches": config.minibatches,
         "device": config.device,
-        "train": {"aggregation": aggregation, "grad_mass": True},
+        "train": train,
     }
 
 
@@ -596,11 +605,53 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Mechanism check (c), per (rung, rule) where logged (:mod:`sandbox.grad_noise`): per seed,
+    the step-means of ``rescue_var`` (the rule's own noise, ``||g_rule - g_det||^2``),
+    ``sampling_var`` (the batch's, ``tr Cov[g_det]``) and ``signal`` (``||g_det||^2``); then over
+    seeds the means of ``rescue_var / signal`` and ``sampling_var / signal`` and of the variance
+    ratio ``Var(rule) / Var(det) ~ 1 + rescue_var / sampling_var``, with its Student-t
+    ``level`` interval over seeds (:func:`.evidence.paired_difference` against 0; a seed whose
+    sampling variance is 0 gives no ratio). ``points``: the (step, seed) rows used."""
+    columns = ["rung", "rule", "seeds", "points", "rescue_to_signal", "sampling_to_signal"]
+    columns += ["variance_ratio", "lo", "hi"]
+    if not set(GRAD_NOISE_COLUMNS) <= set(rows.columns):  # parts written before (c) was logged
+        return pd.DataFrame(columns=columns)
+    study = rows[rows["phase"] == "study"].dropna(subset=list(GRAD_NOISE_COLUMNS))
+    out = []
+    for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
+        per_seed = g.groupby("seed")[list(GRAD_NOISE_COLUMNS)].mean()
+        rescue, sampling, signal = (per_seed[c].to_numpy(float) for c in GRAD_NOISE_COLUMNS)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = 1.0 + rescue / sampling
+            to_signal = rescue / signal, sampling / signal
+        interval = evidence.paired_difference(ratio, np.zeros_like(ratio), level)
+        out.append(
+            {
+                "rung": rung,
+                "rule": rule,
+                "seeds": interval.n,
+                "points": len(g),
+                "rescue_to_signal": _finite_mean(to_signal[0]),
+                "sampling_to_signal": _finite_mean(to_signal[1]),
+                "variance_ratio": interval.estimate,
+                "lo": interval.lo,
+                "hi": interval.hi,
+            }
+        )
+    return pd.DataFrame(out, columns=columns)
+
+
+def _finite_mean(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if len(x) else float("nan")
+
+
 def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    agreement) and the figures; returns the tables."""
+    agreement, entropy_law, grad_noise) and the figures; returns the tables."""
     out = Path(out)
     write_parquet_atomic(rows, out / "results.parquet")
     scores = run_scores(rows)
@@ -611,6 +662,7 @@ def write_tables(
         "ledger": study_ledger(scores),
         "ledger_auc": study_ledger(scores, auc_claims()),
         "entropy_law": entropy_law(rows),
+        "grad_noise": gradient_noise(rows),
         "power": rung_power(scores),
         "agreement": pd.concat(
             [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True

@@ -651,6 +651,19 @@ class Objective:
             return False
         return True
 
+    def expectation(self) -> Objective | None:
+        """The deterministic rule whose coefficient is this rule's expected one, or ``None``.
+
+        For a stochastic rule with a closed-form mean, the objective ``D`` with
+        ``D.coef(r, A) = self.expected_coef(r, A)`` for every ``(r, A)`` and no randomness of its
+        own: given a batch, ``D``'s gradient is the expectation over this rule's draws of this
+        rule's gradient (the loss assembly is linear in the per-token coefficients), so
+        ``g_rule - g_D`` is the rule's own noise (NSR -> NSR-decay with the same parameters).
+        ``None`` for a rule that is already deterministic and for one without a closed form
+        (Clip-Cov's batch ranking).
+        """
+        return None
+
     def expected_coef(self, ratio: Tensor | float, adv: Tensor | float) -> Tensor:
         """Closed-form ``E[coef | r, A]`` over the objective's own randomness.
 

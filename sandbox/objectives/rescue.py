@@ -123,6 +123,13 @@ class NSR(_NSRBase):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self.seed = seed
 
+    def expectation(self) -> NSRDecay:
+        """:class:`NSRDecay` with this rule's parameters (and aggregation, which a preset may
+        set): the same ``expected_coef``, no draws."""
+        det = NSRDecay(self.eps_low, self.eps_high, self.level, self.noise, self.sigma)
+        det.aggregation = self.aggregation
+        return det
+
     def draw(self, logp: Tensor, generator: torch.Generator | None) -> Tensor:
         """xi's uniform source: one U(0, 1) per token (per sequence at level "sequence")."""
         shape = (logp.shape[0], 1) if self.level == "sequence" else tuple(logp.shape)

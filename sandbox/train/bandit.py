@@ -83,6 +83,13 @@ off_policy_masked_frac  with ``off_policy_mask``: share of samples dropped (pool
 entropy_change      with ``entropy_law``: exact entropy after the step's update minus before
 entropy_change_pred with ``entropy_law``: the entropy-covariance law's first-order prediction of
                     it from the update's logit change (:func:`sandbox.exact.softmax.entropy_covariance_prediction`)
+grad_rescue_var     with ``grad_noise``: ``||g_rule - g_det||^2`` of the seed's logits gradient,
+                    g_det that of the rule's deterministic counterpart (NSR -> NSR-decay) on
+                    the same rows; mean over the step's updates (:mod:`sandbox.grad_noise`).
+                    NaN for a rule without a counterpart
+grad_sampling_var   with ``grad_noise``: the half-split estimate of the batch-sampling variance
+                    ``tr Cov[g_det]`` of the minibatch gradient (:mod:`sandbox.grad_noise`)
+grad_signal         with ``grad_noise``: ``||g_det||^2``
 =================== ========================================================================
 
 The row of step t describes the policy *before* the step's update (the one that sampled the
@@ -109,6 +116,7 @@ from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.exact.softmax import entropy_covariance_prediction
+from sandbox.grad_noise import GRAD_NOISE_COLUMNS, counterpart_loss, first_half, grad_noise
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective
@@ -186,6 +194,11 @@ class BanditTrainConfig:
         "log each step's entropy change (entropy_change) and the entropy-covariance law's "
         "first-order prediction from the step's logit change (entropy_change_pred)",
     )
+    grad_noise: bool = arg(
+        False,
+        "log NSR's gradient noise against its deterministic counterpart's and the batch's "
+        "sampling noise (grad_rescue_var, grad_sampling_var, grad_signal; sandbox.grad_noise)",
+    )
     seed: int = arg(0, "base seed of the run's torch.Generator")
     device: str = arg("cpu", "torch device")
     dtype: str = arg("float32", f"one of {list(DTYPES)}")
@@ -208,6 +221,11 @@ class BanditTrainConfig:
             raise ValueError(
                 f"minibatches must divide prompts_per_step * group_size = {batch}, "
                 f"got {self.minibatches}"
+            )
+        if self.grad_noise and batch // self.minibatches < 2:
+            raise ValueError(
+                "grad_noise needs >= 2 samples per minibatch and seed to split them in halves, "
+                f"got prompts_per_step * group_size / minibatches = {batch // self.minibatches}"
             )
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
@@ -411,11 +429,14 @@ class UpdateStats:
         metrics: ``[M, 1]`` (pooled over seeds) or ``[M, S]`` (objectives called per seed): mean
             over the step's mu x minibatches updates.
         grad_norm: ``[S]`` per-seed L2 norm of the logits gradient, mean over the updates.
+        grad_noise: ``[3, S]`` with ``grad_noise``: :data:`sandbox.grad_noise.GRAD_NOISE_COLUMNS`,
+            mean over the updates (NaN for a rule without a deterministic counterpart).
     """
 
     metric_names: tuple[str, ...]
     metrics: Tensor
     grad_norm: Tensor
+    grad_noise: Tensor | None = None
 
     def as_dict(self) -> dict[str, Tensor]:
         return dict(zip(self.metric_names, self.metrics, strict=True))
@@ -454,6 +475,28 @@ def _objective_loss(
     )
 
 
+def _grad_noise(
+    det_fn: PolicyLoss | None,
+    logits: Tensor,
+    index: Tensor,
+    rollout_mb: tuple[Tensor, Tensor],
+    mask: Tensor,
+) -> Tensor:
+    """``[3, S]`` :func:`sandbox.grad_noise.grad_noise` of the update whose gradient
+    ``logits.grad`` holds (its rows ``index``), NaN without a counterpart ``det_fn``."""
+    S, P, K = logits.shape
+    n = index.shape[1]
+    if det_fn is None:
+        return torch.full((3, S), math.nan, dtype=logits.dtype, device=logits.device)
+
+    def forward() -> tuple[Tensor, list[Tensor]]:
+        logp = torch.log_softmax(logits, -1).view(S, P * K).gather(1, index)
+        return _objective_loss(det_fn, logp, rollout_mb, mask, None, False).loss, [logp]
+
+    half = first_half(S, n, logits.device).view(S, n)
+    return grad_noise(forward, [logits], [logits.grad], half, S)
+
+
 def bandit_update(
     logits: Tensor,
     optimizer: torch.optim.Optimizer,
@@ -467,6 +510,7 @@ def bandit_update(
     validate: bool = True,
     off_policy_mask: float | None = None,
     grad_mass: bool = False,
+    grad_noise: bool = False,
 ) -> UpdateStats:
     """mu epochs x minibatches optimizer steps of ``objective`` on one rollout, for all seeds.
 
@@ -491,6 +535,8 @@ def bandit_update(
             mask (a sample is a one-token sequence: dropped when A < 0 and
             ``log pi_old(a) - log pi(a) > delta``).
         grad_mass: also log :func:`sandbox.loss.grad_mass_shares` (metrics only).
+        grad_noise: also measure :func:`sandbox.grad_noise.grad_noise` on every update (extra
+            passes of the rule's deterministic counterpart; no random draws).
     """
     S, P, K = logits.shape
     N = rollout.size
@@ -504,6 +550,8 @@ def bandit_update(
     metric_sum: Tensor | None = None
     names: tuple[str, ...] = ()
     grad_norm = torch.zeros(S, dtype=logits.dtype, device=logits.device)
+    det_fn = counterpart_loss(loss_fn) if grad_noise else None
+    noise = torch.zeros(3, S, dtype=logits.dtype, device=logits.device) if grad_noise else None
     for _epoch in range(epochs):
         perm = None
         if minibatches > 1:
@@ -518,6 +566,8 @@ def bandit_update(
             optimizer.zero_grad(set_to_none=False)
             out.loss.backward()
             grad_norm += logits.grad.detach().view(S, -1).norm(dim=1)
+            if noise is not None:  # before the step: g_rule and g_det at the same logits
+                noise += _grad_noise(det_fn, logits, index, (logp_old, adv), mask)
             optimizer.step()
 
             if metric_sum is None:
@@ -527,7 +577,8 @@ def bandit_update(
             values = values if values.dim() == 2 else values[:, None]  # [M, S] or pooled [M, 1]
             metric_sum = values if metric_sum is None else metric_sum + values
     updates = epochs * minibatches
-    return UpdateStats(names, metric_sum / updates, grad_norm / updates)
+    noise = None if noise is None else noise / updates
+    return UpdateStats(names, metric_sum / updates, grad_norm / updates, noise)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -594,6 +645,7 @@ def run_bandit(
     optimizer = make_optimizer(config.optimizer, [logits], config.lr)
     seed_hist = torch.empty(config.steps, len(SEED_COLUMNS), S, dtype=dtype, device=device)
     law_hist = torch.empty(config.steps, 2, S, dtype=dtype, device=device)  # observed, predicted
+    noise_hist = torch.empty(config.steps, 3, S, dtype=dtype, device=device)
     metric_hist: Tensor | None = None
     metric_names: tuple[str, ...] = ()
 
@@ -629,6 +681,7 @@ def run_bandit(
             validate=step == 0,
             off_policy_mask=config.off_policy_mask,
             grad_mass=config.grad_mass,
+            grad_noise=config.grad_noise,
         )
 
         # 4. log on device (no host sync inside the loop)
@@ -643,6 +696,8 @@ def run_bandit(
                 shape = (config.steps, len(metric_names), stats.metrics.shape[1])
                 metric_hist = torch.empty(shape, dtype=stats.metrics.dtype, device=device)
             metric_hist[step] = stats.metrics
+            if stats.grad_noise is not None:
+                noise_hist[step] = stats.grad_noise
             if config.entropy_law:  # arXiv 2505.22617: dH ~ -Cov(log pi, dz), per prompt
                 after = torch.log_softmax(logits.detach(), -1)
                 h_after = -(after.exp() * after).sum(-1) @ task.prompt_probs
@@ -663,6 +718,9 @@ def run_bandit(
     if config.entropy_law:
         law = law_hist.cpu().numpy()
         history["entropy_change"], history["entropy_change_pred"] = law[:, 0], law[:, 1]
+    if config.grad_noise:
+        noise_np = noise_hist.cpu().numpy()
+        history.update({name: noise_np[:, j] for j, name in enumerate(GRAD_NOISE_COLUMNS)})
     final_logits = logits.detach() if task.contextual else logits.detach()[:, 0]
     return BanditRun(config, objective.name, aggregation, final_logits.clone(), history)
 

@@ -49,6 +49,11 @@ policy ``completion_logp`` scores) before the step's update and z' after all of 
 (:func:`sandbox.exact.softmax.entropy_covariance_prediction`; the error is O(|z' - z|^2)). It
 costs two no-grad forwards of the rollout's rows and draws no random numbers, so training is
 bit-identical with it on or off.
+
+With ``grad_noise``: ``grad_rescue_var``, ``grad_sampling_var``, ``grad_signal`` per seed (each
+model's own parameters, the gradient before clipping; mean over the step's updates), the rule's
+gradient noise against its deterministic counterpart's (NSR -> NSR-decay) and the half-split
+batch-sampling variance (:mod:`sandbox.grad_noise`); NaN for a rule without a counterpart.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.exact.softmax import entropy as softmax_entropy
 from sandbox.exact.softmax import entropy_covariance_prediction
+from sandbox.grad_noise import GRAD_NOISE_COLUMNS, counterpart_loss, first_half, grad_noise
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 from sandbox.objectives import Objective
@@ -111,6 +117,9 @@ class SequenceTrainConfig:
         "the entropy-covariance law's first-order prediction from the step's logit change "
         "(entropy_change_pred)",
     )
+    grad_noise: bool = arg(
+        False, "log the rule's gradient noise against its deterministic counterpart's (NSR)"
+    )
     temperature: float = arg(1.0, "sampling temperature")
     d_model: int = arg(32, "transformer width")
     n_layers: int = arg(2, "transformer layers")
@@ -140,6 +149,11 @@ class SequenceTrainConfig:
             raise ValueError(
                 f"minibatches must divide prompts_per_step * group_size = {batch}, "
                 f"got {self.minibatches}"
+            )
+        if self.grad_noise and batch // self.minibatches < 2:
+            raise ValueError(
+                "grad_noise needs >= 2 rows per minibatch and seed to split them in halves, "
+                f"got prompts_per_step * group_size / minibatches = {batch // self.minibatches}"
             )
         for name in ("lr", "max_grad_norm", "temperature"):
             value = getattr(self, name)
@@ -216,6 +230,7 @@ class SequenceTrainer:
             grad_mass=config.grad_mass,
         )
         self.aggregation = self.loss_fn.mode
+        self.det_loss_fn = counterpart_loss(self.loss_fn) if config.grad_noise else None
         S = config.seeds
         self.model = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
         self.model.to(self.device)
@@ -349,6 +364,20 @@ class SequenceTrainer:
         """The loss of minibatch ``rows`` for all seeds: :class:`sandbox.loss.PolicyLoss` with
         ``groups=S`` (each seed aggregated over its own rows; a batch-statistic objective is
         ranks each seed's rows on their own, its metrics then averaged over seeds)."""
+        out, _ = self._assemble(self.loss_fn, batch, rows, validate, self.generator)
+        return LossOutput(out.loss, {k: v.mean() for k, v in out.metrics.items()})
+
+    def _assemble(
+        self,
+        loss_fn: PolicyLoss,
+        batch: SequenceBatch,
+        rows: Tensor,
+        validate: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[LossOutput, list[Tensor]]:
+        """``loss_fn`` on minibatch ``rows`` (the policy's forward pass, then the one loss
+        assembly), and the per-row tensors ``[S * n, T]`` the loss was built from: ``logp``, and
+        ``entropy`` when the loss reads it."""
         S, n = self.config.seeds, rows.numel()
         prompt, pmask = batch.prompt[:, rows], batch.prompt_mask[:, rows]
         comp, cmask = batch.completion[:, rows], batch.completion_mask[:, rows]
@@ -357,19 +386,37 @@ class SequenceTrainer:
         def flat(x: Tensor | None) -> Tensor | None:
             return None if x is None else x.reshape(S * n, -1)
 
-        out = self.loss_fn(
-            flat(logp),
+        logp, entropy = flat(logp), flat(entropy) if self.needs_entropy else None
+        out = loss_fn(
+            logp,
             flat(batch.logp_old[:, rows]),
             flat(batch.adv[:, rows]),
             flat(cmask),
             logp_ref=None if batch.logp_ref is None else flat(batch.logp_ref[:, rows]),
-            entropy=flat(entropy) if self.needs_entropy else None,
-            generator=self.generator,
+            entropy=entropy,
+            generator=generator,
             validate=validate,
             groups=S,
             max_len=self.max_new_tokens,  # Dr. GRPO's L: the budget, not this batch's width
         )
-        return LossOutput(out.loss, {k: v.mean() for k, v in out.metrics.items()})
+        return out, [logp, *([] if entropy is None else [entropy])]
+
+    def _grad_noise(self, batch: SequenceBatch, rows: Tensor) -> dict[str, Tensor]:
+        """:func:`sandbox.grad_noise.grad_noise` of the update whose (unclipped) gradient the
+        parameters hold, on its rows ``rows``: ``[S]`` per column, NaN without a counterpart."""
+        S = self.config.seeds
+        if self.det_loss_fn is None:
+            nan = torch.full((S,), math.nan, device=self.device)
+            return dict.fromkeys(GRAD_NOISE_COLUMNS, nan)
+        params = list(self.model.parameters())
+
+        def forward() -> tuple[Tensor, list[Tensor]]:
+            out, outputs = self._assemble(self.det_loss_fn, batch, rows, False, None)
+            return out.loss, outputs
+
+        half = first_half(S, rows.numel(), self.device)
+        values = grad_noise(forward, params, [p.grad for p in params], half, S)
+        return dict(zip(GRAD_NOISE_COLUMNS, values.float(), strict=True))
 
     def update(self, batch: SequenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """mu epochs x minibatches of optimizer steps on one rollout; returns the per-seed
@@ -386,6 +433,9 @@ class SequenceTrainer:
                 out = self._loss(batch, rows, validate=self.steps_done == 0)
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
+                if cfg.grad_noise:  # before clipping and the step: g_rule as the loss gave it
+                    for k, v in self._grad_noise(batch, rows).items():
+                        sums[k] = sums.get(k, 0.0) + v
                 grad_norm += clip_grad_norm_per_model(self.model, cfg.max_grad_norm)
                 self.optimizer.step()
                 for k, v in out.metrics.items():
