@@ -136,7 +136,7 @@ def parts_of(out) -> dict[str, pd.DataFrame]:
 
 
 def test_the_study_with_ensembles_writes_the_separate_runs_parts_and_ledger(
-    tmp_path, ensembles, capsys
+    tmp_path, ensembles, capsys, monkeypatch
 ):
     separate, together = tmp_path / "separate", tmp_path / "together"
     assert main([*ARGV, "--out", str(separate)]) == 0
@@ -172,6 +172,17 @@ def test_the_study_with_ensembles_writes_the_separate_runs_parts_and_ledger(
     for name in missing:
         (mixed / "parts" / name).unlink()
     kept = {p.name: p.stat().st_mtime_ns for p in (mixed / "parts").glob("*.parquet")}
+    counted = llm.ensemble.train_ensemble
+
+    def interrupted(cfgs):
+        raise RuntimeError("the job dies mid-ensemble")
+
+    monkeypatch.setattr(llm.ensemble, "train_ensemble", interrupted)
+    with pytest.raises(RuntimeError, match="mid-ensemble"):
+        main([*ARGV, "--llm-ensemble", "3", "--out", str(mixed)])
+    # the failed job wrote none of its seeds and touched no finished part
+    assert {p.name: p.stat().st_mtime_ns for p in (mixed / "parts").glob("*.parquet")} == kept
+    monkeypatch.setattr(llm.ensemble, "train_ensemble", counted)
     assert main([*ARGV, "--llm-ensemble", "3", "--out", str(mixed)]) == 0
     assert ensembles == [2, 2, 2]  # nsr_dapo's seeds 0 and 2
     c = parts_of(mixed)
