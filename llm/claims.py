@@ -6,6 +6,15 @@ Profiles: ``quick`` (CI-sized smoke: seconds, the tiny Llama on the llm rung), `
 rungs at full power: 16 paired seeds per rule), ``gpu`` (adds the llm rung on SmolLM2-135M,
 8 paired seeds per rule). Flags override a profile's values.
 
+The llm rung trains one ``llm.train`` run per (rule, paired seed). Its ``ensemble`` setting
+(``--llm-ensemble K``, default 1: separate runs) runs up to K seeds of one rule as one job, one
+:func:`llm.ensemble.train_ensemble` (the training forward and backward batched over the K
+models; rollouts still one model after another). Each seed is still its own part with the rows
+its separate run gives (to float rounding), so K changes neither the tables nor resumption: a
+folder's parts are reused whatever K made them, and an interrupted job loses only its own K
+seeds. What K buys on a GPU is unmeasured; the K models' training activations share one device
+(no gradient checkpointing inside the ensemble).
+
 Outputs in ``--out`` (default ``runs/claims-<profile>``; the committed study is
 ``results/claims``): ``parts/`` (one parquet per finished run, written atomically: an interrupted
 study resumes and recomputes nothing finished), ``config.json`` (a folder made with other
@@ -49,6 +58,7 @@ LLM_DEFAULTS: dict[str, Any] = {
     "eval_prompts": 512,
     "eval_k": 1,
     "seeds": 8,
+    "ensemble": 1,  # paired seeds of one rule per job (one llm.ensemble); 1: separate runs
 }
 
 
@@ -59,6 +69,14 @@ def llm_settings(config: StudyConfig) -> dict[str, Any]:
 def llm_epochs(config: StudyConfig) -> list[int]:
     """The llm rung's mu grid: ``extra["llm"]["epochs"]``, else the study's ``epochs``."""
     return [int(e) for e in llm_settings(config).get("epochs", config.epochs)]
+
+
+def llm_members(config: StudyConfig) -> int:
+    """The llm rung's ``ensemble`` setting: paired seeds of one rule per job (>= 1)."""
+    k = llm_settings(config)["ensemble"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"ensemble (--llm-ensemble) must be an integer >= 1, got {k!r}")
+    return k
 
 
 def llm_spec(
@@ -105,6 +123,8 @@ register_rung(
         seeds=lambda c: llm_settings(c)["seeds"],
         epochs=llm_epochs,
         columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
+        members=llm_members,
+        execution=("ensemble",),
     )
 )
 
@@ -152,9 +172,24 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
     add_study_arguments(parser, PROFILES, "claims", "results/claims")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
     parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
+    parser.add_argument(
+        "--llm-ensemble",
+        type=int,
+        default=None,
+        metavar="K",
+        help="llm rung: up to K paired seeds of one rule per job, trained as one llm.ensemble "
+        "(default: the profile's, else 1 = separate runs; the parts are the same either way)",
+    )
     add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra"))
     args = parser.parse_args(argv)
-    return StudyConfig(**profile_settings(args, StudyConfig, PROFILES, "claims")), args
+    settings = profile_settings(args, StudyConfig, PROFILES, "claims")
+    if args.llm_ensemble is not None:
+        if args.llm_ensemble < 1:
+            raise ValueError(f"--llm-ensemble must be >= 1, got {args.llm_ensemble}")
+        extra = dict(settings.get("extra", {}))
+        extra["llm"] = {**extra.get("llm", {}), "ensemble": args.llm_ensemble}
+        settings["extra"] = extra
+    return StudyConfig(**settings), args
 
 
 def main(argv: list[str] | None = None) -> int:

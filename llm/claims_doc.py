@@ -16,7 +16,10 @@ from sandbox.experiments.claims import CLAIMS
 from sandbox.experiments.study import MARGINS, NEVER_BINDS, RUNGS, STEP_SIZE_RULE, fmt_interval
 
 PROVENANCE = "device: the 2-core CPU development machine (no GPU), date 2026-11-25"
-GPU_COMMAND = "python -m llm.claims --profile gpu --device cuda --out results/claims"
+GPU_COMMAND = (
+    "python -m llm.claims --profile gpu --device cuda --llm-ensemble 8 --workers 1 "
+    "--out results/claims"
+)
 
 
 def _table(frame: pd.DataFrame) -> str:
@@ -530,7 +533,14 @@ no timing below is a measurement:
 - calibration: dapo at lr 2e-6, 5e-6, 1e-5, 2e-5 (the transfer study's 5e-6 clipped 0.85%; the
   issue asks for ≥ 3%), one seed per step size (an llm spec trains one seed), then every claim
   rule at the chosen lr;
-- 8 paired seeds per rule (one spec per seed; each part committed as it finishes, so an interrupted
-  GPU session loses at most the run in flight); the page is then rebuilt with the command above and
-  the ledger gains the `llm` rows.
+- 8 paired seeds per rule, one spec per seed; with `--llm-ensemble 8` a rule's 8 seeds train as
+  one job, one `llm.ensemble` (the 8 models' training forward and backward batched as one `vmap`;
+  their rollouts still one model after another), one job at a time (`--workers 1`). Each seed is
+  still its own part with the rows its separate run gives (to float rounding,
+  `tests/test_claims_ensemble.py`), written when its job finishes: an interrupted GPU session
+  loses at most the job in flight (8 runs), and the setting may change between sessions
+  (`--llm-ensemble 1`: separate runs, up to 4 side by side by default; the parts are the same
+  either way). Whether the ensemble is faster, and whether 8 models with their optimizer states and
+  activations (no gradient checkpointing inside the ensemble) fit one GPU, is unmeasured;
+- the page is then rebuilt with the command above and the ledger gains the `llm` rows.
 """

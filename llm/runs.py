@@ -12,12 +12,23 @@ flags parsed first, as the base the other values replace. The run's ``out`` fold
 (removed before and after: the checkpoint holds the optimizer state, ~1.6 GB for SmolLM2-135M);
 the returned frame is the result: one row per step (step 0: the evaluation before training),
 ``pass_rate`` = held-out pass@1 (``eval_pass@1``) where evaluated.
+
+The kind is batched (``register_run("llm", batched=True)``): the specs of one
+:func:`~sandbox.experiments.runs.run_specs` call that share a
+:meth:`~sandbox.experiments.runs.RunSpec.batch_key` (they differ only in ``rule``, ``params`` or
+``seed``, e.g. a study's paired seeds of one rule) train as one :func:`llm.ensemble.train_ensemble`
+(the training forward and backward batched over the runs), each spec still returning the frame its
+own :func:`llm.train.train` run gives (to float rounding: ``tests/test_llm_ensemble.py``,
+``tests/test_claims_ensemble.py``). A single spec is one ordinary ``llm.train`` run. The caller
+bounds the ensemble by how many specs it passes at once (the claims study: its llm rung's
+``ensemble`` setting, ``llm/claims.py``).
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,17 +65,31 @@ def train_config(spec: RunSpec) -> object:
     )
 
 
-@register_run("llm")
-def llm_run(spec: RunSpec) -> pd.DataFrame:
-    """One ``llm.train`` run; steps as llm.train logs them (1-based, step 0 evaluates only)."""
-    from llm.train import train
-
-    config = train_config(spec)
-    out = Path(config.out)
-    shutil.rmtree(out, ignore_errors=True)  # an interrupted run restarts from step 0
-    frame = pd.DataFrame(train(config))
-    shutil.rmtree(out, ignore_errors=True)
+def run_frame(spec: RunSpec, rows: list[dict[str, float]]) -> pd.DataFrame:
+    """The kind's frame of one run's logged rows (1-based steps, step 0 evaluates only)."""
+    frame = pd.DataFrame(rows)
     frame["pass_rate"] = frame.get("eval_pass@1")
     frame["seed"] = spec.seed
     # a step that also evaluated is one row; step 0 (before training) only evaluates
     return tidy(spec, frame.groupby("step", as_index=False).first(), shift=0)
+
+
+@register_run("llm", batched=True)
+def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
+    """One ``llm.train`` run per spec: one spec alone, several (one batch key) as one ensemble
+    (:func:`llm.ensemble.train_ensemble`, whose ``check_members`` they satisfy: they differ only
+    in rule, parameters, seed and scratch ``out``). Each run's ``out`` is scratch, removed before
+    (an interrupted run restarts from step 0) and after."""
+    from llm.ensemble import train_ensemble
+    from llm.train import train
+
+    configs = [train_config(spec) for spec in specs]
+    outs = [Path(config.out) for config in configs]
+    try:
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
+        logs = [train(configs[0])] if len(configs) == 1 else train_ensemble(configs)
+    finally:
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
+    return [run_frame(spec, rows) for spec, rows in zip(specs, logs, strict=True)]

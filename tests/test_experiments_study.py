@@ -440,7 +440,7 @@ def test_the_tiny_tf_rung_logs_the_entropy_law_and_its_table_has_a_row():
         tf_eval_prompts=4,
     )
     assert sequence_config(RUNGS["tiny_tf"].spec(config, "dapo", 0.01, 2, 2, 0)).entropy_law
-    rows = run_job(config, ("study", "tiny_tf", "dapo", 0.01, 0))[0]
+    rows = run_job(config, ("study", "tiny_tf", "dapo", 0.01, 4, 0))[0]
     law = rows[["entropy_change", "entropy_change_pred"]]
     assert len(rows) == 2 * 2 and law.notna().all().all() and (law != 0).any().all()
     table = entropy_law(rows)

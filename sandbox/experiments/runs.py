@@ -14,7 +14,8 @@ kind                  what runs
                       batched: the specs of one setting that differ only in rule run as one program
 ``tiny_tf``           :func:`sandbox.train.train_sequence`: ``seeds`` tiny transformers on a task
 ``llm``               :func:`llm.train.train`, registered by ``llm/runs.py`` (``sandbox`` never
-                      imports ``llm``; importing ``llm.runs`` registers it)
+                      imports ``llm``; importing ``llm.runs`` registers it); batched: the specs
+                      of one call that differ only in rule or seed train as one ensemble
 ===================== ==========================================================================
 
 Orchestrators (``compare``, ``sweep``, ``llm.transfer``) build specs, run them through

@@ -17,7 +17,10 @@ Pairing: a seed fixes the prompts, the held-out set and the initial model for ev
 On the toy rungs the ``seeds`` paired seeds are the replicates of one vectorised run (replicate
 ``s`` of every rule starts from the same weights and sees the same prompt stream and the same first
 rollout: ``tests/test_experiments_study.py`` checks it); the exact flow is deterministic (one
-"seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed.
+"seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed, and one
+job runs up to :attr:`Rung.members` of one rule's seeds (``llm``: as one ensemble), each seed
+still its own part (``study__<rung>__<rule>__lr=<lr>__s<seed>``), so parts made either way are
+interchangeable and a resumed study reruns no finished seed.
 
 Per run (rung, rule, seed) the scores are the metrics of :mod:`.claims`: ``final_pass`` (bandits:
 the exact expected reward of the last logged policy; ``tiny_tf``: held-out pass@1 of the final
@@ -40,7 +43,7 @@ The ``llm`` rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,7 +57,7 @@ from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 from . import evidence
 from .claims import CLAIMS, Claim, claim_rules, ledger, power_lines
 from .planner import Job, RunFolder
-from .results import part_name, read_parts, write_parquet_atomic
+from .results import changed_settings, part_name, read_parts, write_parquet_atomic
 from .runs import RunSpec, objective_of, run_specs
 
 #: The reference rule every rung is calibrated with.
@@ -166,6 +169,7 @@ class StudyConfig:
         for rung in self.rungs:
             if rung not in RUNGS:
                 raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
+            members_per_job(self, rung)  # ValueError naming the rung's setting
         for name in ("seeds", "minibatches", "group_size", "calib_seeds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -183,11 +187,28 @@ class StudyConfig:
 
     def fields_of_parts(self) -> dict[str, Any]:
         """What every part depends on besides its name (rung, rule, step size, base seed): a
-        folder's parts are reused only while these are unchanged. The step-size grids are not
-        among them (nor the mu grids: mu is in the part name): a grid that grows reuses the
-        calibration runs it keeps."""
-        skip = ("rules", "rungs", "bandit_lrs", "tf_lrs", "epochs", "tf_epochs")
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        folder's parts are reused only while these are unchanged (:func:`part_fields`)."""
+        return part_fields(asdict(self))
+
+
+def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a study (a :class:`StudyConfig` as a dict, or a folder's recorded
+    ``config.json``) that its parts depend on. Not among them: the rules, rungs, step-size and
+    mu grids (mu is in the part name; a grid that grows reuses the calibration runs it keeps),
+    and a rung's execution settings (:attr:`Rung.execution`, e.g. the llm rung's ``ensemble``:
+    parts made with any value are interchangeable)."""
+    skip = ("rules", "rungs", "bandit_lrs", "tf_lrs", "epochs", "tf_epochs")
+    out = {k: v for k, v in values.items() if k not in skip}
+    if isinstance(out.get("extra"), Mapping):
+        extra = {}
+        for rung, settings in out["extra"].items():
+            execution = RUNGS[rung].execution if rung in RUNGS else ()
+            if isinstance(settings, Mapping):
+                settings = {k: v for k, v in settings.items() if k not in execution}
+            if settings != {}:
+                extra[rung] = settings
+        out["extra"] = extra
+    return out
 
 
 @dataclass(frozen=True)
@@ -196,7 +217,14 @@ class Rung:
     grid, its training length, whether one spec trains all paired seeds (``replicates``), which
     of the kind's columns are the study's ``pass_rate`` and ``train_reward``, and its mu grid
     (``epochs``: the epochs calibration tries with each step size; the spec's ``epochs`` is
-    replaced by the job's)."""
+    replaced by the job's).
+
+    A rung without replicates runs one spec per paired seed; ``members(config)`` (default 1)
+    bounds how many of one rule's seeds (at one step size and mu) run as one job: their specs go
+    to :func:`~.runs.run_specs` together, so a batched kind trains them as one program (``llm``:
+    one ensemble), and each seed is still written as its own part (:func:`job_groups`).
+    ``execution``: the keys of ``config.extra[name]`` that choose how the runs execute, not what
+    they compute (left out of :func:`part_fields`)."""
 
     name: str
     spec: Callable[[StudyConfig, str, float, int, int, int], RunSpec]
@@ -207,6 +235,8 @@ class Rung:
     seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
     columns: tuple[tuple[str, str], ...] = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
     epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
+    members: Callable[[StudyConfig], int] | None = None  # seeds per job (default 1)
+    execution: tuple[str, ...] = ()
 
 
 RUNGS: dict[str, Rung] = {}
@@ -336,6 +366,34 @@ def study_jobs(config: StudyConfig, settings: dict[str, tuple[float, int]]) -> l
     return out
 
 
+def members_per_job(config: StudyConfig, rung: str) -> int:
+    """How many paired seeds of one rule one job of ``rung`` runs (:attr:`Rung.members`; 1 for a
+    rung with replicates, whose one spec trains every seed)."""
+    r = RUNGS[rung]
+    if r.replicates or r.members is None:
+        return 1
+    size = r.members(config)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{rung}: members per job must be an integer >= 1, got {size!r}")
+    return size
+
+
+def job_groups(config: StudyConfig, jobs: Sequence[tuple]) -> list[tuple[tuple, ...]]:
+    """``jobs`` in groups run as one job: the seeds of one (phase, rung, rule, step size, mu) in
+    order, at most :func:`members_per_job` per group; every other job alone. Pass the unfinished
+    jobs only: a resumed study groups what is left and reruns no finished seed."""
+    groups: dict[tuple, list[tuple]] = {}
+    for job in jobs:
+        phase, rung, rule, lr, mu, _ = job
+        key = (phase, rung, rule, lr, mu) if members_per_job(config, rung) > 1 else job
+        groups.setdefault(key, []).append(job)
+    out = []
+    for members in groups.values():
+        size = members_per_job(config, members[0][1])
+        out += [tuple(members[i : i + size]) for i in range(0, len(members), size)]
+    return out
+
+
 def job_part(job: tuple) -> str:
     phase, rung, rule, lr, mu, seed = job
     return part_name(phase, rung, rule, f"lr={lr!r}", f"mu={mu}", f"s{seed}")
@@ -356,8 +414,20 @@ def job_spec(config: StudyConfig, job: tuple) -> RunSpec:
 def run_job(config: StudyConfig, job: tuple) -> list[pd.DataFrame]:
     """One run as the study's tidy rows: phase, rung, rule, lr, epochs, seed (paired id), step
     and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
+    return run_jobs(config, (job,))
+
+
+def run_jobs(config: StudyConfig, jobs: Sequence[tuple]) -> list[pd.DataFrame]:
+    """The runs of ``jobs`` (a group of :func:`job_groups`) in one :func:`~.runs.run_specs`
+    call (a batched kind runs them as one program), one frame of tidy rows per job
+    (:func:`job_rows`)."""
+    frames = run_specs([job_spec(config, job) for job in jobs])
+    return [job_rows(job, frame) for job, frame in zip(jobs, frames, strict=True)]
+
+
+def job_rows(job: tuple, frame: pd.DataFrame) -> pd.DataFrame:
+    """A run kind's frame of ``job`` as the study's rows."""
     phase, rung, rule, lr, mu, base = job
-    [frame] = run_specs([job_spec(config, job)])
     if RUNGS[rung].replicates:  # replicate s -> base + s (the flow's -1 -> base)
         seed = frame["seed"].clip(lower=0) + base
     else:  # one seed per spec: the kind logs the spec's own seed
@@ -370,16 +440,20 @@ def run_job(config: StudyConfig, job: tuple) -> list[pd.DataFrame]:
     for name in ROW_COLUMNS:
         column = renamed.get(name, name)
         rows[name] = frame[column].astype(float) if column in frame else np.nan
-    return [rows]
+    return rows
 
 
 def _run(folder: RunFolder, config: StudyConfig, jobs: list[tuple], desc: str, **kw: Any) -> None:
+    left = [j for j in jobs if not folder.done(job_part(j))]
     todo = [
-        Job("/".join(map(str, j[1:])), (job_part(j),), (config, j))
-        for j in jobs
-        if not folder.done(job_part(j))
+        Job(
+            "/".join(map(str, group[0][1:5])) + "/" + ",".join(str(j[5]) for j in group),
+            tuple(job_part(j) for j in group),
+            (config, group),
+        )
+        for group in job_groups(config, left)
     ]
-    folder.run(run_job, todo, total=len(jobs), desc=desc, **kw)
+    folder.run(run_jobs, todo, total=len(jobs), desc=desc, **kw)
 
 
 def run_study(
@@ -392,7 +466,13 @@ def run_study(
 ) -> pd.DataFrame:
     """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows."""
     config.validate()
-    folder = RunFolder(out, config.fields_of_parts(), contents=asdict(config), force=force)
+    folder = RunFolder(
+        out,
+        config.fields_of_parts(),
+        contents=asdict(config),
+        force=force,
+        compare=lambda previous, now: changed_settings(part_fields(previous), now),
+    )
     calib = calibration_jobs(config)
     kw = {"progress": progress, "workers": workers}
     _run(folder, config, calib, "calibration", **kw)
