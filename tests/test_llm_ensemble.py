@@ -283,7 +283,12 @@ def test_train_ensemble_equals_separate_runs(tmp_path, members):
         init = tiny_model(len(tok_global()), members[k]["seed"]).state_dict()
         assert max((state_a[n] - init[n]).abs().max().item() for n in init) > 1e-3
         for name, p in state_a.items():
-            torch.testing.assert_close(state_e[name], p, atol=2e-6, rtol=1e-5, msg=name)
+            # float32: Adam divides by sqrt(v), so an element with a tiny gradient carries the
+            # batched forward's rounding into its step (3.6e-6 on one of 3,168 on an AVX-512
+            # Xeon); training moved every state by > 1e-3 (above)
+            torch.testing.assert_close(
+                state_e[name], p, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+            )
         metrics = (tmp_path / f"ens{k}" / "metrics.jsonl").read_text().splitlines()
         assert len(metrics) == 2
 
