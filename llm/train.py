@@ -66,6 +66,16 @@ entropy_masked_frac with --top-entropy-quantile < 1: share of loss tokens outsid
                     entropy (quantile over each rank's micro-batch; sandbox.masks)
 loss                sum of the minibatch losses, mean over optimizer steps
 grad_norm           gradient norm before clipping, mean over optimizer steps
+entropy_change      with --entropy-law (mechanism check (a), one process): token mean over the
+                    step's first --entropy-law-rows completions of H(pi after the step's updates)
+                    - H(pi before), full-vocabulary next-token logits / temperature;
+                    entropy_change_pred: the entropy-covariance law's first-order prediction,
+                    mean of -Cov_pi(log pi, z' - z) (:func:`entropy_law_columns`)
+grad_rescue_var     with --grad-noise (mechanism check (c), one process; :mod:`sandbox.grad_noise`):
+                    ||g_rule - g_det||^2 against the rule's deterministic counterpart (NSR ->
+                    NSR-decay); grad_sampling_var = ||h_1 - h_2||^2 over the minibatch's halves,
+                    grad_signal = ||g_det||^2; means over the step's updates, NaN for a rule
+                    without a counterpart (:func:`grad_noise_update`)
 lr                  learning rate of the step
 tokens_per_s        completion tokens generated (all ranks) per second of the step
 step_time           seconds for the step (rollout + update + logging)
