@@ -42,7 +42,7 @@ import pandas as pd
 import llm.runs  # noqa: F401  (registers the llm run kind, in workers too)
 from sandbox.configs import add_arguments, add_study_arguments, profile_settings
 from sandbox.experiments.results import read_parts
-from sandbox.experiments.runs import RunSpec
+from sandbox.experiments.runs import RunSpec, objective_of
 from sandbox.experiments.study import Rung, StudyConfig, register_rung, run_study, write_tables
 
 #: The llm rung's settings (``StudyConfig.extra`` overrides them).
@@ -82,7 +82,9 @@ def llm_members(config: StudyConfig) -> int:
 def llm_spec(
     config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int
 ) -> RunSpec:
-    """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts)."""
+    """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts), with the
+    mechanism probes on as on the toy rungs (``study._shared``): ``entropy_law`` always,
+    ``grad_noise`` for a rule with a deterministic counterpart."""
     s = llm_settings(config)
     train = {
         "model": s["model"],
@@ -93,7 +95,10 @@ def llm_spec(
         "offline": True,
         "save_model": False,
         "progress": False,
+        "entropy_law": True,  # mechanism check (a): the step's first 8 completions
     }
+    if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
+        train["grad_noise"] = True
     if not config.paper_aggregation:
         train["aggregation"] = "token-mean"
     return RunSpec.make(

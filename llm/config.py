@@ -60,6 +60,18 @@ class TrainConfig:
     rollout_is_max: float = arg(2.0, "upper bound C_max of the ratio")
     off_policy_mask: float | None = arg(None, "drop A < 0 sequences with mean KL > THRESHOLD")
     top_entropy_quantile: float = arg(1.0, "keep the top-q share of tokens by entropy (1: off)")
+    # -- mechanism checks (opt-in, one process; training is bit-identical with them on) ----------
+    entropy_law: bool = arg(
+        False,
+        "log the entropy change of each step over its first --entropy-law-rows completions "
+        "(entropy_change) and the entropy-covariance law's prediction (entropy_change_pred)",
+    )
+    entropy_law_rows: int = arg(8, "completions the entropy-law probe holds full logits of")
+    grad_noise: bool = arg(
+        False,
+        "log the rule's gradient noise against its deterministic counterpart's (NSR -> "
+        "NSR-decay) per update: grad_rescue_var, grad_sampling_var, grad_signal",
+    )
     # -- batch shape ------------------------------------------------------------------------------
     steps: int = arg(100, "rollout + update steps")
     prompts_per_step: int = arg(8, "prompts per step, all ranks together")
@@ -134,6 +146,7 @@ class TrainConfig:
             "grad_accum",
             "max_new_tokens",
             "eval_k",
+            "entropy_law_rows",
         ):
             _check(name, getattr(self, name), "an integer >= 1", _is_int, 1)
         for name in ("prompts_per_call", "logp_chunk"):  # None: the default
@@ -204,6 +217,17 @@ class TrainConfig:
             raise ValueError(
                 f"--minibatches {self.minibatches} must divide the step's "
                 f"{rows} completions (--prompts-per-step x --group-size)"
+            )
+        for name in ("entropy_law", "grad_noise"):
+            if getattr(self, name) and launched:
+                raise ValueError(
+                    f"{flag(name)} runs in one process: it is not supported under torchrun "
+                    "(DDP/FSDP); run it single-process"
+                )
+        if self.grad_noise and rows // self.minibatches < 2:
+            raise ValueError(
+                f"{flag('grad_noise')} splits each minibatch in halves: it needs >= 2 completions "
+                f"per minibatch, got {rows // self.minibatches}"
             )
         if self.fsdp and not launched:
             raise ValueError(

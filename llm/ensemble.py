@@ -27,6 +27,10 @@ one generator per member, as a run's micro-step seeds it.
 The driver: :func:`train_ensemble` (``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``)
 trains K runs of :func:`llm.train.train` in one process, each with its own rollouts, scores, logs,
 checkpoint and ``--out``; :func:`ensemble_step` / :func:`ensemble_update` are the batched core.
+The mechanism probes (``--entropy-law``, ``--grad-noise``) run per member on its own model, as in
+its run alone (:func:`llm.train.entropy_law_probe`, :func:`llm.train.grad_noise_update`): the
+grad-noise probe reads the member's batched gradient as ``g_rule`` and takes ``g_det`` from the
+member's own forward, so for a rule with certain keeps ``grad_rescue_var`` is float rounding, not 0.
 What it does not do (yet): the members' rollouts are generated one member after another with
 :func:`llm.rollout.generate` (batched decoding over members needs a cache that lives inside
 ``vmap``); no torchrun, LoRA, ``--resume`` or vLLM. The members run without gradient
@@ -343,7 +347,14 @@ def train_ensemble(cfgs: Sequence[Any]) -> list[list[dict[str, float]]]:
             hosts = [t.rollout_phase(r, step) for r in runs]
             scored = [t.score(r, h) for r, h in zip(runs, hosts, strict=True)]
             batches = [b for b, _ in scored]
+            probes = [  # mechanism check (a), each member on its own (llm.train's probe)
+                t.entropy_law_probe(r, b, h) if r.cfg.entropy_law else None
+                for r, b, h in zip(runs, batches, hosts, strict=True)
+            ]
             metrics = ensemble_update(runs, ensemble, batches, hosts, [k for _, k in scored], step)
+            for run, probe, m in zip(runs, probes, metrics, strict=True):
+                if probe is not None:
+                    m.add_means(t.entropy_law_columns(run, *probe))
             for k, run in enumerate(runs):
                 rows[k].append(t.log_step(run, step, batches[k], metrics[k], t0))
                 reporters[k].log(rows[k][-1])
@@ -443,6 +454,10 @@ def ensemble_update(
                     if active[k]:
                         tokens = subs[k]["loss_mask"].sum() * (not empty[k])
                         metrics[k].add(outs[k].loss, outs[k].metrics, tokens, empty[k])
+            for k, run in enumerate(runs):
+                if active[k] and run.cfg.grad_noise:  # the member's own counterpart forwards
+                    probe = t.grad_noise_update(run, batches[k], hosts[k], mb_rows[k], counts[k])
+                    metrics[k].add_means(probe)
             for k, run in enumerate(runs):
                 if active[k]:
                     metrics[k].add_grad_norm(clip_member(run.model, run.cfg.max_grad_norm))

@@ -354,3 +354,42 @@ def completion_logp(
         return logp, None
     ent = stats[..., 1]
     return logp, ent if entropy == "grad" else ent.detach()
+
+
+@torch.no_grad()
+def completion_logits(
+    model: Any,
+    prompt: Tensor,
+    prompt_mask: Tensor,
+    completion: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+) -> Tensor:
+    """``[N, V]`` the full next-token logits ``z_t = (W h_t + b) / temperature`` (float32, float64
+    for a float64 model; no graph) at the ``N`` completion tokens under ``completion_mask``, in row
+    order: ``log_softmax`` of a row is the distribution :func:`completion_logp` scores that token
+    under. Only for a bounded probe (mechanism check (a), :mod:`llm.train`): it holds ``N x V``
+    logits. The model runs on as many rows at a time as keep one forward's logits within
+    :data:`CHUNK_ELEMENTS` (at least one row), with the model's own head (any wrapper)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if completion.shape != completion_mask.shape or prompt.shape != prompt_mask.shape:
+        raise ValueError("completion/prompt and their masks must have the same shapes")
+    head = _unwrap(model).get_output_embeddings()
+    Tc = completion.shape[1]
+    rows = max(1, CHUNK_ELEMENTS // max(Tc * head.out_features, 1))
+    pieces = []
+    for lo in range(0, completion.shape[0], rows):
+        sl = slice(lo, lo + rows)
+        input_ids = torch.cat([prompt[sl], completion[sl]], 1)
+        attention = torch.cat([prompt_mask[sl], completion_mask[sl]], 1)
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=(attention.cumsum(-1) - 1).clamp(min=0),
+            logits_to_keep=Tc + 1,
+            use_cache=False,
+        ).logits[:, :-1]  # position t-1 predicts completion token t
+        z = logits[completion_mask[sl].bool()]
+        pieces.append(z.to(torch.promote_types(z.dtype, torch.float32)) / temperature)
+    return torch.cat(pieces)

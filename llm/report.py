@@ -32,6 +32,7 @@ class StepMetrics:
         self.extremes: dict[str, torch.Tensor] = {}  # *_max, and -(*_min)
         self.loss = torch.zeros((), device=device)
         self.grad_norms: list[torch.Tensor] = []
+        self.means: dict[str, list[torch.Tensor]] = {}  # per update (or step): plain means
 
     def add(
         self,
@@ -55,6 +56,13 @@ class StepMetrics:
             else:
                 self.sums[k] = self.sums.get(k, 0.0) + v * weight
 
+    def add_means(self, values: dict[str, torch.Tensor]) -> None:
+        """Values logged as their plain mean over the calls of the step (one call per optimizer
+        update, or one per step), not token-weighted and not reduced across ranks (the mechanism
+        probes that use it run in one process)."""
+        for k, v in values.items():
+            self.means.setdefault(k, []).append(torch.as_tensor(v).detach().double())
+
     def add_grad_norm(self, norm: torch.Tensor) -> None:
         self.grad_norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
@@ -69,6 +77,7 @@ class StepMetrics:
         values = {"loss": totals.pop("_loss") / updates}
         values["grad_norm"] = torch.stack(self.grad_norms).mean().item() if self.grad_norms else 0.0
         values.update({k: t / n_tokens for k, t in totals.items()})
+        values.update({k: torch.stack(v).mean().item() for k, v in self.means.items()})
         if self.extremes:
             ext_keys = sorted(self.extremes)
             ext = dist.all_reduce(torch.stack([self.extremes[k] for k in ext_keys]), "max")

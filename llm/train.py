@@ -66,6 +66,16 @@ entropy_masked_frac with --top-entropy-quantile < 1: share of loss tokens outsid
                     entropy (quantile over each rank's micro-batch; sandbox.masks)
 loss                sum of the minibatch losses, mean over optimizer steps
 grad_norm           gradient norm before clipping, mean over optimizer steps
+entropy_change      with --entropy-law (mechanism check (a), one process): token mean over the
+                    step's first --entropy-law-rows completions of H(pi after the step's updates)
+                    - H(pi before), full-vocabulary next-token logits / temperature;
+                    entropy_change_pred: the entropy-covariance law's first-order prediction,
+                    mean of -Cov_pi(log pi, z' - z) (:func:`entropy_law_columns`)
+grad_rescue_var     with --grad-noise (mechanism check (c), one process; :mod:`sandbox.grad_noise`):
+                    ||g_rule - g_det||^2 against the rule's deterministic counterpart (NSR ->
+                    NSR-decay); grad_sampling_var = ||h_1 - h_2||^2 over the minibatch's halves,
+                    grad_signal = ||g_det||^2; means over the step's updates, NaN for a rule
+                    without a counterpart (:func:`grad_noise_update`)
 lr                  learning rate of the step
 tokens_per_s        completion tokens generated (all ranks) per second of the step
 step_time           seconds for the step (rollout + update + logging)
@@ -103,13 +113,16 @@ from llm.config import (
     objective_choices,
 )
 from llm.data import PromptSource, make_source
-from llm.logprobs import completion_logp
+from llm.logprobs import CHUNK_ELEMENTS, completion_logits, completion_logp
 from llm.report import Reporter, StepMetrics
 from llm.vllm_rollout import VLLMRollout
 from sandbox.advantages import compute_advantages, zero_variance_groups
 from sandbox.configs import check_device, parse_config
+from sandbox.exact.softmax import entropy as softmax_entropy
+from sandbox.exact.softmax import entropy_covariance_prediction
 from sandbox.experiments.results import prepare_out_dir
-from sandbox.loss import PolicyLoss
+from sandbox.grad_noise import GRAD_NOISE_COLUMNS, counterpart_grads, counterpart_loss, noise_stats
+from sandbox.loss import LossOutput, PolicyLoss
 
 __all__ = ["TrainConfig", "main", "objective_choices", "parse_args", "train"]
 
@@ -154,6 +167,7 @@ class Run:
     max_prompt: int | None
     start: int = 0
     closers: list[Any] = field(default_factory=list)
+    det_loss_fn: PolicyLoss | None = None  # --grad-noise: the rule's deterministic counterpart
 
     @property
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -294,6 +308,8 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         max_prompt,
         closers=closers,
     )
+    if cfg.grad_noise:
+        run.det_loss_fn = counterpart_loss(loss_fn)
     run.encode(source.probe + source.eval_prompts)  # every prompt fits, before any compute
     if cfg.resume:
         run.start = checkpoint.load(cfg.out, policy, optimizer, scheduler, run.rng)
@@ -523,6 +539,8 @@ def update(
                 seed = rollout.derive_seed(cfg.seed, 2, step, epoch, mb, piece)
                 out = micro_step(run, sub, counts, seed, sync=a == A - 1, empty=empty)
                 metrics.add(out.loss, out.metrics, sub["loss_mask"].sum() * (not empty), empty)
+            if cfg.grad_noise:  # before clipping and the step: g_rule as the loss gave it
+                metrics.add_means(grad_noise_update(run, batch, host, mb_rows, counts))
             params = run.optimizer.param_groups[0]["params"]  # the trainable ones, from setup
             metrics.add_grad_norm(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             run.optimizer.step()
@@ -561,25 +579,40 @@ def micro_step(
         policy.set_requires_gradient_sync(sync)
     no_sync = info.enabled and not cfg.fsdp and not sync
     with policy.no_sync() if no_sync else contextlib.nullcontext():
-        entropy_mode = "grad" if cfg.entropy_coef > 0 else "metric"
-        logp, entropy = forward_logp(run, policy, sub, entropy_mode)
         generator = None
         if run.loss_fn.objective.stochastic:  # stateless: the same draws at any world size
             generator = torch.Generator(run.device).manual_seed(seed)
-        out = run.loss_fn(
-            logp,
-            sub["logp_old"] if run.need_old else logp.detach(),
-            sub["adv"],
-            mask,
-            logp_ref=sub.get("logp_ref"),
-            rollout_logp=sub.get("rollout_logp"),
-            entropy=entropy,
-            generator=generator,
-            validate=False,
-            **counts,
-        )
+        out, _ = micro_loss(run, run.loss_fn, sub, mask, counts, generator)
         (out.loss * info.world).backward()  # DDP/FSDP average over ranks; we want the sum
     return out
+
+
+def micro_loss(
+    run: Run,
+    loss_fn: PolicyLoss,
+    sub: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+    counts: dict[str, Any],
+    generator: torch.Generator | None,
+) -> tuple[LossOutput, list[torch.Tensor]]:
+    """The policy's forward on a micro-batch and ``loss_fn`` (:class:`sandbox.loss.PolicyLoss`)
+    with the minibatch's ``counts``; also returns the per-row tensors the loss was built from
+    that carry the graph (``logp``, and ``entropy`` with ``--entropy-coef > 0``)."""
+    grad_entropy = run.cfg.entropy_coef > 0
+    logp, entropy = forward_logp(run, run.policy, sub, "grad" if grad_entropy else "metric")
+    out = loss_fn(
+        logp,
+        sub["logp_old"] if run.need_old else logp.detach(),
+        sub["adv"],
+        mask,
+        logp_ref=sub.get("logp_ref"),
+        rollout_logp=sub.get("rollout_logp"),
+        entropy=entropy,
+        generator=generator,
+        validate=False,
+        **counts,
+    )
+    return out, [logp, entropy] if grad_entropy else [logp]
 
 
 def trim(
@@ -599,6 +632,111 @@ def trim(
         if key not in ("prompt", "prompt_mask") and v.dim() == 2:
             sub[key] = v[:, :right]
     return sub
+
+
+# --------------------------------------------------------------------------------------------------
+# Mechanism checks (opt-in, one process): (a) the entropy-covariance law, (c) gradient noise
+# --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def no_random_draws(run: Run):
+    """Restore the global random state after a probe, so that a probe's forward (dropout, if a
+    model had any) leaves the training draws as they were: training is bit-identical with the
+    probes on or off."""
+    devices = [run.device] if run.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+@torch.no_grad()
+def entropy_law_probe(
+    run: Run, batch: dict[str, torch.Tensor], host: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The probe of mechanism check (a): the step's first ``--entropy-law-rows`` completions and
+    the policy's full next-token logits ``z / temperature`` at their ``N`` completion tokens,
+    ``[N, V]`` (:func:`llm.logprobs.completion_logits`; the model in eval mode, as it samples)."""
+    rows = torch.arange(min(run.cfg.entropy_law_rows, host["completion"].shape[0]))
+    sub = trim(batch, host, rows, run.device)
+    return sub, probe_logits(run, sub)
+
+
+@torch.no_grad()
+def probe_logits(run: Run, sub: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[N, V]`` the sampling policy's logits at ``sub``'s completion tokens (no graph)."""
+    run.model.eval()
+    with no_random_draws(run), run.autocast:
+        return completion_logits(
+            run.model,
+            sub["prompt"],
+            sub["prompt_mask"],
+            sub["completion"],
+            sub["completion_mask"],
+            run.cfg.temperature,
+        )
+
+
+@torch.no_grad()
+def entropy_law_columns(
+    run: Run, sub: dict[str, torch.Tensor], before: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """``entropy_change`` and ``entropy_change_pred`` of the step (arXiv 2505.22617), token means
+    over the probe's ``N`` completion tokens, with ``z`` = ``before`` (:func:`entropy_law_probe`)
+    and ``z'`` the same logits after the step's updates::
+
+        entropy_change      = mean_t [ H(softmax z'_t) - H(softmax z_t) ]
+        entropy_change_pred = mean_t [ -Cov_{a ~ softmax z_t}(log pi_t(a), z'_t(a) - z_t(a)) ]
+
+    (:func:`sandbox.exact.softmax.entropy_covariance_prediction`), in float64, in chunks of
+    ``CHUNK_ELEMENTS`` logits. NaN when the probe has no completion token."""
+    after = probe_logits(run, sub)
+    N, V = before.shape
+    change = pred = torch.zeros((), dtype=torch.float64, device=before.device)
+    step = max(1, CHUNK_ELEMENTS // V)
+    for lo in range(0, N, step):
+        z0, z1 = before[lo : lo + step].double(), after[lo : lo + step].double()
+        change = change + (softmax_entropy(z1) - softmax_entropy(z0)).sum()
+        pred = pred + entropy_covariance_prediction(z0, z1 - z0).sum()
+    n = before.new_tensor(N if N else math.nan, dtype=torch.float64)
+    return {"entropy_change": change / n, "entropy_change_pred": pred / n}
+
+
+def grad_noise_update(
+    run: Run,
+    batch: dict[str, torch.Tensor],
+    host: dict[str, torch.Tensor],
+    mb_rows: torch.Tensor,
+    counts: dict[str, Any],
+) -> dict[str, torch.Tensor]:
+    """Mechanism check (c) on one optimizer update (:mod:`sandbox.grad_noise`), read after the
+    minibatch's micro-steps and before clipping: ``g_rule`` = the parameters' accumulated
+    gradient; ``g_det`` and ``h_1`` (half 1 = the first ``n // 2`` of the minibatch's ``n``
+    rows) accumulated over the same micro-batches with the same ``counts`` from the counterpart's
+    loss (:func:`sandbox.grad_noise.counterpart_loss`, :func:`~sandbox.grad_noise.counterpart_grads`);
+    returns ``grad_rescue_var``, ``grad_sampling_var``, ``grad_signal``
+    (:func:`~sandbox.grad_noise.noise_stats`), NaN for a rule without a counterpart, nothing for
+    a minibatch of fewer than 2 rows. Costs one forward and three backward passes per
+    micro-batch, and two parameter-sized accumulators."""
+    if run.det_loss_fn is None:
+        return dict.fromkeys(GRAD_NOISE_COLUMNS, torch.tensor(math.nan))
+    n = mb_rows.numel()
+    if n < 2:
+        return {}
+    params = run.optimizer.param_groups[0]["params"]
+    first = mb_rows[: n // 2]
+    g_det = h1 = None
+    with no_random_draws(run):
+        for piece in mb_rows.tensor_split(run.cfg.grad_accum):
+            if piece.numel() == 0:
+                continue
+            sub = trim(batch, host, piece, run.device)
+            out, outputs = micro_loss(run, run.det_loss_fn, sub, sub["loss_mask"], counts, None)
+            half = torch.isin(piece, first).to(run.device)[:, None]
+            g, h = counterpart_grads(out.loss, outputs, params, half)
+            g_det = g if g_det is None else [a + b for a, b in zip(g_det, g, strict=True)]
+            h1 = h if h1 is None else [a + b for a, b in zip(h1, h, strict=True)]
+    values = noise_stats([p.grad for p in params], g_det, h1, seeds=1)[:, 0]
+    return dict(zip(GRAD_NOISE_COLUMNS, values, strict=True))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -769,7 +907,10 @@ def _loop(run: Run, stop: StopRequest, stop_after: int | None) -> list[dict[str,
         t0 = time.perf_counter()
         host = rollout_phase(run, step)  # 1. rollout
         batch, keep = score(run, host)  # 2. rewards -> advantages
+        probe = entropy_law_probe(run, batch, host) if cfg.entropy_law else None
         metrics = update(run, batch, host, keep, step)  # 3. mu x minibatches x micro-batches
+        if probe is not None:  # the logits after every one of the step's updates
+            metrics.add_means(entropy_law_columns(run, *probe))
         row = log_step(run, step, batch, metrics, t0)  # 4. log, evaluate, checkpoint
         reporter.log(row)
         rows.append(row)

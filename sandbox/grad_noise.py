@@ -98,6 +98,19 @@ def grad_noise(
         seeds: S.
     """
     loss, outputs = forward()
+    g_det, h1 = counterpart_grads(loss, outputs, params, half)
+    return noise_stats(g_rule, g_det, h1, seeds)
+
+
+def counterpart_grads(
+    loss: Tensor, outputs: Sequence[Tensor], params: Sequence[Tensor], half: Tensor
+) -> tuple[list[Tensor], list[Tensor]]:
+    """``(g_det, h_1)`` of one counterpart forward: ``g_det = d loss / d params`` and ``h_1`` the
+    part of it that flows through the rows of half 1 (``half``, broadcastable to every output),
+    each a list over ``params`` (zeros for an unused parameter). Both are linear in the rows, so
+    a minibatch split into micro-batches (each aggregated with the whole minibatch's counts)
+    gives the minibatch's ``g_det`` and ``h_1`` as the sums of its micro-batches' (the
+    accumulation :func:`grad_noise` skips when one forward holds the whole minibatch)."""
     outputs = list(outputs)
     g_det = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
     cot = torch.autograd.grad(loss, outputs, retain_graph=True, allow_unused=True)
@@ -114,7 +127,20 @@ def grad_noise(
         zero = [torch.zeros_like(p) for p in params]
         g_det = [z if g is None else g for g, z in zip(g_det, zero, strict=True)]
         h1 = [z if h is None else h for h, z in zip(h1, zero, strict=True)]
-        rule = [z if g is None else g for g, z in zip(g_rule, zero, strict=True)]
-        rescue = seed_sq_norms([a - b for a, b in zip(rule, g_det, strict=True)], seeds)
-        sampling = seed_sq_norms([2 * h - g for h, g in zip(h1, g_det, strict=True)], seeds)
-        return torch.stack([rescue, sampling, seed_sq_norms(g_det, seeds)])
+    return g_det, h1
+
+
+@torch.no_grad()
+def noise_stats(
+    g_rule: Sequence[Tensor | None],
+    g_det: Sequence[Tensor],
+    h1: Sequence[Tensor],
+    seeds: int,
+) -> Tensor:
+    """``[3, seeds]``: ``rescue_var = ||g_rule - g_det||^2``, ``sampling_var = ||2 h_1 -
+    g_det||^2`` (= ``||h_1 - h_2||^2``) and ``signal = ||g_det||^2`` per seed (module docstring);
+    ``g_rule`` entries ``None`` count as 0."""
+    rule = [torch.zeros_like(d) if g is None else g for g, d in zip(g_rule, g_det, strict=True)]
+    rescue = seed_sq_norms([a - b for a, b in zip(rule, g_det, strict=True)], seeds)
+    sampling = seed_sq_norms([2 * h - g for h, g in zip(h1, g_det, strict=True)], seeds)
+    return torch.stack([rescue, sampling, seed_sq_norms(g_det, seeds)])
