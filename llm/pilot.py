@@ -1,0 +1,163 @@
+"""How a model starts on a task, before any training: the pilot that picks an LLM rung's task.
+
+A task for a study's LLM rung must start low *and* give a learning signal: a GRPO group of G
+completions only carries a gradient when some completion succeeds. Per task, on held-out
+problems drawn from the seed (the same stream ``llm.train``'s evaluation uses):
+
+- ``pass_at_1``: the task's own verifier on one completion per problem, sampled as training
+  samples them (temperature, ``--max-new-tokens``, the chat template when the tokenizer has one);
+- ``answer_anywhere``: the correct answer appears as a number anywhere in that completion (the
+  model computes it but does not state it as the verifier wants: a format-limited start);
+- ``forced_greedy``: the format forced: the assistant turn prefilled with ``"The answer is"`` and
+  8 greedy tokens; the first number must be the answer (an arithmetic-limited start shows 0 here);
+- ``group_signal``: ``1 - (1 - pass_at_1) ** G``, the chance a group of G has a success.
+
+::
+
+    python -m llm.pilot --model smollm2-135m --tasks addition:digits=3 mod_arith:steps=2 \\
+        --prompts 64 --out results/llm_pilot/pilot.csv
+
+Writes one tidy row per task (with model, device, date and the command) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from llm.config import TrainConfig
+from sandbox.configs import key_values
+
+PREFILL = "The answer is"
+_NUMBER = re.compile(r"-?\d+")
+
+
+def numbers(text: str) -> list[str]:
+    """The integers in ``text`` (thousands separators removed), in order."""
+    return _NUMBER.findall(text.replace(",", ""))
+
+
+def parse_task(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"addition:digits=3,num_terms=2"`` -> ``("addition", {"digits": 3, "num_terms": 2})``."""
+    name, _, knobs = spec.partition(":")
+    if not name:
+        raise ValueError(f"--tasks: empty task name in {spec!r}")
+    return name, key_values(list(filter(None, knobs.split(","))), f"--tasks {spec!r}")
+
+
+def forced_greedy(run: Any, prompts: list[str], answers: list[str]) -> float:
+    """Share of ``prompts`` whose first number after the prefilled :data:`PREFILL` (8 greedy
+    tokens) is the answer."""
+    tok, model = run.tokenizer, run.model
+    prefix = tok.encode(PREFILL, add_special_tokens=False)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    hits = 0
+    model.eval()
+    with torch.no_grad():
+        for ids, answer in zip(run.encode(prompts), answers, strict=True):
+            x = torch.tensor([ids + prefix], device=run.device)
+            out = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=8,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+            found = numbers(tok.decode(out[0, x.shape[1] :], skip_special_tokens=True))
+            hits += bool(found) and found[0] == answer
+    return hits / max(len(prompts), 1)
+
+
+def pilot_task(base: TrainConfig, task: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The pilot's row for one task (module docstring)."""
+    from llm.train import sample, setup
+
+    cfg = replace(base, task=task, task_knobs=knobs, out=tempfile.mkdtemp(prefix="llm-pilot-"))
+    closers: list[Any] = []
+    start = time.perf_counter()
+    try:
+        run = setup(cfg, closers)
+        src = run.source
+        prompts, answers = list(src.eval_prompts), list(src.eval_answers)
+        _, texts = sample(run, run.encode(prompts), 1, (cfg.seed, 3, 0), 0)
+        passed = [src.verify(a, t) >= 1.0 for a, t in zip(answers, texts, strict=True)]
+        anywhere = [a in numbers(t) for a, t in zip(answers, texts, strict=True)]
+        forced = forced_greedy(run, prompts, answers)
+    finally:
+        for close in reversed(closers):
+            close()
+    p1 = sum(passed) / len(texts)
+    return {
+        "task": task,
+        "knobs": ",".join(f"{k}={v}" for k, v in sorted(knobs.items())),
+        "prompts": len(texts),
+        "pass_at_1": p1,
+        "answer_anywhere": sum(anywhere) / len(texts),
+        "forced_greedy": forced,
+        "group_signal": 1 - (1 - p1) ** base.group_size,
+        "example": f"{prompts[0]!r} -> {texts[0][:60]!r} (answer {answers[0]})",
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llm.pilot", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--tasks", nargs="+", required=True, help="task[:knob=value,...] ...")
+    parser.add_argument("--prompts", type=int, default=64, help="held-out problems per task")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8, help="G of group_signal")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", required=True, help="CSV path")
+    args = parser.parse_args(argv)
+    try:
+        tasks = [parse_task(t) for t in args.tasks]
+        if args.prompts < 1:
+            raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
+        base = TrainConfig(
+            model=args.model,
+            offline=True,
+            eval_prompts=args.prompts,
+            eval_every=1,
+            steps=1,
+            max_new_tokens=args.max_new_tokens,
+            group_size=args.group_size,
+            seed=args.seed,
+            device=args.device,
+            progress=False,
+            save_model=False,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = [pilot_task(base, name, knobs) for name, knobs in tqdm(tasks, desc="pilot")]
+    frame = pd.DataFrame(rows).assign(
+        model=args.model,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        device=str(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"),
+        date=datetime.date.today().isoformat(),
+        command="python -m llm.pilot " + shlex.join(sys.argv[1:] if argv is None else argv),
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out, index=False)
+    cols = ["task", "knobs", "pass_at_1", "answer_anywhere", "forced_greedy", "group_signal"]
+    print(frame[cols].round(3).to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
