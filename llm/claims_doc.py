@@ -343,13 +343,14 @@ runs every claim rule on each rung of the ladder, **calibrated** so that the ref
 interval lies on the claimed side of 0), *contradicted* (on the other side, or it excludes every
 effect as large as the margin in the claimed direction), or *not resolved at this power*.
 
-Provenance — {provenance}. Commands (the toy rungs at full power, then this page):
+Provenance — {provenance}. Commands (the toy rungs at full power, 22 min; then this page):
 
     python -m llm.claims --profile cpu --out results/claims --workers 2
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md   # this page
 
 The parts are in `{rel}/parts/` (one parquet per run); the tables beside them (`ledger.csv`,
-`summary.csv`, `power.csv`, `agreement.csv`, `calibration.csv`, `scores.csv`) and the figures are
+`summary.csv`, `power.csv`, `agreement.csv`, `calibration.csv`, `scores.csv`, `entropy_law.csv`,
+`grad_noise.csv`) and the figures are
 rebuilt from them by the second command. Settings of the committed run (`config.json`):
 
 {config}
@@ -379,8 +380,8 @@ rebuilt from them by the second command. Settings of the committed run (`config.
   distance). Every rule then runs there. The full length matters: the share falls as the policy
   sharpens (a first calibration over 20 steps picked lr 1e-2 on tiny_tf at 7.3%, and dapo then
   clipped 3.0% over the 40-step study). So does μ: on tiny_tf no step size reached the band at
-  4 × 2 (best 4.9%), and 8 × 2 reaches 6.3% at lr 1e-3 — the share is not monotone in the step
-  size, because a larger step sharpens the policy sooner. The bandit rungs keep μ = 2 × 2: the
+  4 × 2 (best 4.9%), and 8 × 2 reaches 6.3% at lr 1e-3, between 3.8% at 3e-4 and 4.6% at 3e-3
+  — the share is not monotone in the step size, because a larger step sharpens the policy sooner. The bandit rungs keep μ = 2 × 2: the
   sampled bandit is in the band there, and the exact flow stays below it at every μ (its grid at
   2, 4 and 8 epochs peaks at 1.6%, 2.1% and 2.3%: `results/claims_exact_mu/`, {exact_mu_command};
   the expected-gradient flow moves smoothly to the optimum, so few expected tokens ever leave the

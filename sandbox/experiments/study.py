@@ -126,7 +126,7 @@ class StudyConfig:
     tf_knobs: dict[str, Any] = arg({"steps": 2}, "tiny_tf task knobs")
     tf_steps: int = arg(40, "tiny_tf steps")
     tf_prompts_per_step: int = arg(4, "tiny_tf prompts per step")
-    tf_lrs: list[float] = arg([1e-3, 3e-3, 1e-2], "tiny_tf step-size grid (Adam)")
+    tf_lrs: list[float] = arg([3e-4, 1e-3, 3e-3, 1e-2], "tiny_tf step-size grid (Adam)")
     tf_epochs: list[int] = arg(
         [4, 8],
         "mu grid on tiny_tf: epochs (x minibatches); 2 x 2 left dapo's clip share below 4%% at "
