@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -281,6 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in the pool (its Terminated)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(
+            f"\ninterrupted ({signal.Signals(signum).name}): finished runs are parts in "
+            f"{out / 'parts'}, cut llm runs checkpoints in {out / SCRATCH}; run the same command "
+            "again to resume",
+            file=sys.stderr,
+        )
+        return 128 + signum
     ledger = pd.read_csv(out / "ledger.csv")
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]

@@ -187,7 +187,7 @@ def test_scratch_ensemble_members_at_other_steps_resume_one_by_one(tmp_path, tra
 # the study CLI, cut by a real SIGTERM, then run again
 # ------------------------------------------------------------------------------------------
 
-QUICK = ["--quick", "--rungs", "llm", "--rules", "dapo", "--no-progress"]
+QUICK = ["--quick", "--rungs", "llm", "--rules", "dapo", "nsr_dapo", "--no-progress"]
 
 
 def _cut(argv: list[str], scratch: Path, after: int) -> list[Path]:
@@ -201,7 +201,8 @@ def _cut(argv: list[str], scratch: Path, after: int) -> list[Path]:
     def logged() -> int:
         steps = [0]
         for path in scratch.glob("*/metrics.jsonl"):
-            steps += [json.loads(line)["step"] for line in path.read_text().splitlines()]
+            lines = path.read_text().splitlines(keepends=True)
+            steps += [json.loads(line)["step"] for line in lines if line.endswith("\n")]
         return max(steps)
 
     deadline = time.monotonic() + 180
@@ -213,7 +214,7 @@ def _cut(argv: list[str], scratch: Path, after: int) -> list[Path]:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
-    assert "SIGTERM: checkpoint" in err
+    assert "SIGTERM: checkpoint" in err and "run the same command again to resume" in err
     return sorted(p for p in scratch.iterdir() if p.is_dir())
 
 
@@ -225,39 +226,49 @@ def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps)
     # the calibration run (20 steps) is cut; no periodic checkpoint: SIGTERM writes the one
     argv = [*QUICK, "--calib-steps", "20", "--llm", "steps=2", "seeds=1", "checkpoint_every=0"]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
-    folders = _cut([*argv, "--out", str(cut)], cut / "llm_scratch", after=3)
+    folders = _cut([*argv, "--out", str(cut), "--workers", "1"], cut / "llm_scratch", after=3)
     assert len(folders) == 1 and not _parts(cut)
     done = torch.load(folders[0] / "checkpoint.pt", weights_only=True)["step"]
-    logged = [json.loads(x)["step"] for x in (folders[0] / "metrics.jsonl").read_text().split()]
+    logged = [json.loads(x)["step"] for x in (folders[0] / "metrics.jsonl").read_text().splitlines()]
     assert 3 <= done < 20 and logged == list(range(done + 1))  # step 0 evaluates only
     assert main([*argv, "--out", str(cut), "--workers", "1"]) == 0
     assert trained_steps[: 20 - done] == list(range(done, 20))  # the calibration run resumed
-    assert len(trained_steps) == 20 - done + 2  # then the study's one run of 2 steps
+    assert len(trained_steps) == 20 - done + 2 * 2  # then the study's 2 rules x 2 steps
     assert not (cut / "llm_scratch").exists()
     del trained_steps[:]
     assert main([*argv, "--out", str(whole), "--workers", "1"]) == 0  # uninterrupted
-    assert len(trained_steps) == 20 + 2
+    assert len(trained_steps) == 20 + 2 * 2
     a, b = _parts(cut), _parts(whole)
-    assert sorted(a) == sorted(b) and len(a) == 2
+    assert sorted(a) == sorted(b) and len(a) == 3
     for name in a:
         assert_same_frame(a[name], b[name])
 
 
 def test_a_study_llm_ensemble_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps):
-    # the study's 2 seeds of dapo as one ensemble of 12 steps, cut; calibration: 1 step
+    # the study's 2 seeds of dapo as one ensemble of 8 steps, cut (then nsr_dapo's 2 seeds, one
+    # ensemble); calibration: 1 step
     argv = [*QUICK, "--calib-steps", "1", "--llm-ensemble", "2",
-            "--llm", "steps=12", "seeds=2", "checkpoint_every=100"]  # fmt: skip
+            "--llm", "steps=8", "seeds=2", "checkpoint_every=100"]  # fmt: skip
     cut, whole = tmp_path / "cut", tmp_path / "whole"
-    folders = _cut([*argv, "--out", str(cut)], cut / "llm_scratch", after=3)
-    assert len(folders) == 2 and len(_parts(cut)) == 1  # the calibration part
-    steps = {torch.load(f / "checkpoint.pt", weights_only=True)["step"] for f in folders}
-    assert len(steps) == 1 and 3 <= (done := steps.pop()) < 12  # both members, one step
+    # in the pool (the default on a GPU machine): the driver's SIGTERM reaches the workers,
+    # which run the two rules' ensembles side by side
+    folders = _cut([*argv, "--out", str(cut), "--workers", "2"], cut / "llm_scratch", after=3)
+    assert len(folders) == 4 and len(_parts(cut)) == 1  # the calibration part
+    done = {}
+    for rule in ("dapo", "nsr_dapo"):
+        pair = [f for f in folders if f.name.startswith(f"addition-digits1__{rule}__llm__seed")]
+        steps = {torch.load(f / "checkpoint.pt", weights_only=True)["step"] for f in pair}
+        assert len(pair) == 2 and len(steps) == 1  # both members, at one step
+        done[rule] = steps.pop()
+    assert 1 <= min(done.values()) and 3 <= max(done.values()) < 8
     assert main([*argv, "--out", str(cut), "--workers", "1"]) == 0
-    assert trained_steps == [s for s in range(done, 12) for _ in (0, 1)]  # resumed, together
+    # each rule's members resumed together, from their checkpoint
+    expected = [*range(done["dapo"], 8), *range(done["nsr_dapo"], 8)]
+    assert trained_steps == [s for s in expected for _ in (0, 1)]
     del trained_steps[:]
     assert main([*argv, "--out", str(whole), "--workers", "1"]) == 0
-    assert len(trained_steps) == 1 + 2 * 12
+    assert len(trained_steps) == 1 + 2 * 2 * 8
     a, b = _parts(cut), _parts(whole)
-    assert sorted(a) == sorted(b) and len(a) == 3
+    assert sorted(a) == sorted(b) and len(a) == 5
     for name in a:
         assert_same_frame(a[name], b[name])
