@@ -20,7 +20,11 @@ Outputs in ``--out`` (default ``runs/claims-<profile>``; the committed study is
 study resumes and recomputes nothing finished), ``config.json`` (a folder made with other
 settings is refused, ``--force`` recomputes), ``results.parquet``, ``calibration.csv``,
 ``scores.csv``, ``summary.csv``, ``ledger.csv``, ``power.csv``, ``agreement.csv``,
-``calibration.png``, ``mechanism.png``; with ``--doc PATH`` the write-up (docs/claims.md)::
+``calibration.png``, ``mechanism.png``; with ``--doc PATH`` the write-up (docs/claims.md).
+While it runs, ``llm_scratch/`` holds the llm runs in progress (checkpoints every
+``checkpoint_every`` steps and on SIGTERM; a run goes once its part is written): a command cut
+by a time limit, e.g. ``timeout 570 python -m llm.claims --profile gpu ...`` on a machine with
+10-minute commands, continues each cut run mid-way when run again::
 
     python -m llm.claims --quick                                   # smoke, seconds
     python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
@@ -31,7 +35,10 @@ settings is refused, ``--force`` recomputes), ``results.parquet``, ``calibration
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -63,7 +70,16 @@ LLM_DEFAULTS: dict[str, Any] = {
     "eval_k": 1,
     "seeds": 8,
     "ensemble": 1,  # paired seeds of one rule per job (one llm.ensemble); 1: separate runs
+    # resumable runs: each run trains in <scratch>/<llm.runs.scratch_name(spec)>, checkpoints
+    # every checkpoint_every steps (and on SIGTERM) and resumes from there when rerun; the CLI
+    # sets scratch to <out>/llm_scratch (None: a temporary folder, a cut run restarts)
+    "scratch": None,
+    "checkpoint_every": 10,
 }
+
+#: llm rung settings that choose how its runs execute, not what they compute (parts made with
+#: any value of them are the same parts: ``Rung.execution``).
+LLM_EXECUTION = ("ensemble", "scratch", "checkpoint_every")
 
 
 def llm_settings(config: StudyConfig) -> dict[str, Any]:
@@ -105,6 +121,9 @@ def llm_spec(
         train["grad_noise"] = True
     if not config.paper_aggregation:
         train["aggregation"] = "token-mean"
+    if s["scratch"] is not None:  # resumable (llm.runs); the spec's execution keys
+        train["scratch"] = str(s["scratch"])
+        train["checkpoint_every"] = int(s["checkpoint_every"])
     return RunSpec.make(
         "llm",
         "-".join([s["task"], *(f"{k}{v}" for k, v in sorted(s["task_knobs"].items()))]),
@@ -133,7 +152,7 @@ register_rung(
         epochs=llm_epochs,
         columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
         members=llm_members,
-        execution=("ensemble",),
+        execution=LLM_EXECUTION,
     )
 )
 
@@ -218,6 +237,23 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
     return StudyConfig(**settings), args
 
 
+#: The llm rung's resumable scratch folder in the study's ``--out`` (unless ``--llm scratch=DIR``).
+SCRATCH = "llm_scratch"
+
+
+def with_scratch(config: StudyConfig, out: Path) -> tuple[StudyConfig, Path | None]:
+    """``config`` with the llm rung's ``scratch`` set (``out/llm_scratch`` unless given), so an
+    llm run cut by a command's time limit (``timeout 570 python -m llm.claims ...``) resumes
+    from its checkpoint when the command is run again; the folder (None without the llm rung)."""
+    if "llm" not in config.rungs:
+        return config, None
+    settings = {**config.extra.get("llm", {})}
+    if settings.get("scratch") is None:
+        settings["scratch"] = str(out / SCRATCH)
+    extra = {**config.extra, "llm": settings}
+    return dataclasses.replace(config, extra=extra), Path(settings["scratch"])
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         config, args = parse_args(argv)
@@ -237,12 +273,24 @@ def main(argv: list[str] | None = None) -> int:
                 config = StudyConfig(**json.loads(recorded.read_text()))
             write_tables(read_parts(out / "parts"), out, config)
         else:
+            config, scratch = with_scratch(config, out)
             run_study(
                 config, out, progress=not args.no_progress, force=args.force, workers=args.workers
             )
+            if scratch == out / SCRATCH:  # every run is a part now: what is left is stale
+                shutil.rmtree(scratch, ignore_errors=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in the pool (its Terminated)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(
+            f"\ninterrupted ({signal.Signals(signum).name}): finished runs are parts in "
+            f"{out / 'parts'}, cut llm runs checkpoints in {out / SCRATCH}; run the same command "
+            "again to resume",
+            file=sys.stderr,
+        )
+        return 128 + signum
     ledger = pd.read_csv(out / "ledger.csv")
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]

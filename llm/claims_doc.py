@@ -570,10 +570,16 @@ no timing below is a measurement:
   one job, one `llm.ensemble` (the 8 models' training forward and backward batched as one `vmap`;
   their rollouts still one model after another), one job at a time (`--workers 1`). Each seed is
   still its own part with the rows its separate run gives (to float rounding,
-  `tests/test_claims_ensemble.py`), written when its job finishes: an interrupted GPU session
-  loses at most the job in flight (8 runs), and the setting may change between sessions
-  (`--llm-ensemble 1`: separate runs, up to 4 side by side by default; the parts are the same
-  either way). Whether the ensemble is faster, and whether 8 models with their optimizer states and
+  `tests/test_claims_ensemble.py`), written when its job finishes, and the setting may change
+  between sessions (`--llm-ensemble 1`: separate runs, up to 4 side by side by default; the parts
+  are the same either way);
+- runs longer than one command: a session reruns the command under `timeout 570` (the GPU
+  machine's 10-minute commands) until the study is done; a cut llm run (or ensemble) resumes
+  mid-way from its checkpoint in `<out>/llm_scratch/` (written every 10 steps,
+  `--llm checkpoint_every=N`, and on SIGTERM; removed once the run's part is written) and gives
+  the rows of an uninterrupted run (`tests/test_llm_resume_study.py`). Each checkpoint holds the
+  optimizer (~1.6 GB for SmolLM2-135M), so the runs in flight (workers × ensemble members) must
+  fit the machine's disk. Whether the ensemble is faster, and whether 8 models with their optimizer states and
   activations (no gradient checkpointing inside the ensemble) fit one GPU, is unmeasured;
 - the page is then rebuilt with the command above and the ledger gains the `llm` rows.
 """

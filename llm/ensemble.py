@@ -31,9 +31,11 @@ The mechanism probes (``--entropy-law``, ``--grad-noise``) run per member on its
 its run alone (:func:`llm.train.entropy_law_probe`, :func:`llm.train.grad_noise_update`): the
 grad-noise probe reads the member's batched gradient as ``g_rule`` and takes ``g_det`` from the
 member's own forward, so for a rule with certain keeps ``grad_rescue_var`` is float rounding, not 0.
+Like a run, an ensemble resumes (``--resume``: every member from its own checkpoint, all at one
+step) and checkpoints every member on SIGTERM / Ctrl-C and every ``--checkpoint-every`` steps.
 What it does not do (yet): the members' rollouts are generated one member after another with
 :func:`llm.rollout.generate` (batched decoding over members needs a cache that lives inside
-``vmap``); no torchrun, LoRA, ``--resume`` or vLLM. The members run without gradient
+``vmap``); no torchrun, LoRA or vLLM. The members run without gradient
 checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
 activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
 (``benchmarks/llm_throughput.py`` measures it).
@@ -44,6 +46,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -293,7 +296,9 @@ SHARED = (
 
 def check_members(cfgs: Sequence[Any]) -> None:
     """``ValueError`` unless the runs can be one ensemble: two or more, the :data:`SHARED`
-    settings equal, one process, full fine-tuning, ``generate`` rollouts, distinct outputs."""
+    settings equal, one process, full fine-tuning, ``generate`` rollouts, distinct outputs, and
+    (with ``--resume``) every member's checkpoint at one step (a member without ``--resume``
+    counts as step 0)."""
     if len(cfgs) < 2:
         raise ValueError("an ensemble needs at least two runs")
     for name in SHARED:
@@ -303,19 +308,40 @@ def check_members(cfgs: Sequence[Any]) -> None:
                 f"ensemble runs must share --{name.replace('_', '-')}: {sorted(values)}"
             )
     for c in cfgs:
-        if c.lora_r > 0 or c.rollout_backend != "hf" or c.fsdp or c.resume:
-            raise ValueError(
-                "ensemble runs train without --lora-r, --fsdp and --resume, on the hf backend"
-            )
+        if c.lora_r > 0 or c.rollout_backend != "hf" or c.fsdp:
+            raise ValueError("ensemble runs train without --lora-r and --fsdp, on the hf backend")
     if len({c.out for c in cfgs}) < len(cfgs):
         raise ValueError("ensemble runs need one --out each")
+    starts = [resume_step(c) for c in cfgs]
+    if len(set(starts)) > 1:
+        each = ", ".join(f"{c.out}: step {s}" for c, s in zip(cfgs, starts, strict=True))
+        raise ValueError(f"--resume: ensemble runs must resume from one step, got {each}")
 
 
-def train_ensemble(cfgs: Sequence[Any]) -> list[list[dict[str, float]]]:
+def resume_step(cfg: Any) -> int:
+    """The step a run starts from: its checkpoint's with ``--resume`` (checked later by
+    :func:`llm.config.check_resume`), else 0."""
+    from llm import checkpoint
+
+    if not cfg.resume or not os.path.exists(checkpoint.path_in(cfg.out)):
+        return 0
+    return checkpoint.saved_step_and_config(cfg.out)[0]
+
+
+def train_ensemble(
+    cfgs: Sequence[Any], *, stop_after: int | None = None
+) -> list[list[dict[str, float]]]:
     """K runs of :func:`llm.train.train` (``cfgs``: their :class:`llm.config.TrainConfig`) in one
     process: each run's own rollouts, scores, logs, checkpoint and model in its own ``--out``, the
     training forward and backward batched over the runs (:func:`ensemble_update`). Returns each
-    run's logged rows, as :func:`llm.train.train` would."""
+    run's logged rows (of this call: a resumed run's start after its checkpoint), as
+    :func:`llm.train.train` would.
+
+    Resume (``--resume`` on every member): each member loads its own checkpoint; all must be at
+    one step (:func:`check_members`). Checkpoints (every member's, in its ``--out``): every
+    member's ``--checkpoint-every`` steps, at the end, after ``stop_after`` steps of this call
+    (then it returns), and on SIGTERM or Ctrl-C, which finish the step, write every member's
+    checkpoint and exit with status 143 / 130 (:func:`llm.train.stop_on_signals`)."""
     from llm import train as t
 
     check_members(cfgs)
@@ -323,49 +349,75 @@ def train_ensemble(cfgs: Sequence[Any]) -> list[list[dict[str, float]]]:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
     closers: list[Any] = []
     try:
-        runs = [t.setup(c, closers) for c in cfgs]
-        ensemble = Ensemble([r.model for r in runs])
-        reporters = [
-            t.Reporter(
-                r.cfg.out,
-                r.cfg.report_to,
-                t.as_json(r.cfg),
-                main=True,
-                resumed_step=0,
-                wandb_project=r.cfg.wandb_project,
-            )
-            for r in runs
-        ]
-        closers += [rep.close for rep in reporters]
-        rows: list[list[dict[str, float]]] = [[] for _ in runs]
-        for run, reporter, out in zip(runs, reporters, rows, strict=True):  # before training
-            if run.cfg.eval_every and run.source.eval_prompts:
-                out.append({"step": 0, **t.evaluate(run, 0)})
-                reporter.log(out[-1])
-        for step in range(cfgs[0].steps):
-            t0 = time.perf_counter()
-            hosts = [t.rollout_phase(r, step) for r in runs]
-            scored = [t.score(r, h) for r, h in zip(runs, hosts, strict=True)]
-            batches = [b for b, _ in scored]
-            probes = [  # mechanism check (a), each member on its own (llm.train's probe)
-                t.entropy_law_probe(r, b, h) if r.cfg.entropy_law else None
-                for r, b, h in zip(runs, batches, hosts, strict=True)
-            ]
-            metrics = ensemble_update(runs, ensemble, batches, hosts, [k for _, k in scored], step)
-            for run, probe, m in zip(runs, probes, metrics, strict=True):
-                if probe is not None:
-                    m.add_means(t.entropy_law_columns(run, *probe))
-            for k, run in enumerate(runs):
-                rows[k].append(t.log_step(run, step, batches[k], metrics[k], t0))
-                reporters[k].log(rows[k][-1])
-        for run in runs:
-            t.save_checkpoint(run, run.cfg.steps)
-            if run.cfg.save_model:
-                t.save_model(run)
-        return rows
+        with t.stop_on_signals() as stop:
+            runs = [t.setup(c, closers) for c in cfgs]
+            return _ensemble_loop(runs, closers, stop, stop_after)
     finally:
         for close in reversed(closers):
             close()
+
+
+def _ensemble_loop(
+    runs: Sequence[Any], closers: list[Any], stop: Any, stop_after: int | None
+) -> list[list[dict[str, float]]]:
+    """The steps of :func:`train_ensemble` from the members' common start, with checkpoints."""
+    from llm import train as t
+
+    start, steps = runs[0].start, runs[0].cfg.steps
+    ensemble = Ensemble([r.model for r in runs])
+    reporters = [
+        t.Reporter(
+            r.cfg.out,
+            r.cfg.report_to,
+            t.as_json(r.cfg),
+            main=True,
+            resumed_step=r.start,
+            wandb_project=r.cfg.wandb_project,
+        )
+        for r in runs
+    ]
+    closers += [rep.close for rep in reporters]
+    rows: list[list[dict[str, float]]] = [[] for _ in runs]
+    for run, reporter, out in zip(runs, reporters, rows, strict=True):  # before training
+        if start == 0 and run.cfg.eval_every and run.source.eval_prompts:
+            out.append({"step": 0, **t.evaluate(run, 0)})
+            reporter.log(out[-1])
+    for step in range(start, steps):
+        t0 = time.perf_counter()
+        hosts = [t.rollout_phase(r, step) for r in runs]
+        scored = [t.score(r, h) for r, h in zip(runs, hosts, strict=True)]
+        batches = [b for b, _ in scored]
+        probes = [  # mechanism check (a), each member on its own (llm.train's probe)
+            t.entropy_law_probe(r, b, h) if r.cfg.entropy_law else None
+            for r, b, h in zip(runs, batches, hosts, strict=True)
+        ]
+        metrics = ensemble_update(runs, ensemble, batches, hosts, [k for _, k in scored], step)
+        for run, probe, m in zip(runs, probes, metrics, strict=True):
+            if probe is not None:
+                m.add_means(t.entropy_law_columns(run, *probe))
+        for k, run in enumerate(runs):
+            rows[k].append(t.log_step(run, step, batches[k], metrics[k], t0))
+            reporters[k].log(rows[k][-1])
+        done = step + 1
+        paused = stop_after is not None and done - start >= stop_after and done < steps
+        for run in runs:
+            every = run.cfg.checkpoint_every
+            if stop.signum or paused or done == steps or (every and done % every == 0):
+                t.save_checkpoint(run, done)
+        if stop.signum:
+            name = signal.Signals(stop.signum).name
+            outs = ", ".join(r.cfg.out for r in runs)
+            print(
+                f"{name}: checkpoints written at step {done} to {outs}; continue with --resume",
+                file=sys.stderr,
+            )
+            raise SystemExit(128 + stop.signum)
+        if paused:
+            return rows
+    for run in runs:
+        if run.cfg.save_model:
+            t.save_model(run)
+    return rows
 
 
 def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:

@@ -8,10 +8,20 @@ A spec's shared knobs map onto :class:`llm.train.TrainConfig` by name (``prompts
 ``group_size``, ``epochs``, ``minibatches``, ``lr``, ``steps``, ``seed``, ``device``); its
 ``definition`` is the task (``{"task": "addition", "digits": 1}``); its ``train`` holds further
 TrainConfig fields (``model``, ``max_new_tokens``, ``eval_every``, ...) and ``argv``: llm.train
-flags parsed first, as the base the other values replace. The run's ``out`` folder is scratch
-(removed before and after: the checkpoint holds the optimizer state, ~1.6 GB for SmolLM2-135M);
-the returned frame is the result: one row per step (step 0: the evaluation before training),
-``pass_rate`` = held-out pass@1 (``eval_pass@1``) where evaluated.
+flags parsed first, as the base the other values replace. The run's ``out`` folder is scratch:
+by default a temporary folder, removed before and after (the checkpoint holds the optimizer
+state, ~1.6 GB for SmolLM2-135M); the returned frame is the result: one row per step (step 0: the
+evaluation before training), ``pass_rate`` = held-out pass@1 (``eval_pass@1``) where evaluated.
+
+Resumable scratch: a spec whose ``train`` holds ``scratch`` (a folder; the claims study sets it to
+``<out>/llm_scratch``) trains in ``<scratch>/<scratch_name(spec)>``, a folder named by everything
+the run computes, and kept until the run has finished (with its ``checkpoint_every``, also in
+``train``, the run checkpoints periodically, and ``llm.train`` checkpoints on SIGTERM / Ctrl-C).
+A call that finds a checkpoint there resumes from it (``resume=True``; an ensemble's members
+resume together when their checkpoints are at one step, else each trains alone), and the frame
+is built from the run's whole ``metrics.jsonl`` (which a resumed run trims to its checkpoint's
+step), so a run cut by a command's time limit continues where it stopped and returns the rows
+of an uninterrupted run. The folder is removed once the frame is built.
 
 The kind is batched (``register_run("llm", batched=True)``): the specs of one
 :func:`~sandbox.experiments.runs.run_specs` call that share a
@@ -26,15 +36,32 @@ bounds the ensemble by how many specs it passes at once (the claims study: its l
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from sandbox.experiments.runs import RunSpec, register_run, thaw, tidy
+from sandbox.experiments.runs import RunSpec, freeze, register_run, thaw, tidy
+
+#: Keys of a spec's ``train`` that choose where and how often a run saves, not what it computes
+#: (left out of :func:`scratch_name`, so changing them keeps a run's checkpoint).
+EXECUTION = ("scratch", "checkpoint_every")
+
+
+def scratch_name(spec: RunSpec) -> str:
+    """The resumable scratch folder's name of ``spec``: its part name's stem (setting, rule,
+    kind, seed) and a hash of the whole spec but :data:`EXECUTION` (the part name alone leaves
+    out the step size, mu and steps: a calibration's runs would share it)."""
+    train = {k: v for k, v in thaw(spec.train).items() if k not in EXECUTION}
+    text = replace(spec, train=freeze(train)).to_json()
+    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
+    return f"{spec.part.removesuffix('.parquet')}__{digest}"
 
 
 def train_config(spec: RunSpec) -> object:
@@ -45,6 +72,9 @@ def train_config(spec: RunSpec) -> object:
     argv = [str(word) for word in extra.pop("argv", [])]
     base = parse_args(argv) if argv else TrainConfig()
     task = thaw(spec.definition)
+    scratch = extra.pop("scratch", None)
+    if scratch is not None:
+        extra["out"] = str(Path(scratch) / scratch_name(spec))
     extra.setdefault("out", tempfile.mkdtemp(prefix="llm-run-"))
     if spec.params:
         extra["objective_params"] = thaw(spec.params)
@@ -74,22 +104,64 @@ def run_frame(spec: RunSpec, rows: list[dict[str, float]]) -> pd.DataFrame:
     return tidy(spec, frame.groupby("step", as_index=False).first(), shift=0)
 
 
+def saved_step(out: str) -> int | None:
+    """The step of ``out``'s checkpoint, None without one."""
+    from llm import checkpoint
+
+    path = Path(checkpoint.path_in(out))
+    return checkpoint.saved_step_and_config(out)[0] if path.exists() else None
+
+
+def logged_rows(out: str, last: int) -> list[dict[str, float]]:
+    """The rows of ``out/metrics.jsonl`` up to step ``last`` (the whole run, resumed or not)."""
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["step"] <= last]
+
+
+def train_runs(configs: list[Any]) -> None:
+    """Train ``configs`` to their ``steps`` (resuming where ``resume``): one run alone, several
+    as one ensemble when they start from one step, else one after another; a run whose
+    checkpoint is already at ``steps`` is done."""
+    from llm.ensemble import train_ensemble
+    from llm.train import train
+
+    starts = [saved_step(c.out) if c.resume else 0 for c in configs]
+    todo = [c for c, s in zip(configs, starts, strict=True) if s < c.steps]
+    if len(todo) > 1 and len({saved_step(c.out) if c.resume else 0 for c in todo}) == 1:
+        train_ensemble(todo)
+        return
+    for config in todo:
+        train(config)
+
+
 @register_run("llm", batched=True)
 def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     """One ``llm.train`` run per spec: one spec alone, several (one batch key) as one ensemble
     (:func:`llm.ensemble.train_ensemble`, whose ``check_members`` they satisfy: they differ only
-    in rule, parameters, seed and scratch ``out``). Each run's ``out`` is scratch, removed before
-    (an interrupted run restarts from step 0) and after."""
+    in rule, parameters, seed and ``out``). A temporary ``out`` is removed before (an
+    interrupted run restarts from step 0) and after; a resumable scratch ``out`` (``scratch``
+    in the spec's ``train``) resumes from its checkpoint and is removed once the run is done."""
     from llm.ensemble import train_ensemble
     from llm.train import train
 
     configs = [train_config(spec) for spec in specs]
+    kept = ["scratch" in dict(spec.train) for spec in specs]
     outs = [Path(config.out) for config in configs]
     try:
-        for out in outs:
-            shutil.rmtree(out, ignore_errors=True)
-        logs = [train(configs[0])] if len(configs) == 1 else train_ensemble(configs)
+        for out, keep in zip(outs, kept, strict=True):
+            if not keep or saved_step(str(out)) is None:
+                shutil.rmtree(out, ignore_errors=True)  # nothing to resume from: start afresh
+        if any(kept):
+            configs = [replace(c, resume=saved_step(c.out) is not None) for c in configs]
+            train_runs(configs)
+            logs = [logged_rows(c.out, c.steps) for c in configs]
+        else:
+            logs = [train(configs[0])] if len(configs) == 1 else train_ensemble(configs)
+        frames = [run_frame(spec, rows) for spec, rows in zip(specs, logs, strict=True)]
     finally:
-        for out in outs:
-            shutil.rmtree(out, ignore_errors=True)
-    return [run_frame(spec, rows) for spec, rows in zip(specs, logs, strict=True)]
+        for out, keep in zip(outs, kept, strict=True):
+            if not keep:
+                shutil.rmtree(out, ignore_errors=True)
+    for out in outs:  # done: a kept scratch folder goes too (its frame is the result)
+        shutil.rmtree(out, ignore_errors=True)
+    return frames

@@ -9,7 +9,8 @@
 * **Interruption.** Workers ignore SIGINT: Ctrl-C reaches the whole process group, and a worker
   that took it would report the KeyboardInterrupt as its run's result and go on with the next
   run. The driver takes it instead (SIGTERM is turned into :class:`Terminated`, a
-  ``KeyboardInterrupt``), cancels what has not started, terminates the running workers and
+  ``KeyboardInterrupt``), cancels what has not started, terminates the running workers (SIGTERM,
+  then SIGKILL after :data:`STOP_GRACE_S`, time for a run that checkpoints on SIGTERM) and
   re-raises, so the caller can print a resume hint. Finished runs are written by the driver as
   they arrive, so nothing finished is lost and nothing half-written is left.
 * **No orphans.** On Linux each worker asks the kernel for SIGKILL when its parent dies
@@ -23,6 +24,7 @@ import multiprocessing as mp
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from typing import Any
@@ -158,8 +160,16 @@ def signals_deferred() -> Iterator[None]:
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
 
+#: Seconds the running workers get to end after SIGTERM before SIGKILL. A worker at the default
+#: disposition ends at once; one whose run handles SIGTERM (``llm.train``: it finishes its step
+#: and writes a checkpoint, from which the rerun resumes) gets this long, then is killed (a
+#: checkpoint is written atomically: a killed save leaves the previous one).
+STOP_GRACE_S = 20.0
+
+
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel pending work and end the running workers now (they hold no unsaved results)."""
+    """Cancel pending work and end the running workers (SIGTERM; SIGKILL after
+    :data:`STOP_GRACE_S`): they hold no unsaved results but what they save on SIGTERM."""
     # Workers first (SIGTERM, their default action: no traceback), then the executor, whose
     # shutdown releases the queues' semaphores: the other order can unlink a semaphore a starting
     # worker is still unpickling (FileNotFoundError in the worker) or leave it registered with
@@ -168,8 +178,9 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     for process in processes:
         if process.is_alive():
             process.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
     for process in processes:
-        process.join(timeout=5)
+        process.join(timeout=max(deadline - time.monotonic(), 0.1))
         if process.is_alive():  # pragma: no cover - a worker stuck in uninterruptible code
             process.kill()
             process.join(timeout=5)
