@@ -254,6 +254,17 @@ def with_scratch(config: StudyConfig, out: Path) -> tuple[StudyConfig, Path | No
     return dataclasses.replace(config, extra=extra), Path(settings["scratch"])
 
 
+def interrupted(signum: int, out: Path) -> int:
+    """The resume hint after a signal; the exit status 128 + ``signum``."""
+    print(
+        f"\ninterrupted ({signal.Signals(signum).name}): finished runs are parts in "
+        f"{out / 'parts'}, cut llm runs checkpoints in {out / SCRATCH}; run the same command "
+        "again to resume",
+        file=sys.stderr,
+    )
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         config, args = parse_args(argv)
@@ -283,15 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in the pool (its Terminated)
-        signum = getattr(exc, "signum", signal.SIGINT)
-        print(
-            f"\ninterrupted ({signal.Signals(signum).name}): finished runs are parts in "
-            f"{out / 'parts'}, cut llm runs checkpoints in {out / SCRATCH}; run the same command "
-            "again to resume",
-            file=sys.stderr,
-        )
-        return 128 + signum
-    ledger = pd.read_csv(out / "ledger.csv")
+        return interrupted(getattr(exc, "signum", signal.SIGINT), out)
+    except SystemExit as exc:  # llm.train in this process: checkpointed on a signal, exits 128+sig
+        if isinstance(exc.code, int) and 128 < exc.code < 128 + signal.NSIG:
+            return interrupted(exc.code - 128, out)
+        raise
+    try:
+        ledger = pd.read_csv(out / "ledger.csv")
+    except pd.errors.EmptyDataError:  # rules that make no claim (e.g. --rules dapo)
+        ledger = pd.DataFrame()
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
         print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")

@@ -59,3 +59,9 @@ def test_pilot_writes_one_row_per_task_with_its_provenance(tmp_path, capsys):
     assert (frame["group_signal"] == 1 - (1 - frame["pass_at_1"]) ** 8).all()
     assert frame["command"].iloc[0].startswith("python -m llm.pilot --model tiny")
     assert pilot(["--tasks", "x", "--prompts", "0", "--out", str(out)]) == 2
+
+
+def test_a_study_whose_rules_make_no_claim_ends_with_an_empty_ledger(tmp_path, capsys):
+    argv = ["--quick", "--rungs", "bandit_exact", "--rules", "dapo", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "c")]) == 0
+    assert "empty ledger" in capsys.readouterr().out
