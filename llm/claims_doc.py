@@ -581,5 +581,6 @@ no timing below is a measurement:
   optimizer (~1.6 GB for SmolLM2-135M), so the runs in flight (workers × ensemble members) must
   fit the machine's disk. Whether the ensemble is faster, and whether 8 models with their optimizer states and
   activations (no gradient checkpointing inside the ensemble) fit one GPU, is unmeasured;
-- the page is then rebuilt with the command above and the ledger gains the `llm` rows.
+- the page is then rebuilt (`python -m llm.claims --tables-only --out results/claims --doc
+  docs/claims.md`) and the ledger gains the `llm` rows.
 """
