@@ -118,19 +118,18 @@ def logged_rows(out: str, last: int) -> list[dict[str, float]]:
     return [row for row in map(json.loads, lines) if row["step"] <= last]
 
 
-def train_runs(configs: list[Any]) -> None:
-    """Train ``configs`` to their ``steps`` (resuming where ``resume``): one run alone, several
-    as one ensemble when they start from one step, else one after another; a run whose
-    checkpoint is already at ``steps`` is done."""
+def train_runs(configs: list[Any], starts: list[int]) -> None:
+    """Train ``configs`` to their ``steps`` from ``starts`` (their checkpoints' steps, 0 for a
+    fresh run): one run alone, several as one ensemble when they start from one step, else one
+    after another; a run whose checkpoint is already at ``steps`` is done."""
     from llm.ensemble import train_ensemble
     from llm.train import train
 
-    starts = [saved_step(c.out) if c.resume else 0 for c in configs]
-    todo = [c for c, s in zip(configs, starts, strict=True) if s < c.steps]
-    if len(todo) > 1 and len({saved_step(c.out) if c.resume else 0 for c in todo}) == 1:
-        train_ensemble(todo)
+    todo = [(c, s) for c, s in zip(configs, starts, strict=True) if s < c.steps]
+    if len(todo) > 1 and len({s for _, s in todo}) == 1:
+        train_ensemble([c for c, _ in todo])
         return
-    for config in todo:
+    for config, _ in todo:
         train(config)
 
 
@@ -148,12 +147,16 @@ def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     kept = ["scratch" in dict(spec.train) for spec in specs]
     outs = [Path(config.out) for config in configs]
     try:
-        for out, keep in zip(outs, kept, strict=True):
-            if not keep or saved_step(str(out)) is None:
-                shutil.rmtree(out, ignore_errors=True)  # nothing to resume from: start afresh
+        # each checkpoint read once: the step a kept run resumes from, None to start afresh
+        steps = [saved_step(str(o)) if keep else None for o, keep in zip(outs, kept, strict=True)]
+        for out, step in zip(outs, steps, strict=True):
+            if step is None:
+                shutil.rmtree(out, ignore_errors=True)  # nothing to resume from
         if any(kept):
-            configs = [replace(c, resume=saved_step(c.out) is not None) for c in configs]
-            train_runs(configs)
+            configs = [
+                replace(c, resume=s is not None) for c, s in zip(configs, steps, strict=True)
+            ]
+            train_runs(configs, [s or 0 for s in steps])
             logs = [logged_rows(c.out, c.steps) for c in configs]
         else:
             logs = [train(configs[0])] if len(configs) == 1 else train_ensemble(configs)
