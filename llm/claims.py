@@ -220,19 +220,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
     add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra"))
     args = parser.parse_args(argv)
     settings = profile_settings(args, StudyConfig, PROFILES, "claims")
-    if args.llm:
-        given = key_values(args.llm, "--llm")
-        unknown = sorted(set(given) - {*LLM_DEFAULTS, "epochs"})
-        if unknown:
-            raise ValueError(f"--llm: unknown settings {unknown}; known: {sorted(LLM_DEFAULTS)}")
-        extra = dict(settings.get("extra", {}))
-        extra["llm"] = {**extra.get("llm", {}), **given}
-        settings["extra"] = extra
-    if args.llm_ensemble is not None:
+    given = key_values(args.llm, "--llm")  # llm rung settings over the profile's
+    unknown = sorted(set(given) - {*LLM_DEFAULTS, "epochs"})
+    if unknown:
+        raise ValueError(f"--llm: unknown settings {unknown}; known: {sorted(LLM_DEFAULTS)}")
+    if args.llm_ensemble is not None:  # shorthand for --llm ensemble=K
         if args.llm_ensemble < 1:
             raise ValueError(f"--llm-ensemble must be >= 1, got {args.llm_ensemble}")
+        given["ensemble"] = args.llm_ensemble
+    if given:
         extra = dict(settings.get("extra", {}))
-        extra["llm"] = {**extra.get("llm", {}), "ensemble": args.llm_ensemble}
+        extra["llm"] = {**extra.get("llm", {}), **given}
         settings["extra"] = extra
     return StudyConfig(**settings), args
 
