@@ -21,6 +21,7 @@ from sandbox.advantages import ADVANTAGE_METHODS
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, flag
 from sandbox.correction import IS_LEVELS
+from sandbox.grad_noise import check_halves
 from sandbox.loss import ROLLOUT_IS_CHOICES
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 
@@ -224,11 +225,8 @@ class TrainConfig:
                     f"{flag(name)} runs in one process: it is not supported under torchrun "
                     "(DDP/FSDP); run it single-process"
                 )
-        if self.grad_noise and rows // self.minibatches < 2:
-            raise ValueError(
-                f"{flag('grad_noise')} splits each minibatch in halves: it needs >= 2 completions "
-                f"per minibatch, got {rows // self.minibatches}"
-            )
+        if self.grad_noise:
+            check_halves(rows // self.minibatches, flag("grad_noise"))
         if self.fsdp and not launched:
             raise ValueError(
                 "--fsdp shards over several processes: launch with torchrun "

@@ -52,11 +52,20 @@ def counterpart_loss(loss_fn: PolicyLoss) -> PolicyLoss | None:
     return replace(loss_fn, objective=det, aggregation=loss_fn.mode, grad_mass=False)
 
 
+def check_halves(rows: int, name: str) -> None:
+    """``ValueError`` naming ``name`` (the flag or field that asked for the probe) unless a
+    minibatch of ``rows`` rows per seed splits in two halves (the sampling-variance estimate)."""
+    if rows < 2:
+        raise ValueError(
+            f"{name} splits each minibatch in halves: it needs >= 2 rows per minibatch and seed, "
+            f"got {rows}"
+        )
+
+
 def first_half(seeds: int, rows: int, device: torch.device | str | None = None) -> Tensor:
     """``[seeds * rows, 1]`` bool: the first ``rows // 2`` rows of each seed's consecutive block
     of ``rows`` (half 1 of :func:`grad_noise`). ``ValueError`` unless ``rows >= 2``."""
-    if rows < 2:
-        raise ValueError(f"rows must be >= 2 per seed to split them in halves, got {rows}")
+    check_halves(rows, "grad_noise")
     half = torch.arange(rows, device=device) < rows // 2
     return half.repeat(seeds)[:, None]
 

@@ -116,7 +116,13 @@ from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.exact.softmax import entropy_covariance_prediction
-from sandbox.grad_noise import GRAD_NOISE_COLUMNS, counterpart_loss, first_half, grad_noise
+from sandbox.grad_noise import (
+    GRAD_NOISE_COLUMNS,
+    check_halves,
+    counterpart_loss,
+    first_half,
+    grad_noise,
+)
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective
@@ -222,11 +228,8 @@ class BanditTrainConfig:
                 f"minibatches must divide prompts_per_step * group_size = {batch}, "
                 f"got {self.minibatches}"
             )
-        if self.grad_noise and batch // self.minibatches < 2:
-            raise ValueError(
-                "grad_noise needs >= 2 samples per minibatch and seed to split them in halves, "
-                f"got prompts_per_step * group_size / minibatches = {batch // self.minibatches}"
-            )
+        if self.grad_noise:  # prompts_per_step * group_size / minibatches samples per minibatch
+            check_halves(batch // self.minibatches, "grad_noise")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if isinstance(self.lr, bool) or not isinstance(self.lr, int | float):

@@ -74,7 +74,13 @@ from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
 from sandbox.exact.softmax import entropy as softmax_entropy
 from sandbox.exact.softmax import entropy_covariance_prediction
-from sandbox.grad_noise import GRAD_NOISE_COLUMNS, counterpart_loss, first_half, grad_noise
+from sandbox.grad_noise import (
+    GRAD_NOISE_COLUMNS,
+    check_halves,
+    counterpart_loss,
+    first_half,
+    grad_noise,
+)
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 from sandbox.objectives import Objective
@@ -150,11 +156,8 @@ class SequenceTrainConfig:
                 f"minibatches must divide prompts_per_step * group_size = {batch}, "
                 f"got {self.minibatches}"
             )
-        if self.grad_noise and batch // self.minibatches < 2:
-            raise ValueError(
-                "grad_noise needs >= 2 rows per minibatch and seed to split them in halves, "
-                f"got prompts_per_step * group_size / minibatches = {batch // self.minibatches}"
-            )
+        if self.grad_noise:  # prompts_per_step * group_size / minibatches rows per minibatch
+            check_halves(batch // self.minibatches, "grad_noise")
         for name in ("lr", "max_grad_norm", "temperature"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -244,12 +247,11 @@ class SequenceTrainer:
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.rng = np.random.default_rng(config.seed)
         tok = self.task.tokenizer
+        # the allowed ids as an index and as a mask, both built on the host (no nonzero() sync)
+        ids = torch.tensor(sorted(set(self.task.completion_token_ids)), dtype=torch.long)
         allowed = torch.zeros(tok.vocab_size, dtype=torch.bool)
-        allowed[list(self.task.completion_token_ids)] = True
-        self.allowed = allowed.to(self.device)
-        # the allowed ids as an index (built on the host: no nonzero() sync on the device)
-        ids = sorted(set(self.task.completion_token_ids))
-        self.allowed_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        allowed[ids] = True
+        self.allowed, self.allowed_ids = allowed.to(self.device), ids.to(self.device)
         self.max_new_tokens = config.completion_budget()
         self.steps_done = 0
 
