@@ -84,11 +84,13 @@ def pilot_task(base: TrainConfig, task: str, knobs: dict[str, Any]) -> dict[str,
     """The pilot's row for one task (module docstring)."""
     from llm.train import sample, setup
 
-    cfg = replace(base, task=task, task_knobs=knobs, out=tempfile.mkdtemp(prefix="llm-pilot-"))
-    closers: list[Any] = []
+    scratch = tempfile.TemporaryDirectory(prefix="llm-pilot-")  # setup's --out: nothing kept
+    cfg = replace(base, task=task, task_knobs=knobs, out=scratch.name)
+    closers: list[Any] = [scratch.cleanup]
     start = time.perf_counter()
     try:
         run = setup(cfg, closers)
+        device = run.device
         src = run.source
         prompts, answers = list(src.eval_prompts), list(src.eval_answers)
         _, texts = sample(run, run.encode(prompts), 1, (cfg.seed, 3, 0), 0)
@@ -109,6 +111,7 @@ def pilot_task(base: TrainConfig, task: str, knobs: dict[str, Any]) -> dict[str,
         "group_signal": 1 - (1 - p1) ** base.group_size,
         "example": f"{prompts[0]!r} -> {texts[0][:60]!r} (answer {answers[0]})",
         "seconds": time.perf_counter() - start,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
     }
 
 
@@ -148,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         model=args.model,
         max_new_tokens=args.max_new_tokens,
         seed=args.seed,
-        device=str(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"),
         date=datetime.date.today().isoformat(),
         command="python -m llm.pilot " + shlex.join(sys.argv[1:] if argv is None else argv),
     )
