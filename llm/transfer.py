@@ -46,7 +46,9 @@ LLM parts copied back from a GPU machine, or the committed study:
 ``python -m llm.transfer --tables-only --out results/transfer``. ``results.parquet`` (tidy: one row
 per rung, rule, seed, step), ``scores.csv`` (per run), ``summary.csv`` (per rung and rule: mean,
 standard error, seeds), ``agreement.csv`` (tau and interval per pair of rungs) and
-``transfer.png`` (rules x rungs).
+``transfer.png`` (rules x rungs), each rewritten only when its bytes change (the same parts give
+the same bytes); ``provenance.json`` (the command, date, device and its model, torch, threads and
+git commit of each run that computed parts, and of the last command that changed the tables).
 
 Run (from a checkout: ``PYTHONPATH=. python -m llm.transfer ...``)::
 
