@@ -44,7 +44,7 @@ from sandbox.objectives import available_objectives, available_presets
 
 from .planner import Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
-from .results import part_name, write_parquet_atomic
+from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
 from .runs import (
     RunSpec,
     freeze,
@@ -338,14 +338,15 @@ def run_compare(
     known = set(wanted)
     others = sorted(p.name for p in parts.glob("*.parquet") if p.name not in known)
     results = pd.concat([pd.read_parquet(parts / n) for n in [*wanted, *others]], ignore_index=True)
-    write_parquet_atomic(results, out_dir / "results.parquet")
-    scores = final_scores(results)
-    scores.to_csv(out_dir / "summary.csv", index=False)
-    if figures:
-        labels = [config.label(o) for o in config.objectives]
-        highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
-        highlight += [label for label in labels if label not in highlight]
-        render_all(results, out_dir, highlight[:12])
+    with recording_tables(out_dir):  # files rewritten only when their bytes change
+        write_parquet_if_changed(results, out_dir / "results.parquet")
+        scores = final_scores(results)
+        write_csv(scores, out_dir / "summary.csv")
+        if figures:
+            labels = [config.label(o) for o in config.objectives]
+            highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
+            highlight += [label for label in labels if label not in highlight]
+            render_all(results, out_dir, highlight[:12])
     return results, scores
 
 

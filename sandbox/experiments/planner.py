@@ -23,7 +23,14 @@ from typing import Any
 
 from sandbox.configs import check_int
 
-from .results import check_settings, prepare_out_dir, remove_temp_files, write_parquet_atomic
+from .results import (
+    check_settings,
+    prepare_out_dir,
+    record_run,
+    remove_temp_files,
+    write_parquet_atomic,
+    write_text,
+)
 
 BACKENDS = ("local", "ray")
 RAY_HINT = "pip install 'clip-sandbox[ray]' (or pip install ray)"
@@ -53,7 +60,9 @@ class RunFolder:
     ``settings``: what every part depends on besides what its name records; a folder made with
     other ones is refused (``force``: its parts are deleted). ``record`` (a JSON file in ``out``)
     is written with ``contents`` (default ``settings``); ``compare(previous, settings)`` lists
-    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs)."""
+    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs).
+    ``device``: where the runs compute, for the folder's provenance (:func:`~.results.record_run`:
+    each :meth:`run` that writes parts adds an entry; not a setting)."""
 
     def __init__(
         self,
@@ -65,6 +74,7 @@ class RunFolder:
         force: bool = False,
         hint: str | None = None,
         compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None,
+        device: str = "cpu",
     ) -> None:
         self.out = prepare_out_dir(out)
         self.parts = self.out / "parts"
@@ -72,8 +82,10 @@ class RunFolder:
         check_settings(self.out, settings, record=record, force=force, **extra)
         self.parts.mkdir(parents=True, exist_ok=True)
         remove_temp_files(self.parts)
-        (self.out / record).write_text(json.dumps(contents or settings, indent=2, default=str))
+        write_text(json.dumps(contents or settings, indent=2, default=str), self.out / record)
         self.force = force
+        self.device = device
+        self._fresh = not any(self.parts.glob("*.parquet"))  # earlier runs' entries are stale
 
     def done(self, part: str) -> bool:
         """A finished part that this run keeps (``force`` recomputes every part)."""
@@ -109,15 +121,22 @@ class RunFolder:
                 flush=True,
             )
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
+        written = 0
         try:
             with contextlib.closing(_stream(fn, jobs, workers, backend, address, error)) as stream:
                 for job, frames in stream:
                     for part, frame in zip(job.parts, frames, strict=True):
                         write_parquet_atomic(frame, self.parts / part)
+                        written += 1
                         bar.update()
                     bar.set_postfix_str(job.key, refresh=False)
         finally:
             bar.close()
+            if written:  # also when interrupted: the parts it wrote are the folder's now
+                record_run(
+                    self.out, device=self.device, fresh=self._fresh, parts=written, workers=workers
+                )
+                self._fresh = False
 
 
 def _stream(fn, jobs, workers, backend, address, error) -> Iterator[tuple[Job, Any]]:

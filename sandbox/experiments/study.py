@@ -57,7 +57,16 @@ from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 from . import evidence
 from .claims import CLAIMS, Claim, claim_rules, ledger, power_lines
 from .planner import Job, RunFolder
-from .results import changed_settings, part_name, read_parts, write_parquet_atomic
+from .results import (
+    changed_settings,
+    part_name,
+    read_parts,
+    recording_tables,
+    sorted_rows,
+    write_csv,
+    write_figure,
+    write_parquet_if_changed,
+)
 from .runs import RunSpec, objective_of, run_specs
 
 #: The reference rule every rung is calibrated with.
@@ -472,6 +481,7 @@ def run_study(
         contents=asdict(config),
         force=force,
         compare=lambda previous, now: changed_settings(part_fields(previous), now),
+        device=config.device,
     )
     calib = calibration_jobs(config)
     kw = {"progress": progress, "workers": workers}
@@ -493,17 +503,18 @@ def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (rung, epochs, lr): the reference rule's clip share (mean over steps and seeds) and
     the mean pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the
     seeds of a run (one value per step, repeated on every seed's row)."""
-    calib = rows[rows["phase"] == "calib"].copy()
+    calib = canonical_rows(rows[rows["phase"] == "calib"])
     calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
     per_seed = calib.groupby(["rung", "epochs", "lr", "seed"], as_index=False)[
         ["clip_share", "pass_rate"]
     ].mean()
     g = per_seed.groupby(["rung", "epochs", "lr"], as_index=False)
-    return g.agg(
+    curve = g.agg(
         clip_share=("clip_share", "mean"),
         pass_rate=("pass_rate", "mean"),
         seeds=("seed", "nunique"),
     )
+    return ladder_order(curve, ["rung", "epochs", "lr"])
 
 
 def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> tuple[float, int]:
@@ -538,9 +549,37 @@ def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, tuple[float,
 # -- analysis ---------------------------------------------------------------------------------
 
 
+#: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
+ROW_KEYS = ["phase", "rung", "rule", "lr", "epochs", "seed", "step"]
+
+
+def ladder_order(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``frame`` sorted by ``keys`` (stable), a ``rung`` column in ladder order (:data:`RUNGS`,
+    then unknown rungs by name), every other key by value; the index renumbered."""
+    ladder = {rung: i for i, rung in enumerate(RUNGS)}
+
+    def key(column: pd.Series) -> pd.Series:
+        if column.name != "rung":
+            return column
+        return column.map(lambda r: f"{ladder.get(r, len(ladder)):06d} {r}")
+
+    by = [k for k in keys if k in frame.columns]
+    if frame.empty or not by:
+        return frame.reset_index(drop=True)
+    return frame.sort_values(by, key=key, kind="stable").reset_index(drop=True)
+
+
+def canonical_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows in one order whatever order the parts were read in
+    (:func:`~.results.sorted_rows` by :data:`ROW_KEYS`): every table derived from them is then
+    the same to the last bit."""
+    return sorted_rows(rows, ROW_KEYS)
+
+
 def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns."""
-    study = rows[rows["phase"] == "study"].sort_values("step")
+    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns; rows in
+    ladder order, then by rule and seed."""
+    study = canonical_rows(rows[rows["phase"] == "study"])
     study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
     trained = study[study["step"] > 0]  # the llm's step 0 only evaluates
     g = trained.groupby(["rung", "rule", "seed"], sort=False)
@@ -556,7 +595,8 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
         study.dropna(subset=["eval_pass"]).groupby(["rung", "rule", "seed"])["eval_pass"].last()
     )
     final = held_out.combine_first(final).rename("final_pass")
-    return scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
+    scores = scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
+    return ladder_order(scores, ["rung", "rule", "seed"])
 
 
 def study_ledger(scores: pd.DataFrame, claims: Sequence[Claim] = CLAIMS) -> pd.DataFrame:
@@ -639,6 +679,7 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     :data:`NEVER_BINDS`); NaN ``clip_frac``: the rule reports none (no bounds, e.g. unclipped,
     KL-Cov's penalty)."""
     cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
+    scores = ladder_order(scores, ["rung", "rule", "seed"])
     out = scores.groupby(["rung", "rule"], sort=False)[cols].mean().reset_index()
     out.insert(
         2, "seeds", scores.groupby(["rung", "rule"], sort=False)["seed"].nunique().to_numpy()
@@ -654,7 +695,7 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
     against the entropy-covariance law's first-order prediction from the same step's logit
     change, over every step and seed: means, correlation, least-squares slope (1 where the law
     holds) and the RMS of observed - predicted."""
-    study = rows[(rows["phase"] == "study")].dropna(
+    study = canonical_rows(rows[(rows["phase"] == "study")]).dropna(
         subset=["entropy_change", "entropy_change_pred"]
     )
     out = []
@@ -682,7 +723,7 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
         "slope",
         "rms_error",
     ]
-    return pd.DataFrame(out, columns=columns)
+    return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 
 
 def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
@@ -697,7 +738,7 @@ def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     columns += ["variance_ratio", "lo", "hi"]
     if not set(GRAD_NOISE_COLUMNS) <= set(rows.columns):  # parts written before (c) was logged
         return pd.DataFrame(columns=columns)
-    study = rows[rows["phase"] == "study"].dropna(subset=list(GRAD_NOISE_COLUMNS))
+    study = canonical_rows(rows[rows["phase"] == "study"]).dropna(subset=list(GRAD_NOISE_COLUMNS))
     out = []
     for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
         per_seed = g.groupby("seed")[list(GRAD_NOISE_COLUMNS)].mean()
@@ -719,7 +760,7 @@ def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
                 "hi": interval.hi,
             }
         )
-    return pd.DataFrame(out, columns=columns)
+    return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 
 
 def _finite_mean(x: np.ndarray) -> float:
@@ -731,9 +772,21 @@ def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    agreement, entropy_law, grad_noise) and the figures; returns the tables."""
+    agreement, entropy_law, grad_noise) and the figures; returns the tables.
+
+    The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
+    :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
+    bytes would not change is not rewritten; the folder's ``tables`` provenance records this
+    command only if something changed (:func:`~.results.recording_tables`)."""
     out = Path(out)
-    write_parquet_atomic(rows, out / "results.parquet")
+    with recording_tables(out):
+        return _write_tables(canonical_rows(rows), out, config)
+
+
+def _write_tables(
+    rows: pd.DataFrame, out: Path, config: StudyConfig | None
+) -> dict[str, pd.DataFrame]:
+    write_parquet_if_changed(rows, out / "results.parquet")
     scores = run_scores(rows)
     tables = {
         "calibration": calibration_curve(rows),
@@ -749,7 +802,7 @@ def write_tables(
         ),
     }
     for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
+        write_csv(table, out / f"{name}.csv")
     plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
     plot_mechanism(tables["summary"], out / "mechanism.png")
     return tables
@@ -765,13 +818,14 @@ def plot_calibration(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curve = ladder_order(curve, ["rung", "epochs", "lr"])
     rungs = list(dict.fromkeys(curve["rung"]))
     fig, axes = plt.subplots(
         1, max(len(rungs), 1), figsize=(4 * max(len(rungs), 1), 3.2), squeeze=False
     )
     low, high = (config.target_low, config.target_high) if config else (0.05, 0.10)
     for ax, rung in zip(axes[0], rungs, strict=False):
-        c = curve[curve["rung"] == rung].sort_values("lr")
+        c = curve[curve["rung"] == rung].sort_values("lr", kind="stable")
         for mu, m in c.groupby("epochs"):
             ax.plot(m["lr"], m["clip_share"], marker="o", label=f"{mu} epochs")
         ax.axhspan(low, high, color="tab:green", alpha=0.15)
@@ -785,7 +839,7 @@ def plot_calibration(
         if c["lr"].nunique() > 1:
             ax.set_xscale("log")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -797,7 +851,8 @@ def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = summary.dropna(subset=["grad_mass_zero_lo"]).sort_values("rule")  # the flow has none
+    summary = summary.dropna(subset=["grad_mass_zero_lo"])  # the flow has none
+    summary = ladder_order(summary, ["rung", "rule"])
     rungs = list(dict.fromkeys(summary["rung"]))
     fig, axes = plt.subplots(
         1, max(len(rungs), 1), figsize=(4.5 * max(len(rungs), 1), 3.6), squeeze=False
@@ -819,7 +874,7 @@ def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
     if axes[0][0].get_legend_handles_labels()[0]:
         axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
