@@ -50,6 +50,7 @@ import llm.runs  # registers the llm run kind, in workers too
 from sandbox.configs import add_arguments, add_study_arguments, key_values, profile_settings
 from sandbox.experiments.claims import claim_record, parse_claim, read_claims
 from sandbox.experiments.planner import interrupted_line
+from sandbox.experiments.pool import terminate_raises
 from sandbox.experiments.runs import RunSpec, objective_of
 from sandbox.experiments.study import Rung, StudyConfig, rebuild_tables, register_rung, run_study
 
@@ -179,7 +180,10 @@ def check_llm(config: StudyConfig) -> None:
         make_task(s["task"], **s["task_knobs"])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--llm task, task_knobs: {exc}") from None
-    check_model(s["model"], offline=True)
+    try:
+        check_model(s["model"], offline=True)
+    except ValueError as exc:  # its message names llm.train's flag
+        raise ValueError(str(exc).replace("--model ", "--llm model=", 1)) from None
 
 
 def llm_epochs(config: StudyConfig) -> list[int]:
@@ -395,9 +399,14 @@ def main(argv: list[str] | None = None) -> int:
             rebuild_tables(out, config)
         else:
             config, scratch = with_scratch(config, out)
-            run_study(
-                config, out, progress=not args.no_progress, force=args.force, workers=args.workers
-            )
+            with terminate_raises():  # SIGTERM between runs: the resume line, as Ctrl-C
+                run_study(
+                    config,
+                    out,
+                    progress=not args.no_progress,
+                    force=args.force,
+                    workers=args.workers,
+                )
             if scratch == out / SCRATCH:  # every run is a part now: what is left is stale
                 shutil.rmtree(scratch, ignore_errors=True)
     except ValueError as exc:

@@ -171,9 +171,9 @@ class StudyConfig:
     def validate(self) -> None:
         """``ValueError`` naming the first bad field: every setting is checked here, before
         anything runs or a folder's ``config.json`` is written."""
+        self.check_claims()  # first: a claim's unknown rule is named with its claim
         for name in self.rules:
             objective_of(name)  # ValueError listing the valid names
-        self.check_claims()
         if REFERENCE not in self.rules:
             raise ValueError(f"rules must include the reference rule {REFERENCE!r}")
         for rung in self.rungs:
