@@ -17,8 +17,11 @@ seeds. What K buys on a GPU is unmeasured; the K models' training activations sh
 
 Outputs in ``--out`` (default ``runs/claims-<profile>``; the committed study is
 ``results/claims``): ``parts/`` (one parquet per finished run, written atomically: an interrupted
-study resumes and recomputes nothing finished), ``config.json`` (a folder made with other
-settings is refused, ``--force`` recomputes), ``results.parquet``, ``calibration.csv``,
+study resumes and recomputes nothing finished), ``config.json`` (the settings, grids included,
+and each rung's calibrated point: a folder made with other settings is refused, ``--force``
+recomputes; ``--tables-only`` builds from the recorded calibrated point only; other or fewer
+rules or rungs *add to* the folder's study, whose tables cover the union), ``results.parquet``,
+``calibration.csv``,
 ``scores.csv``, ``summary.csv``, ``ledger.csv``, ``power.csv``, ``agreement.csv``,
 ``calibration.png``, ``mechanism.png``; with ``--doc PATH`` the write-up (docs/claims.md).
 While it runs, ``llm_scratch/`` holds the llm runs in progress (checkpoints every
@@ -30,6 +33,12 @@ by a time limit, e.g. ``timeout 570 python -m llm.claims --profile gpu ...`` on 
     python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
     python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md
+    python -m llm.claims --quick --claim mine:grpo>gspo:reward_auc   # a claim of your own
+
+Claims of your own: ``--claim NAME:A>B[:metric[:margin]]`` (repeatable) or ``--claims FILE``
+(TOML/YAML records; CONTRIBUTING.md, "Adding a claim"): their rules join ``--rules`` and they get
+ledger rows like the papers'. Every setting, the llm rung's ``--llm KEY=VALUE`` ones included, is
+checked before anything runs or ``config.json`` is written (one line, exit 2).
 """
 
 from __future__ import annotations

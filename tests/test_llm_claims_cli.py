@@ -258,7 +258,8 @@ import sandbox.experiments.planner as planner
 steps, real_rollout, real_write = [], t.rollout_phase, planner.write_parquet_atomic
 t.rollout_phase = lambda run, step: steps.append(step) or real_rollout(run, step)
 def write(frame, path):
-    if os.environ.get("CUT_AT") and path.name.startswith(os.environ.pop("CUT_AT")):
+    if os.environ.get("CUT_AT") and path.name.startswith(os.environ["CUT_AT"]):
+        del os.environ["CUT_AT"]
         os.kill(os.getpid(), signal.SIGINT)
     return real_write(frame, path)
 planner.write_parquet_atomic = write
