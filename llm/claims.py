@@ -349,7 +349,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
     settings = profile_settings(args, StudyConfig, PROFILES, "claims")
     given = typed_llm_settings(key_values(args.llm, "--llm"), "--llm")  # over the profile's
     if args.llm_ensemble is not None:  # shorthand for --llm ensemble=K
-        given.update(typed_llm_settings({"ensemble": args.llm_ensemble}, "--llm-ensemble"))
+        if args.llm_ensemble < 1:
+            raise ValueError(f"--llm-ensemble must be >= 1, got {args.llm_ensemble}")
+        given["ensemble"] = args.llm_ensemble
     rungs = settings.get("rungs", StudyConfig().rungs)
     if given and "llm" not in rungs and not args.tables_only:
         flag = "--llm " + " ".join(sorted(given)) if args.llm else "--llm-ensemble"

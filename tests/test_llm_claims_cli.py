@@ -121,7 +121,7 @@ BAD = [
     (["--llm", "bogus=1"], "--llm: unknown settings ['bogus']"),
     (["--llm", "task=nope"], "--llm task, task_knobs: unknown task 'nope'"),
     (["--llm", "model=no-such/model"], "--llm model='no-such/model' is not in the local"),
-    (["--llm-ensemble", "0"], "--llm-ensemble ensemble must be an integer >= 1"),
+    (["--llm-ensemble", "0"], "--llm-ensemble must be >= 1, got 0"),
     (["--bandit-steps", "0"], "bandit_steps must be an integer >= 1, got 0"),
     (["--group-size", "1"], "group_size must be an integer >= 2, got 1"),
     (["--bandit-setting", "nope"], "bandit_setting: unknown setting 'nope'"),
