@@ -61,11 +61,11 @@ def _weights(args: argparse.Namespace) -> int:
 
 def _interrupted(err: KeyboardInterrupt, where: str) -> int:
     """The resume hint after Ctrl-C or SIGTERM; exit status 128 + signal number."""
+    from sandbox.experiments.planner import interrupted_line
     from sandbox.experiments.pool import Terminated
 
     signum = err.signum if isinstance(err, Terminated) else 2
-    name = "SIGTERM" if signum == 15 else ("SIGINT" if signum == 2 else f"signal {signum}")
-    print(f"\ninterrupted ({name}): {where}; run the same command again to resume", file=sys.stderr)
+    print("\n" + interrupted_line(signum, where), file=sys.stderr)
     return 128 + signum
 
 

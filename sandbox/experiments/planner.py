@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,21 @@ class Job:
 
     def __str__(self) -> str:
         return self.key
+
+
+#: How to resume after an interruption, the same words for every command that resumes by being
+#: run again (``clip-sandbox compare`` / ``sweep``, ``python -m llm.claims``, ``llm.transfer``).
+RESUME = "run the same command again to resume"
+
+
+def interrupted_line(signum: int, kept: str, resume: str = RESUME) -> str:
+    """The line a command prints when a signal stops it: what it kept and how to go on
+    (``resume``: ``llm.train`` resumes with ``--resume``)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"interrupted ({name}): {kept}; {resume}"
 
 
 def check_workers(workers: Any) -> None:
@@ -103,10 +119,13 @@ class RunFolder:
         backend: str = "local",
         address: str | None = None,
         error: type[Exception] = RuntimeError,
+        written: Callable[[Job], None] | None = None,
     ) -> None:
-        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes.
-        ``backend`` is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any
-        run starts)."""
+        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
+        ``written(job)`` runs once all of a job's parts are on disk (a run's clean-up that must
+        not happen before, e.g. removing the checkpoint a resumed run would read). ``backend``
+        is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any run
+        starts)."""
         from tqdm import tqdm
 
         if backend not in BACKENDS:
@@ -129,6 +148,8 @@ class RunFolder:
                         write_parquet_atomic(frame, self.parts / part)
                         written += 1
                         bar.update()
+                    if written is not None:
+                        written(job)
                     bar.set_postfix_str(job.key, refresh=False)
         finally:
             bar.close()
