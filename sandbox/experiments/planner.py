@@ -140,22 +140,22 @@ class RunFolder:
                 flush=True,
             )
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
-        written = 0
+        count = 0  # parts written by this call
         try:
             with contextlib.closing(_stream(fn, jobs, workers, backend, address, error)) as stream:
                 for job, frames in stream:
                     for part, frame in zip(job.parts, frames, strict=True):
                         write_parquet_atomic(frame, self.parts / part)
-                        written += 1
+                        count += 1
                         bar.update()
                     if written is not None:
                         written(job)
                     bar.set_postfix_str(job.key, refresh=False)
         finally:
             bar.close()
-            if written:  # also when interrupted: the parts it wrote are the folder's now
+            if count:  # also when interrupted: the parts it wrote are the folder's now
                 record_run(
-                    self.out, device=self.device, fresh=self._fresh, parts=written, workers=workers
+                    self.out, device=self.device, fresh=self._fresh, parts=count, workers=workers
                 )
                 self._fresh = False
 
