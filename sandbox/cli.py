@@ -245,8 +245,10 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
     shown = {}
     for f in fields(CompareConfig):
         default = f.default_factory() if f.default is MISSING else f.default
-        if f.name == "objective_params":
-            continue
+        if f.name == "objective_params" or (
+            default is None and f.name not in SUITE_DEFAULTS["bandit"]
+        ):
+            continue  # None is the field's own default (dtype): its help text says what happens
         if default is None:  # per-suite default
             per_suite = {s: d.get(f.name) for s, d in SUITE_DEFAULTS.items()}
             values = list(per_suite.values())

@@ -160,6 +160,12 @@ class CompareConfig:
     optimizer: str | None = arg(None, "sgd or adam (bandit)")
     lr: float | None = arg(None, "learning rate")
     seed: int = arg(0, "base seed")
+    dtype: str | None = arg(
+        None,
+        "float64: the sampled runs in double precision, results that agree across CPUs to "
+        "float64 rounding (default: the trainers' float32; the exact flows are float64 anyway)",
+        choices=("float32", "float64"),
+    )
     objective_params: dict[str, dict[str, Any]] | None = arg(
         None,
         "objective parameters: KEY=VALUE for every objective or NAME:KEY=VALUE for one "
@@ -231,6 +237,8 @@ def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) 
         task, knobs = REASONING_SUITE.get(setting, (None, {}))
         kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
     values.update(given)
+    if config.dtype is not None:  # a trainer field: into the spec's train mapping
+        values["train"] = {"dtype": config.dtype, **dict(values.get("train") or {})}
     return RunSpec.make(
         kind,
         setting,

@@ -150,6 +150,11 @@ class StudyConfig:
     claims: list[dict[str, Any]] = arg(
         [], "claims of your own besides the papers' (records of sandbox.experiments.claims.Claim)"
     )
+    dtype: str | None = arg(
+        None,
+        "float64: the sampled toy rungs in double precision (default: the trainers' float32)",
+        choices=("float32", "float64"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("bandit_lrs", "tf_lrs"):  # the CLI gives strings
@@ -212,6 +217,8 @@ class StudyConfig:
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
                 f"{self.target_low}, {self.target_high}"
             )
+        if self.dtype not in (None, "float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         if min(self.epochs + self.tf_epochs) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
         self._check_tasks()
@@ -338,6 +345,8 @@ def register_rung(rung: Rung) -> Rung:
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
     aggregation = None if config.paper_aggregation else "token-mean"
     train = {"aggregation": aggregation, "grad_mass": True}
+    if config.dtype is not None:
+        train["dtype"] = config.dtype
     if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
         train["grad_noise"] = True
     return {
