@@ -6,6 +6,13 @@ the LR scheduler, the step, the prompt generator's state and the global torch RN
 randomness in :mod:`llm.train` is derived from ``(seed, step, ...)``, so on CPU a resumed run
 continues bit for bit. Rank 0 writes ``checkpoint.pt.tmp`` and renames it over the old file: a
 crash mid-write leaves the previous checkpoint intact.
+
+A run that finished with ``--no-save-model`` keeps no weights: its last checkpoint is written
+with ``weights=False``, the step and the settings only (a few KB, over any periodic or
+interrupted-run checkpoint, atomically as always), so a later call still sees that the run is
+done (:mod:`llm.runs`, ``--resume``'s "nothing to do") and nothing of SmolLM2's 1.6 GB of model
+and optimizer state stays behind. Until then (``--checkpoint-every``, SIGTERM / Ctrl-C, a paused
+run) a checkpoint holds everything needed to resume.
 """
 
 from __future__ import annotations
@@ -40,20 +47,26 @@ def save(
     rng: np.random.Generator,
     config: dict[str, Any],
     main: bool,
+    weights: bool = True,
 ) -> None:
-    """Collective under FSDP (every rank calls it); only ``main`` writes."""
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_FULL)
-    if not main:
-        return
-    state = {
-        "model": model_sd,
-        "optimizer": optim_sd,
-        "scheduler": scheduler.state_dict(),
+    """Collective under FSDP (every rank calls it, with the same ``weights``); only ``main``
+    writes. ``weights=False``: the step and the settings only, the record of a finished run that
+    keeps no weights (module docstring)."""
+    state: dict[str, Any] = {
         "step": step,
-        "np_rng": json.dumps(rng.bit_generator.state),
-        "torch_rng": torch.get_rng_state(),
         "config": json.dumps(config, sort_keys=True, default=str),
     }
+    if weights:
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_FULL)
+        state |= {
+            "model": model_sd,
+            "optimizer": optim_sd,
+            "scheduler": scheduler.state_dict(),
+            "np_rng": json.dumps(rng.bit_generator.state),
+            "torch_rng": torch.get_rng_state(),
+        }
+    if not main:
+        return
     os.makedirs(out, exist_ok=True)
     path = path_in(out)
     torch.save(state, path + ".tmp")
@@ -69,6 +82,7 @@ def load(
 ) -> int:
     """Restore everything :func:`save` wrote; returns the number of steps done."""
     state = torch.load(path_in(out), map_location="cpu", weights_only=True)
+    _check_weights(out, state)
     set_state_dict(
         model,
         optimizer,
@@ -88,6 +102,22 @@ def saved_step_and_config(out: str) -> tuple[int, dict[str, Any]]:
     return int(state["step"]), json.loads(state["config"])
 
 
+def has_weights(out: str) -> bool:
+    """Whether ``DIR/checkpoint.pt`` holds the model and optimizer state (not the weights-free
+    record of a run that finished with ``--no-save-model``)."""
+    return "model" in torch.load(path_in(out), map_location="cpu", weights_only=True, mmap=True)
+
+
+def _check_weights(out: str, state: dict[str, Any]) -> None:
+    if "model" not in state:
+        raise ValueError(
+            f"{path_in(out)} holds no weights: its run finished with --no-save-model "
+            f"at step {state['step']} (start a new --out to train again)"
+        )
+
+
 def model_state(out: str) -> dict[str, torch.Tensor]:
     """The model weights of ``DIR/checkpoint.pt`` (for tests and evaluation)."""
-    return torch.load(path_in(out), map_location="cpu", weights_only=True)["model"]
+    state = torch.load(path_in(out), map_location="cpu", weights_only=True)
+    _check_weights(out, state)
+    return state["model"]

@@ -121,10 +121,14 @@ class TrainConfig:
     eval_prompts: int = arg(16, "held-out prompts per evaluation")
     eval_k: int = arg(4, "samples per eval prompt (pass@1 and pass@k)")
     out: str = arg("runs/llm", "output directory")
-    checkpoint_every: int = arg(0, "checkpoint every N steps (always at the end)")
+    checkpoint_every: int = arg(0, "checkpoint every N steps (and at the end, see --save-model)")
     resume: bool = arg(False, "continue from OUT/checkpoint.pt (which must exist)")
     allow_config_change: bool = arg(False, "with --resume: accept changed settings")
-    save_model: bool = arg(True, "save_pretrained the final model to OUT/model")
+    save_model: bool = arg(
+        True,
+        "save_pretrained the final model to OUT/model and keep the final checkpoint's weights "
+        "(to train further with --resume); --no-save-model: a finished run keeps no weights",
+    )
     report_to: list[str] = arg([], "tensorboard and/or wandb")
     wandb_project: str = arg("clip-sandbox", "W&B project")
     progress: bool = arg(True, "progress bar")

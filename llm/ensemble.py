@@ -525,9 +525,22 @@ def main(argv: list[str] | None = None) -> None:
 
     from llm import train as t
 
-    parser = argparse.ArgumentParser(prog="python -m llm.ensemble", add_help=False)
-    parser.add_argument("--seeds", required=True, help="comma-separated seeds, one run each")
+    parser = argparse.ArgumentParser(
+        prog="python -m llm.ensemble",
+        usage="%(prog)s --seeds SEEDS [llm.train flags]",
+        description="K runs of llm.train, one per seed, trained as one ensemble in one process "
+        "(each in OUT/seed<S>, as its own run would be).",
+        add_help=False,  # --help also lists llm.train's flags, which the rest of argv is parsed by
+    )
+    parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
+    parser.add_argument("--seeds", help="comma-separated seeds, one run each (required)")
     known, rest = parser.parse_known_args(argv)
+    if known.help:
+        parser.print_help()
+        print("\nEvery other flag is llm.train's, given to every member:\n", flush=True)
+        t.parse_args(["--help"])  # prints llm.train's help and exits 0
+    if known.seeds is None:
+        parser.error("the following arguments are required: --seeds")
     try:
         words = [w for w in known.seeds.split(",") if w.strip()]
         if not all(w.strip().lstrip("-").isdigit() for w in words) or len(set(words)) < len(words):

@@ -15,15 +15,20 @@ problems drawn from the seed (the same stream ``llm.train``'s evaluation uses):
 ::
 
     python -m llm.pilot --model smollm2-135m --tasks addition:digits=3 mod_arith:steps=2 \\
-        --prompts 64 --out results/llm_pilot/pilot.csv
+        --prompts 64
 
-Writes one tidy row per task (with model, device, date and the command) to ``--out``.
+Writes one tidy row per task (with model, device, date and the command) to ``--out``
+(default :data:`DEFAULT_OUT`, under the git-ignored ``runs/``; the committed
+``results/llm_pilot/pilot.csv`` is rewritten only by the command in that folder's README, which
+names it). Bad arguments, including an ``--out`` that is a folder or cannot be written, are one
+``error:`` line and exit status 2, before any model is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import shlex
 import sys
@@ -38,9 +43,12 @@ import torch
 from tqdm import tqdm
 
 from llm.config import TrainConfig
-from sandbox.configs import key_values
+from sandbox.configs import check_device, key_values
+from sandbox.experiments.results import prepare_out_dir
 
 PREFILL = "The answer is"
+#: ``--out`` when none is given: under ``runs/`` (git-ignored), never the committed results.
+DEFAULT_OUT = "runs/llm_pilot/pilot.csv"
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -80,12 +88,13 @@ def forced_greedy(run: Any, prompts: list[str], answers: list[str]) -> float:
     return hits / max(len(prompts), 1)
 
 
-def pilot_task(base: TrainConfig, task: str, knobs: dict[str, Any]) -> dict[str, Any]:
-    """The pilot's row for one task (module docstring)."""
+def pilot_task(task_cfg: TrainConfig) -> dict[str, Any]:
+    """The pilot's row for one task, ``task_cfg.task`` with its knobs (module docstring)."""
     from llm.train import sample, setup
 
     scratch = tempfile.TemporaryDirectory(prefix="llm-pilot-")  # setup's --out: nothing kept
-    cfg = replace(base, task=task, task_knobs=knobs, out=scratch.name)
+    cfg = replace(task_cfg, out=scratch.name)
+    task, knobs = cfg.task, cfg.task_knobs
     closers: list[Any] = [scratch.cleanup]
     start = time.perf_counter()
     try:
@@ -108,28 +117,69 @@ def pilot_task(base: TrainConfig, task: str, knobs: dict[str, Any]) -> dict[str,
         "pass_at_1": p1,
         "answer_anywhere": sum(anywhere) / len(texts),
         "forced_greedy": forced,
-        "group_signal": 1 - (1 - p1) ** base.group_size,
+        "group_signal": 1 - (1 - p1) ** cfg.group_size,
         "example": f"{prompts[0]!r} -> {texts[0][:60]!r} (answer {answers[0]})",
         "seconds": time.perf_counter() - start,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_out(out: str) -> Path:
+    """``--out`` before any work: a file path (not a folder) in a folder that exists or can be
+    created, and that can be written; else a ``ValueError`` naming ``--out``."""
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(
+            f"--out {out} is a folder; give the CSV file's path (e.g. {out}/pilot.csv)"
+        )
+    prepare_out_dir(path.parent, f"--out {out}: its folder", sub=".")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"--out {out} cannot be written (no permission)")
+    return path
+
+
+def task_configs(base: TrainConfig, specs: list[str]) -> list[TrainConfig]:
+    """One :class:`TrainConfig` per ``--tasks`` entry, checked as far as is cheap (task, knobs,
+    settings, device, model) before any model is loaded; a ``ValueError`` names the argument."""
+    from envs.reasoning import make_task
+    from llm.model import check_model
+
+    configs = []
+    for spec in specs:
+        name, knobs = parse_task(spec)
+        try:
+            make_task(name, **knobs)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--tasks {spec!r}: {exc}") from None
+        cfg = replace(base, task=name, task_knobs=knobs)
+        cfg.validate()
+        configs.append(cfg)
+    if base.device != "auto":
+        check_device(base.device)
+    check_model(base.model, offline=True)
+    return configs
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m llm.pilot", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default="smollm2-135m", help="tiny, smollm2-135m, a folder, ...")
     parser.add_argument("--tasks", nargs="+", required=True, help="task[:knob=value,...] ...")
     parser.add_argument("--prompts", type=int, default=64, help="held-out problems per task")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8, help="G of group_signal")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", required=True, help="CSV path")
-    args = parser.parse_args(argv)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="CSV path (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
-        tasks = [parse_task(t) for t in args.tasks]
         if args.prompts < 1:
             raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
+        if args.seed < 0:
+            raise ValueError(f"--seed must be >= 0, got {args.seed}")
         base = TrainConfig(
             model=args.model,
             offline=True,
@@ -143,10 +193,12 @@ def main(argv: list[str] | None = None) -> int:
             progress=False,
             save_model=False,
         )
-    except ValueError as exc:
+        configs = task_configs(base, args.tasks)
+        out = check_out(args.out)  # last of the checks: it creates the folder
+        rows = [pilot_task(cfg) for cfg in tqdm(configs, desc="pilot")]
+    except ValueError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows = [pilot_task(base, name, knobs) for name, knobs in tqdm(tasks, desc="pilot")]
     frame = pd.DataFrame(rows).assign(
         model=args.model,
         max_new_tokens=args.max_new_tokens,
@@ -154,10 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         date=datetime.date.today().isoformat(),
         command="python -m llm.pilot " + shlex.join(sys.argv[1:] if argv is None else argv),
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out, index=False)
+    tmp = out.with_name(out.name + ".tmp")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, out)  # atomic: an interrupted write leaves the previous file
     cols = ["task", "knobs", "pass_at_1", "answer_anywhere", "forced_greedy", "group_signal"]
     print(frame[cols].round(3).to_string(index=False))
+    print(f"wrote {out}", file=sys.stderr)
     return 0
 
 

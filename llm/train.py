@@ -12,7 +12,8 @@ One step, read top to bottom in :func:`train` (each phase a function of one scre
    loss assembly (objective -> rollout IS weight -> aggregate with the minibatch's *global*
    counts -> + KL -> - entropy), then backward -> grad-norm clipping -> optimizer step;
 4. :func:`log_step` one JSON line in ``OUT/metrics.jsonl`` (:mod:`llm.report`), evaluation every
-   ``--eval-every`` steps (and before the first), checkpoints (:mod:`llm.checkpoint`).
+   ``--eval-every`` steps (and before the first), checkpoints (:mod:`llm.checkpoint`; a finished
+   run with ``--no-save-model`` keeps no weights: its checkpoint is the step and settings only).
 
 Settings are :class:`llm.config.TrainConfig` (``--help``, or ``--config run.yaml``). This module
 defines no loss. SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits (143 /
@@ -240,6 +241,12 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         raise ValueError(f"{checkpoint.path_in(cfg.out)} exists: pass --resume, or a new --out")
     if cfg.resume:
         check_resume(cfg, settings)
+        if not checkpoint.has_weights(cfg.out):
+            raise ValueError(
+                f"--resume: {checkpoint.path_in(cfg.out)} is the record of a run that finished "
+                "with --no-save-model, which keeps no weights: it cannot train further (a new "
+                "--out trains again)"
+            )
     if cfg.device != "auto":
         check_device(cfg.device)
     models.check_model(
@@ -803,6 +810,8 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
 
 
 def save_checkpoint(run: Run, done: int) -> None:
+    """``OUT/checkpoint.pt`` after ``done`` steps: everything to resume from, but for a finished
+    run with ``--no-save-model``, which keeps no weights (its step and settings only)."""
     checkpoint.save(
         run.cfg.out,
         run.policy,
@@ -812,6 +821,7 @@ def save_checkpoint(run: Run, done: int) -> None:
         rng=run.rng,
         config=as_json(run.cfg),
         main=run.info.main,
+        weights=done < run.cfg.steps or run.cfg.save_model,
     )
 
 
@@ -938,10 +948,9 @@ def _loop(run: Run, stop: StopRequest, stop_after: int | None) -> list[dict[str,
         save_model(run)
     dist.barrier()
     if info.main:
+        saved = ", checkpoint.pt, model/" if cfg.save_model else ", no weights (--no-save-model)"
         print(
-            f"done: {cfg.steps} steps; {cfg.out}/metrics.jsonl, checkpoint.pt, config.json"
-            + (", model/" if cfg.save_model else ""),
-            file=sys.stderr,
+            f"done: {cfg.steps} steps; {cfg.out}/metrics.jsonl, config.json{saved}", file=sys.stderr
         )
     return rows if info.main else []
 

@@ -25,7 +25,8 @@ pytest.importorskip("transformers")
 ARGS = [
     "--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--steps", "2", "--lr", "1e-2",
     "--prompts-per-step", "4", "--group-size", "4", "--epochs", "2", "--minibatches", "2",
-    "--max-new-tokens", "16", "--no-progress", "--no-save-model", "--device", "cpu",
+    "--max-new-tokens", "16", "--no-progress", "--device", "cpu",  # the model saved: the final
+    # checkpoint, which the tests compare, keeps its weights
     "--prompts-per-call", "1",  # a prompt's samples independent of the world size
 ]  # fmt: skip
 

@@ -230,7 +230,7 @@ RUN = dict(
     steps=2,
     epochs=2,
     progress=False,
-    save_model=False,
+    save_model=True,  # a finished run keeps its weights (read below) only with the model saved
     device="cpu",
 )
 

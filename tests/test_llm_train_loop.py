@@ -33,10 +33,11 @@ TIMING = ("tokens_per_s", "step_time")
 # parity of 2 bits: answer "0" or "1", so a random tiny model earns reward ~20% of the time and
 # groups have non-zero advantages.
 # prompts_per_call=1: a prompt's samples do not depend on how prompts are batched, so the seeds
-# these tests pick (and the 1-vs-2-process comparisons) keep their meaning
+# these tests pick (and the 1-vs-2-process comparisons) keep their meaning. save_model: a finished
+# run keeps its weights (the final checkpoint, which these tests read) only with the model saved
 BASE = dict(model="tiny", task="parity", task_knobs={"length": 2}, lr=1e-2, prompts_per_step=4,
             group_size=4, prompts_per_call=1,
-            max_new_tokens=8, progress=False, save_model=False, device="cpu")  # fmt: skip
+            max_new_tokens=8, progress=False, save_model=True, device="cpu")  # fmt: skip
 
 
 def config(tmp_path: pathlib.Path, name: str = "run", **kw) -> TrainConfig:

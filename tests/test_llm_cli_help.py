@@ -1,0 +1,43 @@
+"""Every ``python -m llm.<module>`` command prints its help and exits 0 on ``--help`` (the
+ensemble's exited 2: its ``--seeds`` was required before ``--help`` was read). The modules are
+found by their ``if __name__ == "__main__":`` line, so a new command is covered without an edit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commands() -> list[str]:
+    """``llm.<module>`` for every module of the ``llm`` package that runs as a command."""
+    found = []
+    for path in sorted((ROOT / "llm").rglob("*.py")):
+        if 'if __name__ == "__main__":' in path.read_text():
+            found.append(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    return found
+
+
+def test_the_commands_are_found():
+    assert {"llm.train", "llm.ensemble", "llm.pilot", "llm.claims", "llm.transfer"} <= set(
+        commands()
+    )
+
+
+@pytest.mark.parametrize("module", commands())
+def test_help_prints_the_usage_and_exits_0(module):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"usage: python -m {module}"), proc.stdout[:500]
+    assert "--help" in proc.stdout and "Traceback" not in proc.stderr
+    if module == "llm.ensemble":  # its own flag, then every flag of the run it repeats
+        assert "--seeds SEEDS" in proc.stdout and "usage: python -m llm.train" in proc.stdout
+        assert "--objective" in proc.stdout
