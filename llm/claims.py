@@ -17,8 +17,11 @@ seeds. What K buys on a GPU is unmeasured; the K models' training activations sh
 
 Outputs in ``--out`` (default ``runs/claims-<profile>``; the committed study is
 ``results/claims``): ``parts/`` (one parquet per finished run, written atomically: an interrupted
-study resumes and recomputes nothing finished), ``config.json`` (a folder made with other
-settings is refused, ``--force`` recomputes), ``results.parquet``, ``calibration.csv``,
+study resumes and recomputes nothing finished), ``config.json`` (the settings, grids included,
+and each rung's calibrated point: a folder made with other settings is refused, ``--force``
+recomputes; ``--tables-only`` builds from the recorded calibrated point only; other or fewer
+rules or rungs *add to* the folder's study, whose tables cover the union), ``results.parquet``,
+``calibration.csv``,
 ``scores.csv``, ``summary.csv``, ``ledger.csv``, ``power.csv``, ``agreement.csv``,
 ``calibration.png``, ``mechanism.png``; with ``--doc PATH`` the write-up (docs/claims.md).
 While it runs, ``llm_scratch/`` holds the llm runs in progress (checkpoints every
@@ -30,13 +33,19 @@ by a time limit, e.g. ``timeout 570 python -m llm.claims --profile gpu ...`` on 
     python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
     python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md
+    python -m llm.claims --quick --claim mine:grpo>gspo:reward_auc   # a claim of your own
+
+Claims of your own: ``--claim NAME:A>B[:metric[:margin]]`` (repeatable) or ``--claims FILE``
+(TOML/YAML records; CONTRIBUTING.md, "Adding a claim"): their rules join ``--rules`` and they get
+ledger rows like the papers'. Every setting, the llm rung's ``--llm KEY=VALUE`` ones included, is
+checked before anything runs or ``config.json`` is written (one line, exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import math
 import shutil
 import signal
 import sys
@@ -46,11 +55,13 @@ from typing import Any
 
 import pandas as pd
 
-import llm.runs  # noqa: F401  (registers the llm run kind, in workers too)
+import llm.runs  # registers the llm run kind, in workers too
 from sandbox.configs import add_arguments, add_study_arguments, key_values, profile_settings
-from sandbox.experiments.results import read_parts
+from sandbox.experiments.claims import claim_record, parse_claim, read_claims
+from sandbox.experiments.planner import interrupted_line
+from sandbox.experiments.pool import terminate_raises
 from sandbox.experiments.runs import RunSpec, objective_of
-from sandbox.experiments.study import Rung, StudyConfig, register_rung, run_study, write_tables
+from sandbox.experiments.study import Rung, StudyConfig, rebuild_tables, register_rung, run_study
 
 #: The llm rung's settings (``StudyConfig.extra`` overrides them).
 LLM_DEFAULTS: dict[str, Any] = {
@@ -84,6 +95,104 @@ LLM_EXECUTION = ("ensemble", "scratch", "checkpoint_every")
 
 def llm_settings(config: StudyConfig) -> dict[str, Any]:
     return {**LLM_DEFAULTS, **config.extra.get("llm", {})}
+
+
+def _int(low: int) -> Any:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"must be an integer >= {low}")
+        return value
+
+    return check
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a non-empty string")
+    return value
+
+
+def _lrs(value: Any) -> list[float]:
+    values = value if isinstance(value, list | tuple) else [value]
+    ok = values and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        for v in values
+    )
+    if not ok:
+        raise ValueError("must be a non-empty list of numbers > 0, e.g. lrs=[1e-5,2e-5]")
+    return [float(v) for v in values]
+
+
+def _epochs(value: Any) -> list[int]:
+    values = value if isinstance(value, list | tuple) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError("must be a non-empty list of integers >= 1, e.g. epochs=[2,4]")
+    if min(values) < 1:
+        raise ValueError("must be a non-empty list of integers >= 1, e.g. epochs=[2,4]")
+    return list(values)
+
+
+def _knobs(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping, e.g. task_knobs={'digits':2}")
+    return value
+
+
+def _scratch(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+#: Each llm rung setting's check: its typed value, or a ``ValueError`` saying what it must be.
+LLM_CHECKS: dict[str, Any] = {
+    "model": _text,
+    "task": _text,
+    "task_knobs": _knobs,
+    "steps": _int(1),
+    "lrs": _lrs,
+    "prompts_per_step": _int(1),
+    "group_size": _int(2),
+    "max_new_tokens": _int(1),
+    "eval_every": _int(0),
+    "eval_prompts": _int(1),
+    "eval_k": _int(1),
+    "seeds": _int(1),
+    "ensemble": _int(1),
+    "scratch": _scratch,
+    "checkpoint_every": _int(0),
+    "epochs": _epochs,
+}
+
+
+def typed_llm_settings(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (llm rung settings) checked and typed; a one-line ``ValueError`` naming
+    ``where`` and the first unknown key or bad value."""
+    unknown = sorted(set(values) - set(LLM_CHECKS))
+    if unknown:
+        raise ValueError(f"{where}: unknown settings {unknown}; known: {', '.join(LLM_CHECKS)}")
+    out = {}
+    for key, value in values.items():
+        try:
+            out[key] = LLM_CHECKS[key](value)
+        except ValueError as exc:
+            raise ValueError(f"{where} {key} {exc}, got {value!r}") from None
+    return out
+
+
+def check_llm(config: StudyConfig) -> None:
+    """The llm rung's settings (:data:`LLM_CHECKS`), its task and its model, before anything
+    runs (the model offline: a Hub id must be in the local cache)."""
+    from envs.reasoning import make_task
+    from llm.model import check_model
+
+    s = typed_llm_settings(llm_settings(config), "--llm")
+    try:
+        make_task(s["task"], **s["task_knobs"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--llm task, task_knobs: {exc}") from None
+    try:
+        check_model(s["model"], offline=True)
+    except ValueError as exc:  # its message names llm.train's flag
+        raise ValueError(str(exc).replace("--model ", "--llm model=", 1)) from None
 
 
 def llm_epochs(config: StudyConfig) -> list[int]:
@@ -153,6 +262,8 @@ register_rung(
         columns=(("pass_rate", "pass_rate"), ("train_reward", "reward")),
         members=llm_members,
         execution=LLM_EXECUTION,
+        check=check_llm,
+        written=llm.runs.remove_scratch,  # kept until the run's part is written
     )
 )
 
@@ -217,21 +328,44 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
         help=f"llm rung settings over the profile's ({', '.join([*LLM_DEFAULTS, 'epochs'])}), "
         "e.g. --llm lrs=[1e-5,2e-5,5e-5] epochs=[2,4]",
     )
-    add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra"))
+    parser.add_argument(
+        "--claim",
+        action="append",
+        default=[],
+        metavar="NAME:A>B[:METRIC[:MARGIN]]",
+        help="a claim of your own (repeatable): rule A beats rule B (A<B: A is lower) on METRIC "
+        "(final_pass, reward_auc or final_entropy; default final_pass) by MARGIN (default: the "
+        "study's for the metric); its rules join --rules",
+    )
+    parser.add_argument(
+        "--claims",
+        metavar="FILE",
+        default=None,
+        help="claims of your own from a .toml/.yaml file: a list 'claims' of records (name, "
+        "rule_a, rule_b, direction, metric; margin, source, where, statement optional)",
+    )
+    add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra", "claims"))
     args = parser.parse_args(argv)
     settings = profile_settings(args, StudyConfig, PROFILES, "claims")
-    given = key_values(args.llm, "--llm")  # llm rung settings over the profile's
-    unknown = sorted(set(given) - {*LLM_DEFAULTS, "epochs"})
-    if unknown:
-        raise ValueError(f"--llm: unknown settings {unknown}; known: {sorted(LLM_DEFAULTS)}")
+    given = typed_llm_settings(key_values(args.llm, "--llm"), "--llm")  # over the profile's
     if args.llm_ensemble is not None:  # shorthand for --llm ensemble=K
         if args.llm_ensemble < 1:
             raise ValueError(f"--llm-ensemble must be >= 1, got {args.llm_ensemble}")
         given["ensemble"] = args.llm_ensemble
+    rungs = settings.get("rungs", StudyConfig().rungs)
+    if given and "llm" not in rungs and not args.tables_only:
+        flag = "--llm " + " ".join(sorted(given)) if args.llm else "--llm-ensemble"
+        raise ValueError(f"{flag}: does not apply without the llm rung (--rungs ... llm)")
     if given:
         extra = dict(settings.get("extra", {}))
         extra["llm"] = {**extra.get("llm", {}), **given}
         settings["extra"] = extra
+    claims = [parse_claim(text) for text in args.claim]
+    claims += read_claims(args.claims) if args.claims else []
+    if claims:  # their rules join the study's
+        settings["claims"] = [claim_record(c) for c in claims]
+        rules = settings.get("rules", StudyConfig().rules)
+        settings["rules"] = list(dict.fromkeys([*rules, *(r for c in claims for r in c.rules)]))
     return StudyConfig(**settings), args
 
 
@@ -254,12 +388,10 @@ def with_scratch(config: StudyConfig, out: Path) -> tuple[StudyConfig, Path | No
 
 def interrupted(signum: int, out: Path) -> int:
     """The resume hint after a signal; the exit status 128 + ``signum``."""
-    print(
-        f"\ninterrupted ({signal.Signals(signum).name}): finished runs are parts in "
-        f"{out / 'parts'}, cut llm runs checkpoints in {out / SCRATCH}; run the same command "
-        "again to resume",
-        file=sys.stderr,
-    )
+    kept = f"finished runs are parts in {out / 'parts'}"
+    if (out / SCRATCH).is_dir():
+        kept += f", cut llm runs checkpoints in {out / SCRATCH}"
+    print("\n" + interrupted_line(signum, kept), file=sys.stderr)
     return 128 + signum
 
 
@@ -274,18 +406,18 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     out = Path(args.out)
     try:
-        if args.tables_only:
-            if not any((out / "parts").glob("*.parquet")):
-                raise ValueError(f"--tables-only: no result parts in {out}/parts")
-            recorded = out / "config.json"
-            if recorded.exists():
-                config = StudyConfig(**json.loads(recorded.read_text()))
-            write_tables(read_parts(out / "parts"), out, config)
+        if args.tables_only:  # the recorded study at its recorded calibration, and any --claim
+            rebuild_tables(out, config)
         else:
             config, scratch = with_scratch(config, out)
-            run_study(
-                config, out, progress=not args.no_progress, force=args.force, workers=args.workers
-            )
+            with terminate_raises():  # SIGTERM between runs: the resume line, as Ctrl-C
+                run_study(
+                    config,
+                    out,
+                    progress=not args.no_progress,
+                    force=args.force,
+                    workers=args.workers,
+                )
             if scratch == out / SCRATCH:  # every run is a part now: what is left is stale
                 shutil.rmtree(scratch, ignore_errors=True)
     except ValueError as exc:

@@ -13,9 +13,9 @@ import pandas as pd
 
 from sandbox.experiments import evidence
 from sandbox.experiments.claims import CLAIMS
+from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
 from sandbox.experiments.study import MARGINS, NEVER_BINDS, RUNGS, STEP_SIZE_RULE, fmt_interval
 
-PROVENANCE = "device: the 2-core CPU development machine (no GPU), date 2026-11-25"
 GPU_COMMAND = (
     "python -m llm.claims --profile gpu --device cuda --llm-ensemble 8 --workers 1 "
     "--out results/claims"
@@ -281,8 +281,50 @@ def agreement_rows(agree: pd.DataFrame) -> pd.DataFrame:
     )[["metric", "rung_a", "rung_b", "without", "rules", "tau"]]
 
 
+def _machine(entry: dict) -> str:
+    """One provenance entry's machine and software, in words."""
+
+    def get(key: str) -> str:
+        value = entry.get(key)
+        return NOT_RECORDED if value is None or value == "" else str(value)
+
+    device = get("device")
+    if entry.get("gpu"):
+        device += f" ({entry['gpu']})"
+    commit = get("git_commit")
+    if entry.get("git_dirty") is True:
+        commit += " with uncommitted changes"
+    return (
+        f"device {device}, CPU {get('cpu_model')}, torch {get('torch')}, Python {get('python')}, "
+        f"torch threads {get('torch_threads')}, OS {get('os')}, code {commit}"
+    )
+
+
+def provenance_text(out: Path) -> str:
+    """The folder's ``provenance.json`` as a list: each command that computed parts (date,
+    parts, machine), then the command that last rebuilt the tables."""
+    record = read_provenance(out)
+    if not record:
+        return f"- {NOT_RECORDED} (the folder has no readable `{PROVENANCE}`)"
+    lines = []
+    for run in record.get("runs", []):
+        parts = f", {run['parts']} parts" if "parts" in run else ""
+        note = f" ({run['note']})" if run.get("note") else ""
+        lines.append(
+            f"- runs: `{run.get('command', NOT_RECORDED)}` — {run.get('date', NOT_RECORDED)}"
+            f"{parts}; {_machine(run)}{note}"
+        )
+    tables = record.get("tables")
+    if tables:
+        lines.append(
+            f"- tables and figures: `{tables.get('command', NOT_RECORDED)}` — "
+            f"{tables.get('date', NOT_RECORDED)}; {_machine(tables)}"
+        )
+    return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
+
+
 def write_doc(out: Path, path: Path) -> None:
-    """Write the page ``path`` from the tables in ``out``."""
+    """Write the page ``path`` from the tables in ``out`` (rewritten only when it changes)."""
     read = read_tables(out)
     config = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
     summ, led, law = read["summary"], read["ledger"], read["entropy_law"]
@@ -297,7 +339,7 @@ def write_doc(out: Path, path: Path) -> None:
     numbers = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
     text = TEMPLATE.format(
         rel=os.path.relpath(out, path.parent),
-        provenance=PROVENANCE,
+        provenance=provenance_text(out),
         config="\n".join(f"    {k}: {v}" for k, v in config.items()),
         claims=_table(claims),
         calibration=_table(calibration_rows(read["calibration"], summ)),
@@ -322,7 +364,7 @@ def write_doc(out: Path, path: Path) -> None:
         exact_mu_command=f"`{EXACT_MU_COMMAND}`",
         calib_steps=config.get("calib_steps", "?"),
     )
-    path.write_text(text)
+    write_text(text, path)
 
 
 #: The exact flow's calibration over mu (the page cites its folder).
@@ -343,7 +385,11 @@ runs every claim rule on each rung of the ladder, **calibrated** so that the ref
 interval lies on the claimed side of 0), *contradicted* (on the other side, or it excludes every
 effect as large as the margin in the claimed direction), or *not resolved at this power*.
 
-Provenance — {provenance}. Commands (the toy rungs at full power, 22 min; then this page):
+Provenance (`{rel}/provenance.json`; what was not recorded when the results were made says so):
+
+{provenance}
+
+Commands (the toy rungs at full power, 22 min; then this page):
 
     python -m llm.claims --profile cpu --out results/claims --workers 2
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md   # this page

@@ -408,7 +408,7 @@ def _ensemble_loop(
             name = signal.Signals(stop.signum).name
             outs = ", ".join(r.cfg.out for r in runs)
             print(
-                f"{name}: checkpoints written at step {done} to {outs}; continue with --resume",
+                f"{name}: checkpoints written at step {done} to {outs}",
                 file=sys.stderr,
             )
             raise SystemExit(128 + stop.signum)
@@ -539,7 +539,11 @@ def main(argv: list[str] | None = None) -> None:
         cfgs = [
             dataclasses.replace(base, seed=s, out=os.path.join(base.out, f"seed{s}")) for s in seeds
         ]
-        train_ensemble(cfgs)
+        try:
+            train_ensemble(cfgs)
+        except SystemExit as exc:
+            t.signalled_exit(exc, base.out)
+            raise
     except ValueError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

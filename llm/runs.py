@@ -21,7 +21,10 @@ A call that finds a checkpoint there resumes from it (``resume=True``; an ensemb
 resume together when their checkpoints are at one step, else each trains alone), and the frame
 is built from the run's whole ``metrics.jsonl`` (which a resumed run trims to its checkpoint's
 step), so a run cut by a command's time limit continues where it stopped and returns the rows
-of an uninterrupted run. The folder is removed once the frame is built.
+of an uninterrupted run. The folder outlives the call: the caller removes it
+(:func:`remove_scratch`) once it has stored the frame, so a signal between the end of training
+and that store loses nothing (the next call finds the checkpoint at the last step and reads the
+frame back without training).
 
 The kind is batched (``register_run("llm", batched=True)``): the specs of one
 :func:`~sandbox.experiments.runs.run_specs` call that share a
@@ -139,7 +142,8 @@ def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     (:func:`llm.ensemble.train_ensemble`, whose ``check_members`` they satisfy: they differ only
     in rule, parameters, seed and ``out``). A temporary ``out`` is removed before (an
     interrupted run restarts from step 0) and after; a resumable scratch ``out`` (``scratch``
-    in the spec's ``train``) resumes from its checkpoint and is removed once the run is done."""
+    in the spec's ``train``) resumes from its checkpoint and is kept, finished, for the caller to
+    remove once it has stored the frame (:func:`remove_scratch`)."""
     from llm.ensemble import train_ensemble
     from llm.train import train
 
@@ -165,6 +169,12 @@ def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
         for out, keep in zip(outs, kept, strict=True):
             if not keep:
                 shutil.rmtree(out, ignore_errors=True)
-    for out in outs:  # done: a kept scratch folder goes too (its frame is the result)
-        shutil.rmtree(out, ignore_errors=True)
     return frames
+
+
+def remove_scratch(spec: RunSpec) -> None:
+    """Remove ``spec``'s resumable scratch folder (a spec without ``scratch``: nothing), once
+    its frame is stored (the claims study: after its part is written)."""
+    scratch = dict(spec.train).get("scratch")
+    if scratch is not None:
+        shutil.rmtree(Path(scratch) / scratch_name(spec), ignore_errors=True)

@@ -928,7 +928,7 @@ def _loop(run: Run, stop: StopRequest, stop_after: int | None) -> list[dict[str,
         if signalled:
             name = signal.Signals(int(signalled)).name
             print(
-                f"{name}: checkpoint written at step {done} to {cfg.out}; continue with --resume",
+                f"{name}: checkpoint written at step {done} to {cfg.out}",
                 file=sys.stderr,
             )
             raise SystemExit(128 + int(signalled))
@@ -946,12 +946,31 @@ def _loop(run: Run, stop: StopRequest, stop_after: int | None) -> list[dict[str,
     return rows if info.main else []
 
 
+#: How ``python -m llm.train`` (and ``llm.ensemble``) resume: the same command plus ``--resume``
+#: (a study that runs llm.train resumes by being run again: its own line says so).
+RESUME = "run the same command again with --resume to resume"
+
+
+def signalled_exit(exc: SystemExit, out: str) -> None:
+    """After the loop's exit on a signal (status 128 + signum): the command's resume line."""
+    from sandbox.experiments.planner import interrupted_line
+
+    if isinstance(exc.code, int) and 128 < exc.code < 128 + signal.NSIG:
+        print(interrupted_line(exc.code - 128, f"checkpoint in {out}", RESUME), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
+    cfg = None
     try:
-        train(parse_args(argv))
+        cfg = parse_args(argv)
+        train(cfg)
     except ValueError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    except SystemExit as exc:  # argparse's (no cfg yet), or the loop's on a signal
+        if cfg is not None:
+            signalled_exit(exc, cfg.out)
+        raise
     finally:
         dist.shutdown()
 

@@ -46,7 +46,9 @@ LLM parts copied back from a GPU machine, or the committed study:
 ``python -m llm.transfer --tables-only --out results/transfer``. ``results.parquet`` (tidy: one row
 per rung, rule, seed, step), ``scores.csv`` (per run), ``summary.csv`` (per rung and rule: mean,
 standard error, seeds), ``agreement.csv`` (tau and interval per pair of rungs) and
-``transfer.png`` (rules x rungs).
+``transfer.png`` (rules x rungs), each rewritten only when its bytes change (the same parts give
+the same bytes); ``provenance.json`` (the command, date, device and its model, torch, threads and
+git commit of each run that computed parts, and of the last command that changed the tables).
 
 Run (from a checkout: ``PYTHONPATH=. python -m llm.transfer ...``)::
 
@@ -87,7 +89,14 @@ from sandbox.configs import (
 from sandbox.experiments import agreement
 from sandbox.experiments.agreement import run_scores, summarise
 from sandbox.experiments.planner import Job, RunFolder
-from sandbox.experiments.results import part_name, read_parts, write_parquet_atomic
+from sandbox.experiments.results import (
+    part_name,
+    read_parts,
+    recording_tables,
+    sorted_rows,
+    write_csv,
+    write_parquet_if_changed,
+)
 from sandbox.experiments.runs import objective_of, run_specs
 
 RULES = ("grpo", "dapo", "gspo", "nsr_dapo", "dgpo", "cispo_trl", "sapo")
@@ -327,7 +336,9 @@ def run_study(
     """Run (or resume) the study into ``out``; writes every table and the figure. A folder whose
     parts were made with other settings is refused (``force``: its parts are deleted first)."""
     config.validate()
-    folder = RunFolder(out, config.training_fields(), contents=asdict(config), force=force)
+    folder = RunFolder(
+        out, config.training_fields(), contents=asdict(config), force=force, device=config.device
+    )
     parts = {job: part_name(job[0], job[1], f"s{job[2]}") for job in jobs(config)}
     todo = [
         Job("/".join(map(str, j)), (p,), (config, *j, folder.out))
@@ -347,15 +358,19 @@ def run_study(
 
 
 def write_tables(results: pd.DataFrame, out: Path) -> None:
-    """``results.parquet``, ``scores.csv``, ``summary.csv``, ``agreement.csv``, the figure."""
-    write_parquet_atomic(results, out / "results.parquet")
-    scores = run_scores(results)
-    scores.to_csv(out / "scores.csv", index=False)
-    summary = summarise(scores)
-    summary.to_csv(out / "summary.csv", index=False)
-    agreement = rank_agreement(scores)
-    agreement.to_csv(out / "agreement.csv", index=False)
-    plot(summary, agreement, out / "transfer.png")
+    """``results.parquet``, ``scores.csv``, ``summary.csv``, ``agreement.csv``, the figure: the
+    same bytes from the same rows in any order, a file rewritten only when its bytes change, the
+    ``tables`` provenance recorded only then (:mod:`sandbox.experiments.results`)."""
+    with recording_tables(out):
+        results = sorted_rows(results, agreement.ROW_KEYS)
+        write_parquet_if_changed(results, out / "results.parquet")
+        scores = run_scores(results)
+        write_csv(scores, out / "scores.csv")
+        summary = summarise(scores)
+        write_csv(summary, out / "summary.csv")
+        table = rank_agreement(scores)
+        write_csv(table, out / "agreement.csv")
+        plot(summary, table, out / "transfer.png")
 
 
 def rank_agreement(scores: pd.DataFrame, **kwargs: Any) -> pd.DataFrame:

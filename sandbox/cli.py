@@ -61,11 +61,11 @@ def _weights(args: argparse.Namespace) -> int:
 
 def _interrupted(err: KeyboardInterrupt, where: str) -> int:
     """The resume hint after Ctrl-C or SIGTERM; exit status 128 + signal number."""
+    from sandbox.experiments.planner import interrupted_line
     from sandbox.experiments.pool import Terminated
 
     signum = err.signum if isinstance(err, Terminated) else 2
-    name = "SIGTERM" if signum == 15 else ("SIGINT" if signum == 2 else f"signal {signum}")
-    print(f"\ninterrupted ({name}): {where}; run the same command again to resume", file=sys.stderr)
+    print("\n" + interrupted_line(signum, where), file=sys.stderr)
     return 128 + signum
 
 
@@ -245,8 +245,10 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
     shown = {}
     for f in fields(CompareConfig):
         default = f.default_factory() if f.default is MISSING else f.default
-        if f.name == "objective_params":
-            continue
+        if f.name == "objective_params" or (
+            default is None and f.name not in SUITE_DEFAULTS["bandit"]
+        ):
+            continue  # None is the field's own default (dtype): its help text says what happens
         if default is None:  # per-suite default
             per_suite = {s: d.get(f.name) for s, d in SUITE_DEFAULTS.items()}
             values = list(per_suite.values())

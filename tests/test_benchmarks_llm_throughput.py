@@ -114,18 +114,66 @@ def test_bad_arguments(argv, match):
         llm_throughput.parse_args(argv)
 
 
-@pytest.mark.slow
-def test_script_runs_smoke_for_llm_train():
-    path = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+def without_trl(tmp_path) -> dict[str, str]:
+    """The environment of a run in which ``import trl`` fails as it does where TRL is not
+    installed: a ``trl`` package first on PYTHONPATH that raises ``ModuleNotFoundError``."""
+    fake = tmp_path / "no_trl" / "trl"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'trl'\", name='trl')\n"
+    )
+    path = os.pathsep.join([str(fake.parent), ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["--paths", "trl"], "--paths trl needs TRL"),
+        (["--paths", "today,fast"], "--fast-head trl (the fast path's default) needs TRL"),
+        (
+            ["--paths", "ensemble,trl"],
+            "--paths trl and --fast-head trl (the fast path's default) need TRL",
+        ),
+    ],
+)
+def test_trl_paths_without_trl_stop_with_one_line(tmp_path, argv, needs):
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--smoke", "--paths", "today,fast", "--threads", "1"],
+        [sys.executable, SCRIPT, "--smoke", *argv],
+        env=without_trl(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("error: ") and needs in proc.stderr
+    assert "pip install 'clip-sandbox[trl]'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_script_runs_smoke_for_llm_train(tmp_path):
+    """The llm.train paths as a user runs the script, where TRL is not installed."""
+    env = without_trl(tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            SCRIPT,
+            "--smoke",
+            "--paths",
+            "today,fast",
+            "--fast-head",
+            "chunked",
+            "--threads",
+            "1",
+        ],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trl not used" in proc.stdout.splitlines()[0]
     assert "ratio fast / today, run-steps per second:" in proc.stdout
     bad = subprocess.run(
         [sys.executable, SCRIPT, "--steps", "0"],

@@ -135,6 +135,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()[-2000:]
     assert "SIGINT: checkpoint written" in err.decode() and "Traceback" not in err.decode()
+    assert "run the same command again with --resume to resume" in err.decode()
     steps = len(metrics.read_text().splitlines())
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == steps >= 1
     rows = train(TrainConfig(model="tiny", steps=steps + 1, lr=1e-3, prompts_per_step=2,

@@ -137,7 +137,7 @@ def test_without_scratch_the_run_trains_in_a_temporary_folder_removed_after(
     assert outs[0].checkpoint_every == 0 and not outs[0].resume
 
 
-def test_scratch_run_resumes_from_its_checkpoint_and_is_removed(tmp_path, trained_steps):
+def test_scratch_run_resumes_from_its_checkpoint_and_is_kept_until_removed(tmp_path, trained_steps):
     reference = run_specs([spec()])[0]
     resumable = spec(scratch=str(tmp_path / "scratch"), checkpoint_every=1)
     folder = tmp_path / "scratch" / llm.runs.scratch_name(resumable)
@@ -151,6 +151,9 @@ def test_scratch_run_resumes_from_its_checkpoint_and_is_removed(tmp_path, traine
     frame = run_specs([resumable])[0]
     assert trained_steps == [3]  # the last step only
     assert_same_frame(frame, reference)
+    # kept, finished, until the caller has stored the frame (a signal before that loses nothing)
+    assert torch.load(folder / "checkpoint.pt")["step"] == 4
+    llm.runs.remove_scratch(resumable)
     assert not folder.exists()
 
 
@@ -169,7 +172,9 @@ def test_a_finished_scratch_run_is_read_not_trained(tmp_path, trained_steps):
     train(llm.runs.train_config(resumable))  # done, but cut before its part was written
     del trained_steps[:]
     assert_same_frame(run_specs([resumable])[0], reference)
-    assert trained_steps == [] and not any(tmp_path.iterdir())
+    assert trained_steps == []
+    llm.runs.remove_scratch(resumable)
+    assert not any(tmp_path.iterdir())
 
 
 def test_scratch_ensemble_members_at_other_steps_resume_one_by_one(tmp_path, trained_steps):

@@ -84,11 +84,29 @@ def test_kl_and_entropy_terms_run():
 @pytest.mark.parametrize(
     "field,value",
     [("task", "chess"), ("steps", 0), ("group_size", 1), ("minibatches", 3), ("lr", 0.0),
-     ("objective", "ppo"), ("aggregation", "mean"), ("kl_coef", -1.0), ("advantage", "gae")],
+     ("objective", "ppo"), ("aggregation", "mean"), ("kl_coef", -1.0), ("advantage", "gae"),
+     ("dtype", "float16")],
 )  # fmt: skip
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SequenceTrainConfig(**{**FAST, field: value})
+
+
+def test_float64_runs_hold_float64_from_weights_to_logged_columns():
+    """dtype float64 (what the golden fixtures use): the models, the reference, the rollout's
+    log-probs, rewards and advantages, and every logged float column; still deterministic."""
+    cfg = SequenceTrainConfig(**{**FAST, "dtype": "float64", "kl_coef": 0.1, "grad_noise": True})
+    trainer = SequenceTrainer(cfg)
+    for model in (trainer.model, trainer.reference):
+        assert {p.dtype for p in model.parameters()} == {torch.float64}
+    batch = trainer.rollout()
+    for name in ("logp_old", "logp_ref", "rewards", "adv", "entropy"):
+        assert getattr(batch, name).dtype == torch.float64, name
+    a, b = train_sequence(cfg), train_sequence(cfg)
+    floats = a.select_dtypes("floating")
+    assert {str(t) for t in floats.dtypes} == {"float64"} and "grad_rescue_var" in floats
+    assert floats["grad_norm"].max() > 0 and floats["kl_k3"].notna().all()
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
 def test_batch_std_advantages_are_computed_per_seed():

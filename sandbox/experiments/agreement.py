@@ -22,13 +22,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .results import sorted_rows, write_figure
+
+#: The columns that identify a row of the tidy results (:func:`run_scores` sorts by them).
+ROW_KEYS = ["rung", "rule", "seed", "step"]
+
 
 def run_scores(results: pd.DataFrame) -> pd.DataFrame:
     """Per (rung, rule, seed): ``score`` (mean pass_rate after step 0), ``final``, ``start``,
-    ``clip_frac`` (mean clip_low + clip_high over the training steps) and ``rescue_frac``."""
+    ``clip_frac`` (mean clip_low + clip_high over the training steps) and ``rescue_frac``; one
+    order (by rung, rule and seed) and the same values whatever the order of ``results``."""
     rows = []
+    results = sorted_rows(results, ROW_KEYS)
     for (rung, rule, seed), run in results.groupby(["rung", "rule", "seed"], sort=False):
-        run = run.sort_values("step")
         passed = run.dropna(subset=["pass_rate"])
         after = passed[passed["step"] > 0]
         train = run[run["step"] > 0] if rung == "llm" else run
@@ -199,5 +205,5 @@ def plot(
             color="0.4",
         )
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    write_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -3,8 +3,11 @@
 A claim is one record: rule A beats rule B on a metric, in a stated direction, as a paper says
 in a stated place. ``ledger`` turns a tidy score table (one row per rung, rule and seed) into one
 row per (claim, rung): the paired difference A - B over seeds with its 95% interval, the verdict
-(``sandbox.experiments.evidence.verdict``) and the power line. A new claim is one more record in
-``CLAIMS``; the rules are registry names or presets (``sandbox.objectives.get_objective``).
+(``sandbox.experiments.evidence.verdict``) and the power line. The seed papers' claims are the
+records in ``CLAIMS``; a claim of your own needs no edit of the package: ``python -m llm.claims
+--claim NAME:A>B[:metric[:margin]]`` or ``--claims FILE`` (:func:`parse_claim`,
+:func:`read_claims`; CONTRIBUTING.md, "Adding a claim"). The rules are registry names or presets
+(``sandbox.objectives.get_objective``).
 
 Metrics (columns of the score table; a study that reports them fills them per run):
 
@@ -17,8 +20,11 @@ Metrics (columns of the score table; a study that reports them fills them per ru
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,18 +37,33 @@ METRICS = ("final_pass", "reward_auc", "final_entropy")
 @dataclass(frozen=True)
 class Claim:
     """``rule_a`` is ``direction`` than ``rule_b`` on ``metric`` ("greater": A's value is higher),
-    as ``source`` (arXiv id) says at ``where`` (section or passage), in the words of ``statement``."""
+    as ``source`` (arXiv id) says at ``where`` (section or passage), in the words of ``statement``.
+    ``margin``: the smallest effect of interest, pre-registered with the claim (None: the study's
+    margin for the metric)."""
 
     name: str
     rule_a: str
     rule_b: str
     direction: evidence.Direction
     metric: str
-    source: str
-    where: str
-    statement: str
+    source: str = ""
+    where: str = ""
+    statement: str = ""
+    margin: float | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"a claim's name must be a non-empty string, got {self.name!r}")
+        for key in ("rule_a", "rule_b", "source", "where", "statement"):
+            if not isinstance(getattr(self, key), str):
+                raise ValueError(f"claim {self.name}: {key} must be a string")
+        if self.margin is not None and (
+            isinstance(self.margin, bool)
+            or not isinstance(self.margin, int | float)
+            or not math.isfinite(self.margin)
+            or self.margin <= 0
+        ):
+            raise ValueError(f"claim {self.name}: margin must be a number > 0, got {self.margin!r}")
         if self.direction not in ("greater", "less"):
             raise ValueError(f"direction must be 'greater' or 'less', got {self.direction!r}")
         if self.metric not in METRICS:
@@ -131,6 +152,82 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
+#: The keys of a claim record (``--claims FILE``, a study's ``config.json``).
+CLAIM_KEYS = tuple(f.name for f in fields(Claim))
+
+
+def claim_from_record(record: Mapping[str, Any], where: str = "claim") -> Claim:
+    """A :class:`Claim` from a mapping of its fields (``name``, ``rule_a``, ``rule_b``,
+    ``direction``, ``metric``; optional ``margin``, ``source``, ``where``, ``statement``); a
+    one-line ``ValueError`` naming ``where`` and the key at fault."""
+    if not isinstance(record, Mapping):
+        raise ValueError(f"{where}: a claim is a table of keys, got {record!r}")
+    unknown = sorted(set(record) - set(CLAIM_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; keys: {', '.join(CLAIM_KEYS)}")
+    missing = [k for k in ("name", "rule_a", "rule_b", "direction", "metric") if k not in record]
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+    try:
+        return Claim(**record)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def claim_record(claim: Claim) -> dict[str, Any]:
+    """The claim as the mapping :func:`claim_from_record` reads (JSON-ready)."""
+    return asdict(claim)
+
+
+def parse_claim(text: str) -> Claim:
+    """``NAME:A>B[:metric[:margin]]`` (``A<B``: A lower) -> a :class:`Claim`; the metric defaults
+    to ``final_pass``, the margin to the study's for the metric."""
+    name, _, rest = text.partition(":")
+    fields_ = rest.split(":") if rest else []
+    if not name or not 1 <= len(fields_) <= 3:
+        raise ValueError(f"--claim takes NAME:A>B[:metric[:margin]], got {text!r}")
+    comparison = fields_[0]
+    op = ">" if ">" in comparison else "<"
+    rule_a, sep, rule_b = comparison.partition(op)
+    if not sep or not rule_a or not rule_b:
+        raise ValueError(
+            f"--claim {text!r}: expected A>B or A<B after the name, got {comparison!r}"
+        )
+    record: dict[str, Any] = {
+        "name": name,
+        "rule_a": rule_a.strip(),
+        "rule_b": rule_b.strip(),
+        "direction": "greater" if op == ">" else "less",
+        "metric": fields_[1] if len(fields_) > 1 and fields_[1] else "final_pass",
+        "source": "--claim",
+        "statement": text,
+    }
+    if len(fields_) > 2:
+        try:
+            record["margin"] = float(fields_[2])
+        except ValueError:
+            raise ValueError(
+                f"--claim {text!r}: margin must be a number, got {fields_[2]!r}"
+            ) from None
+    return claim_from_record(record, f"--claim {text!r}")
+
+
+def read_claims(path: str | Path) -> list[Claim]:
+    """The claims of a ``.toml`` / ``.yaml`` file: a list ``claims`` of records
+    (:func:`claim_from_record`), e.g. in TOML ``[[claims]]`` tables."""
+    from sandbox.configs import read_mapping
+
+    data = read_mapping(path, "claims file")
+    unknown = sorted(set(data) - {"claims"})
+    records = data.get("claims")
+    if unknown or not isinstance(records, list) or not records:
+        raise ValueError(
+            f"--claims {path}: expected a non-empty list 'claims' of claim records"
+            + (f" and no other keys, got {unknown}" if unknown else "")
+        )
+    return [claim_from_record(r, f"--claims {path}: claims[{i}]") for i, r in enumerate(records)]
+
+
 def claim_rules(claims: Iterable[Claim] = CLAIMS) -> list[str]:
     """Every rule the claims name, each once, in order of first mention."""
     return list(dict.fromkeys(r for c in claims for r in c.rules))
@@ -172,7 +269,9 @@ def ledger(
             diff = evidence.paired_difference(
                 table[claim.rule_a].to_numpy(), table[claim.rule_b].to_numpy(), level
             )
-            margin = float(margins.get(claim.metric, np.nan))
+            margin = float(
+                claim.margin if claim.margin is not None else margins.get(claim.metric, np.nan)
+            )
             verdict, reason = evidence.verdict(diff, claim.direction, np.nan_to_num(margin))
             needed = (
                 evidence.seeds_needed(diff.sd, margin, power=power)

@@ -44,7 +44,7 @@ from sandbox.objectives import available_objectives, available_presets
 
 from .planner import Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
-from .results import part_name, write_parquet_atomic
+from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
 from .runs import (
     RunSpec,
     freeze,
@@ -160,6 +160,12 @@ class CompareConfig:
     optimizer: str | None = arg(None, "sgd or adam (bandit)")
     lr: float | None = arg(None, "learning rate")
     seed: int = arg(0, "base seed")
+    dtype: str | None = arg(
+        None,
+        "float64: the sampled runs in double precision, results that agree across CPUs to "
+        "float64 rounding (default: the trainers' float32; the exact flows are float64 anyway)",
+        choices=("float32", "float64"),
+    )
     objective_params: dict[str, dict[str, Any]] | None = arg(
         None,
         "objective parameters: KEY=VALUE for every objective or NAME:KEY=VALUE for one "
@@ -231,6 +237,8 @@ def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) 
         task, knobs = REASONING_SUITE.get(setting, (None, {}))
         kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
     values.update(given)
+    if config.dtype is not None:  # a trainer field: into the spec's train mapping
+        values["train"] = {"dtype": config.dtype, **dict(values.get("train") or {})}
     return RunSpec.make(
         kind,
         setting,
@@ -338,14 +346,15 @@ def run_compare(
     known = set(wanted)
     others = sorted(p.name for p in parts.glob("*.parquet") if p.name not in known)
     results = pd.concat([pd.read_parquet(parts / n) for n in [*wanted, *others]], ignore_index=True)
-    write_parquet_atomic(results, out_dir / "results.parquet")
-    scores = final_scores(results)
-    scores.to_csv(out_dir / "summary.csv", index=False)
-    if figures:
-        labels = [config.label(o) for o in config.objectives]
-        highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
-        highlight += [label for label in labels if label not in highlight]
-        render_all(results, out_dir, highlight[:12])
+    with recording_tables(out_dir):  # files rewritten only when their bytes change
+        write_parquet_if_changed(results, out_dir / "results.parquet")
+        scores = final_scores(results)
+        write_csv(scores, out_dir / "summary.csv")
+        if figures:
+            labels = [config.label(o) for o in config.objectives]
+            highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
+            highlight += [label for label in labels if label not in highlight]
+            render_all(results, out_dir, highlight[:12])
     return results, scores
 
 

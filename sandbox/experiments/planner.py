@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,14 @@ from typing import Any
 
 from sandbox.configs import check_int
 
-from .results import check_settings, prepare_out_dir, remove_temp_files, write_parquet_atomic
+from .results import (
+    check_settings,
+    prepare_out_dir,
+    record_run,
+    remove_temp_files,
+    write_parquet_atomic,
+    write_text,
+)
 
 BACKENDS = ("local", "ray")
 RAY_HINT = "pip install 'clip-sandbox[ray]' (or pip install ray)"
@@ -41,6 +49,21 @@ class Job:
         return self.key
 
 
+#: How to resume after an interruption, the same words for every command that resumes by being
+#: run again (``clip-sandbox compare`` / ``sweep``, ``python -m llm.claims``, ``llm.transfer``).
+RESUME = "run the same command again to resume"
+
+
+def interrupted_line(signum: int, kept: str, resume: str = RESUME) -> str:
+    """The line a command prints when a signal stops it: what it kept and how to go on
+    (``resume``: ``llm.train`` resumes with ``--resume``)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"interrupted ({name}): {kept}; {resume}"
+
+
 def check_workers(workers: Any) -> None:
     """``workers``: None (the default) or an integer >= 1."""
     if workers is not None:
@@ -53,7 +76,9 @@ class RunFolder:
     ``settings``: what every part depends on besides what its name records; a folder made with
     other ones is refused (``force``: its parts are deleted). ``record`` (a JSON file in ``out``)
     is written with ``contents`` (default ``settings``); ``compare(previous, settings)`` lists
-    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs)."""
+    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs).
+    ``device``: where the runs compute, for the folder's provenance (:func:`~.results.record_run`:
+    each :meth:`run` that writes parts adds an entry; not a setting)."""
 
     def __init__(
         self,
@@ -65,6 +90,7 @@ class RunFolder:
         force: bool = False,
         hint: str | None = None,
         compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None,
+        device: str = "cpu",
     ) -> None:
         self.out = prepare_out_dir(out)
         self.parts = self.out / "parts"
@@ -72,8 +98,10 @@ class RunFolder:
         check_settings(self.out, settings, record=record, force=force, **extra)
         self.parts.mkdir(parents=True, exist_ok=True)
         remove_temp_files(self.parts)
-        (self.out / record).write_text(json.dumps(contents or settings, indent=2, default=str))
+        write_text(json.dumps(contents or settings, indent=2, default=str), self.out / record)
         self.force = force
+        self.device = device
+        self._fresh = not any(self.parts.glob("*.parquet"))  # earlier runs' entries are stale
 
     def done(self, part: str) -> bool:
         """A finished part that this run keeps (``force`` recomputes every part)."""
@@ -91,10 +119,13 @@ class RunFolder:
         backend: str = "local",
         address: str | None = None,
         error: type[Exception] = RuntimeError,
+        written: Callable[[Job], None] | None = None,
     ) -> None:
-        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes.
-        ``backend`` is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any
-        run starts)."""
+        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
+        ``written(job)`` runs once all of a job's parts are on disk (a run's clean-up that must
+        not happen before, e.g. removing the checkpoint a resumed run would read). ``backend``
+        is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any run
+        starts)."""
         from tqdm import tqdm
 
         if backend not in BACKENDS:
@@ -109,15 +140,24 @@ class RunFolder:
                 flush=True,
             )
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
+        count = 0  # parts written by this call
         try:
             with contextlib.closing(_stream(fn, jobs, workers, backend, address, error)) as stream:
                 for job, frames in stream:
                     for part, frame in zip(job.parts, frames, strict=True):
                         write_parquet_atomic(frame, self.parts / part)
+                        count += 1
                         bar.update()
+                    if written is not None:
+                        written(job)
                     bar.set_postfix_str(job.key, refresh=False)
         finally:
             bar.close()
+            if count:  # also when interrupted: the parts it wrote are the folder's now
+                record_run(
+                    self.out, device=self.device, fresh=self._fresh, parts=count, workers=workers
+                )
+                self._fresh = False
 
 
 def _stream(fn, jobs, workers, backend, address, error) -> Iterator[tuple[Job, Any]]:

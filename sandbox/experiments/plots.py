@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .results import write_figure
+
 FRACTIONS = ("clip_low_frac", "clip_high_frac", "rescue_frac")
 #: At most this many objectives are drawn in a line plot (distinct colours, a legend that fits);
 #: all of them go into the tables and the final-score figure.
@@ -43,8 +45,9 @@ def _mpl():
 
 
 def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    """The figure as PNG, rewritten only when its bytes change (:func:`~.results.write_figure`:
+    fixed dpi, no version stamp)."""
+    write_figure(fig, path, dpi=110, bbox_inches="tight")
     return path
 
 

@@ -1,18 +1,39 @@
-"""Result storage: one tidy parquet part per finished run, written atomically.
+"""Result storage: one tidy parquet part per finished run, written atomically; tables, figures
+and pages that change only when their content does; the provenance of a results folder.
 
 A long comparison or sweep writes each finished run as ``parts/<key>.parquet`` (temp file, then
 ``os.replace``), so an interrupted run loses nothing and a restart skips finished parts. The
 parts are then concatenated into ``results.parquet`` (also written atomically).
+
+Every table, figure and page derived from the parts goes through one writer,
+:func:`write_if_changed` (:func:`write_csv`, :func:`write_figure`, :func:`write_text`,
+:func:`write_parquet_if_changed`): the file is replaced atomically, and only when its bytes (a
+parquet file: its frame) differ, so rebuilding the tables of an unchanged folder rewrites nothing
+(same bytes, same mtime). CSVs use one float format (:data:`FLOAT_FORMAT`); PNGs carry no
+software version or date (:data:`PNG_METADATA`).
+
+``provenance.json`` in a results folder records where its results were made (:func:`provenance`:
+command, UTC date, device and its model, torch, Python, threads, OS, git commit): one entry in
+``runs`` per command that computed parts (:func:`record_run`), and ``tables`` for the last command
+that changed the derived files (:func:`recording_tables`). It is not a setting: a folder is
+resumed on another machine, and the settings check (:func:`check_settings`) never reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import io
 import json
 import os
+import platform
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +48,97 @@ def part_name(*fields: object) -> str:
     return "__".join(_SAFE.sub("-", str(f)) for f in fields) + ".parquet"
 
 
-def write_parquet_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``frame`` to ``path`` so that readers only ever see a complete file."""
-    path = Path(path)
+def _write_atomic(path: Path, write: Callable[[str], None]) -> Path:
+    """``write(tmp)`` to a temp file beside ``path``, then ``os.replace``: readers only ever see
+    a complete file, and an exception (Ctrl-C, SIGTERM in the driver) leaves no temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    try:  # from here on an exception (Ctrl-C, SIGTERM in the driver) removes the temp file
+    try:
         os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
-        frame.to_parquet(tmp, index=False)
+        write(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def write_parquet_atomic(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write ``frame`` to ``path`` so that readers only ever see a complete file."""
+    return _write_atomic(Path(path), lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def write_if_changed(data: bytes, path: str | Path) -> bool:
+    """Write ``data`` to ``path`` atomically unless the file already holds exactly these bytes
+    (then the file, its mtime included, is left alone); True when it was written."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return False
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    _write_atomic(path, write)
+    return True
+
+
+def write_text(text: str, path: str | Path) -> bool:
+    """A page or record (UTF-8, ``\\n`` line ends) through :func:`write_if_changed`."""
+    return write_if_changed(text.encode("utf-8"), path)
+
+
+#: The one float format of every table written as CSV: 10 significant digits, so that a table
+#: rebuilt from the same parts is byte-identical even where a reduction's last bit differs (a
+#: summation order, a library version); results.parquet keeps every bit.
+FLOAT_FORMAT = "%.10g"
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """``frame`` as the CSV text every table is written with (no index, :data:`FLOAT_FORMAT`)."""
+    return frame.to_csv(index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> bool:
+    """A table as CSV (:func:`csv_text`) through :func:`write_if_changed`."""
+    return write_if_changed(csv_text(frame).encode("utf-8"), path)
+
+
+def write_parquet_if_changed(frame: pd.DataFrame, path: str | Path) -> bool:
+    """``frame`` as parquet through :func:`write_if_changed`, unless ``path`` already holds
+    the same frame (same columns, dtypes and values, NaN where NaN): a parquet file embeds the
+    versions of the libraries that wrote it, so its bytes may differ for the same content."""
+    path = Path(path)
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    data = buffer.getvalue()
+    with contextlib.suppress(OSError, ValueError):  # unreadable: rewrite it
+        if path.read_bytes() == data:
+            return False
+        if _same_frame(pd.read_parquet(path), pd.read_parquet(io.BytesIO(data))):
+            return False
+    return write_if_changed(data, path)
+
+
+def _same_frame(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    return list(a.columns) == list(b.columns) and a.dtypes.equals(b.dtypes) and a.equals(b)
+
+
+#: PNG metadata of every figure: no software version (and PNGs carry no date), so a figure
+#: redrawn from the same tables by another matplotlib release differs only if its pixels do.
+PNG_METADATA: dict[str, Any] = {"Software": None}
+
+
+def write_figure(fig: Any, path: str | Path, *, dpi: int = 110, **savefig: Any) -> bool:
+    """A matplotlib figure as PNG (fixed ``dpi``, :data:`PNG_METADATA`) through
+    :func:`write_if_changed`; ``savefig`` are further ``Figure.savefig`` arguments."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi, metadata=PNG_METADATA, **savefig)
+    return write_if_changed(buffer.getvalue(), path)
 
 
 def remove_temp_files(folder: str | Path) -> int:
@@ -129,8 +225,8 @@ def remove_parts(parts: str | Path) -> None:
 
 
 def read_parts(parts_dir: str | Path) -> pd.DataFrame:
-    """Concatenate every finished part (temp files are ignored)."""
-    files = sorted(Path(parts_dir).glob("*.parquet"))
+    """Concatenate every finished part (temp files are ignored), in order of file name."""
+    files = sorted(Path(parts_dir).glob("*.parquet"), key=lambda f: f.name)
     if not files:
         raise FileNotFoundError(f"no result parts in {parts_dir}")
     return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
@@ -167,3 +263,137 @@ def load_results(path: str | Path) -> pd.DataFrame:
             "results.parquet, or its summary.csv"
         )
     return frame
+
+
+def sorted_rows(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``frame`` in one order that does not depend on the order its rows were read in: by
+    ``keys`` (those present), then by every other column as a tie-break (stable sorts; a column
+    whose values cannot be ordered against each other is left out of the tie-break)."""
+    first = [k for k in keys if k in frame.columns]
+    rest = [c for c in frame.columns if c not in first]
+    for by in (first + rest, first):
+        try:
+            out = frame.sort_values(by, kind="stable", na_position="last") if by else frame
+            return out.reset_index(drop=True)
+        except TypeError:  # e.g. a parameter column holding both strings and numbers
+            continue
+    return frame.reset_index(drop=True)
+
+
+# -- provenance -------------------------------------------------------------------------------
+
+PROVENANCE = "provenance.json"
+NOT_RECORDED = "not recorded"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or NOT_RECORDED
+
+
+def git_commit(where: str | Path | None = None) -> dict[str, Any]:
+    """The commit of the code checkout ``where`` (default: this package's) and whether its
+    tracked code (``*.py``, ``pyproject.toml``; not the results a run writes) differs from it;
+    :data:`NOT_RECORDED` outside a git checkout (no network)."""
+    where = Path(where or Path(__file__).resolve().parent)
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10
+        )
+        if done.returncode:
+            raise OSError(done.stderr.strip())
+        return done.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        code = (":(top)*.py", ":(top)pyproject.toml")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", *code))
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": NOT_RECORDED, "git_dirty": NOT_RECORDED}
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def command_line() -> str:
+    """The command this process runs, as typed (``python -m llm.claims --out ...``)."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
+
+
+def provenance(device: str = "cpu", **extra: Any) -> dict[str, Any]:
+    """Where and how this process computes: the command line, the UTC date (ISO), the device
+    and its model (the CPU's; the GPU's name on ``cuda``), torch and Python versions, torch's
+    intra-op threads, the CPUs the OS reports, the OS, the git commit of the code; ``extra``
+    fields after them."""
+    import torch
+
+    gpu = None
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(torch.device(device))
+    return {
+        "command": command_line(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": str(device),
+        "cpu_model": cpu_model(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "os": platform.platform(),
+        **git_commit(),
+        **extra,
+    }
+
+
+def read_provenance(out_dir: str | Path) -> dict[str, Any]:
+    """The folder's ``provenance.json`` (``{}`` if it has none or it cannot be read)."""
+    try:
+        record = json.loads((Path(out_dir) / PROVENANCE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _write_provenance(out_dir: str | Path, record: Mapping[str, Any]) -> None:
+    write_text(json.dumps(record, indent=2, default=str) + "\n", Path(out_dir) / PROVENANCE)
+
+
+def record_run(
+    out_dir: str | Path, *, device: str = "cpu", fresh: bool = False, **extra: Any
+) -> None:
+    """Add this command to the folder's ``runs`` provenance (it computed parts; ``extra``, e.g.
+    ``parts=3``, goes into its entry). ``fresh``: the folder's earlier parts are gone (a new
+    folder, or ``--force`` deleted them), so their entries go too."""
+    record = read_provenance(out_dir)
+    runs = [] if fresh else list(record.get("runs", []))
+    record["runs"] = [*runs, provenance(device, **extra)]
+    _write_provenance(out_dir, record)
+
+
+def _stamps(out_dir: Path) -> dict[str, tuple[int, int]]:
+    return {
+        p.name: (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in out_dir.iterdir()
+        if p.is_file() and p.name != PROVENANCE and not p.name.endswith(TMP_SUFFIX)
+    }
+
+
+@contextlib.contextmanager
+def recording_tables(out_dir: str | Path) -> Iterator[None]:
+    """Around the writing of a folder's tables and figures: if any file directly in ``out_dir``
+    changed (the writers leave unchanged files alone), the folder's ``tables`` provenance
+    becomes this command's; a rebuild that changes nothing records nothing."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    before = _stamps(out_dir)
+    yield
+    if _stamps(out_dir) != before:
+        record = read_provenance(out_dir)
+        record["tables"] = provenance("cpu")
+        _write_provenance(out_dir, record)

@@ -42,7 +42,9 @@ The ``llm`` rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) 
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -51,13 +53,22 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sandbox.configs import arg
+from sandbox.configs import arg, check_device, check_int
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
 from . import evidence
-from .claims import CLAIMS, Claim, claim_rules, ledger, power_lines
+from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules, ledger, power_lines
 from .planner import Job, RunFolder
-from .results import changed_settings, part_name, read_parts, write_parquet_atomic
+from .results import (
+    changed_settings,
+    part_name,
+    read_parts,
+    recording_tables,
+    sorted_rows,
+    write_csv,
+    write_figure,
+    write_parquet_if_changed,
+)
 from .runs import RunSpec, objective_of, run_specs
 
 #: The reference rule every rung is calibrated with.
@@ -136,6 +147,14 @@ class StudyConfig:
     tf_eval_k: int = arg(2, "tiny_tf samples per held-out problem")
     extra: dict[str, Any] = arg({}, "settings of rungs registered elsewhere (llm.claims)")
     device: str = arg("cpu", "cpu | cuda")
+    claims: list[dict[str, Any]] = arg(
+        [], "claims of your own besides the papers' (records of sandbox.experiments.claims.Claim)"
+    )
+    dtype: str | None = arg(
+        None,
+        "float64: the sampled toy rungs in double precision (default: the trainers' float32)",
+        choices=("float32", "float64"),
+    )
 
     def __post_init__(self) -> None:
         for name in ("bandit_lrs", "tf_lrs"):  # the CLI gives strings
@@ -159,9 +178,14 @@ class StudyConfig:
             if not ints or ints != [float(v) for v in values] or min(ints) < 1:
                 raise ValueError(f"{name} must be integers >= 1, got {value!r}")
             setattr(self, name, ints)
+        if not isinstance(self.claims, list):
+            raise ValueError(f"claims must be a list of claim records, got {self.claims!r}")
+        self.claims = [claim_record(claim_from_record(c)) for c in self.claims]
 
     def validate(self) -> None:
-        """``ValueError`` naming the first bad field."""
+        """``ValueError`` naming the first bad field: every setting is checked here, before
+        anything runs or a folder's ``config.json`` is written."""
+        self.check_claims()  # first: a claim's unknown rule is named with its claim
         for name in self.rules:
             objective_of(name)  # ValueError listing the valid names
         if REFERENCE not in self.rules:
@@ -170,20 +194,73 @@ class StudyConfig:
             if rung not in RUNGS:
                 raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
             members_per_job(self, rung)  # ValueError naming the rung's setting
-        for name in ("seeds", "minibatches", "group_size", "calib_seeds"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.calib_steps < 0:
-            raise ValueError(
-                f"calib_steps must be >= 0 (0: the run length), got {self.calib_steps}"
-            )
+        for name in (
+            "seeds",
+            "minibatches",
+            "calib_seeds",
+            "bandit_steps",
+            "bandit_prompts_per_step",
+            "tf_steps",
+            "tf_prompts_per_step",
+            "tf_eval_prompts",
+            "tf_eval_k",
+        ):
+            check_int(name, getattr(self, name))
+        check_int("group_size", self.group_size, 2)  # group-relative advantages
+        check_int("calib_steps", self.calib_steps, 0)
+        for name in ("target_low", "target_high"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if not 0 <= self.target_low < self.target_high <= 1:
             raise ValueError(
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
                 f"{self.target_low}, {self.target_high}"
             )
+        if self.dtype not in (None, "float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         if min(self.epochs + self.tf_epochs) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
+        self._check_tasks()
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra must be a mapping of rung settings, got {self.extra!r}")
+        check_device(self.device)
+        for rung in self.rungs:
+            if RUNGS[rung].check is not None:
+                RUNGS[rung].check(self)  # ValueError naming the rung's setting
+
+    def _check_tasks(self) -> None:
+        from envs import make_bandit_suite
+        from envs.reasoning import make_task
+
+        suite = make_bandit_suite()
+        if self.bandit_setting not in suite:
+            raise ValueError(
+                f"bandit_setting: unknown setting {self.bandit_setting!r}; settings: "
+                f"{', '.join(suite)}"
+            )
+        if not isinstance(self.tf_knobs, dict):
+            raise ValueError(f"tf_knobs must be key=value pairs, got {self.tf_knobs!r}")
+        try:
+            make_task(self.tf_task, **self.tf_knobs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tf_task, tf_knobs: {exc}") from None
+
+    def check_claims(self) -> None:
+        """``ValueError`` for an own claim whose rule is unknown or not in ``rules``, or a claim
+        name used twice (the papers' included)."""
+        for claim in own_claims(self):
+            for rule in claim.rules:
+                try:
+                    objective_of(rule)
+                except ValueError as exc:
+                    raise ValueError(f"claim {claim.name}: {exc}") from None
+                if rule not in self.rules:
+                    raise ValueError(f"claim {claim.name}: rule {rule!r} is not in rules")
+        names = [c.name for c in study_claims(self)]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"claims: the name(s) {twice} are used twice (the papers' included)")
 
     def fields_of_parts(self) -> dict[str, Any]:
         """What every part depends on besides its name (rung, rule, step size, base seed): a
@@ -191,13 +268,25 @@ class StudyConfig:
         return part_fields(asdict(self))
 
 
+def own_claims(config: StudyConfig) -> list[Claim]:
+    """The claims given with ``--claim`` / ``--claims FILE`` (recorded in ``config.json``)."""
+    return [claim_from_record(c) for c in config.claims]
+
+
+def study_claims(config: StudyConfig | None) -> tuple[Claim, ...]:
+    """The claims a study's ledger tests: the papers' (:data:`.claims.CLAIMS`) and its own."""
+    return CLAIMS if config is None else (*CLAIMS, *own_claims(config))
+
+
 def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a study (a :class:`StudyConfig` as a dict, or a folder's recorded
-    ``config.json``) that its parts depend on. Not among them: the rules, rungs, step-size and
-    mu grids (mu is in the part name; a grid that grows reuses the calibration runs it keeps),
-    and a rung's execution settings (:attr:`Rung.execution`, e.g. the llm rung's ``ensemble``:
-    parts made with any value are interchangeable)."""
-    skip = ("rules", "rungs", "bandit_lrs", "tf_lrs", "epochs", "tf_epochs")
+    ``config.json``) that its parts depend on. Not among them: the rules, rungs and claims (a
+    folder's study grows by them: :func:`with_folder`), the calibrated point (recorded after
+    calibration) and a rung's execution settings (:attr:`Rung.execution`, e.g. the llm rung's
+    ``ensemble``: parts made with any value are interchangeable). The step-size and mu grids are
+    among them: another grid calibrates to another point, and a folder holding study runs at two
+    points would mix them."""
+    skip = ("rules", "rungs", "claims", CALIBRATED)
     out = {k: v for k, v in values.items() if k not in skip}
     if isinstance(out.get("extra"), Mapping):
         extra = {}
@@ -224,7 +313,10 @@ class Rung:
     to :func:`~.runs.run_specs` together, so a batched kind trains them as one program (``llm``:
     one ensemble), and each seed is still written as its own part (:func:`job_groups`).
     ``execution``: the keys of ``config.extra[name]`` that choose how the runs execute, not what
-    they compute (left out of :func:`part_fields`)."""
+    they compute (left out of :func:`part_fields`). ``check(config)``: a ``ValueError`` naming
+    a bad setting of the rung (:meth:`StudyConfig.validate`, before anything runs).
+    ``written(spec)``: called once a run's part is written (``llm``: its resumable scratch
+    folder, kept until then, goes)."""
 
     name: str
     spec: Callable[[StudyConfig, str, float, int, int, int], RunSpec]
@@ -237,6 +329,8 @@ class Rung:
     epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
     members: Callable[[StudyConfig], int] | None = None  # seeds per job (default 1)
     execution: tuple[str, ...] = ()
+    check: Callable[[StudyConfig], None] | None = None  # ValueError naming a bad setting
+    written: Callable[[RunSpec], None] | None = None  # after a run's part is written
 
 
 RUNGS: dict[str, Rung] = {}
@@ -251,6 +345,8 @@ def register_rung(rung: Rung) -> Rung:
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
     aggregation = None if config.paper_aggregation else "token-mean"
     train = {"aggregation": aggregation, "grad_mass": True}
+    if config.dtype is not None:
+        train["dtype"] = config.dtype
     if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
         train["grad_noise"] = True
     return {
@@ -453,7 +549,123 @@ def _run(folder: RunFolder, config: StudyConfig, jobs: list[tuple], desc: str, *
         )
         for group in job_groups(config, left)
     ]
-    folder.run(run_jobs, todo, total=len(jobs), desc=desc, **kw)
+
+    def written(job: Job) -> None:  # the job's parts are on disk: a rung's clean-up may run
+        for one in job.args[1]:
+            hook = RUNGS[one[1]].written
+            if hook is not None:
+                hook(job_spec(config, one))
+
+    folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
+
+
+#: The key of a study folder's ``config.json`` that records each rung's calibrated point.
+CALIBRATED = "calibrated"
+
+
+def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, int]] | None]:
+    """A study folder's ``config.json``: its settings and, once calibrated, each rung's
+    calibrated (step size, epochs)."""
+    path = Path(out) / "config.json"
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable study record ({exc})") from None
+    point = values.pop(CALIBRATED, None)
+    try:
+        config = StudyConfig(**values)
+    except TypeError as exc:
+        raise ValueError(f"{path}: not a study record of this version ({exc})") from None
+    calibrated = None if point is None else {r: (float(v[0]), int(v[1])) for r, v in point.items()}
+    return config, calibrated
+
+
+def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
+    """Write ``config.json`` with the calibrated point of every rung (atomically)."""
+    record = {**asdict(config), CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    tmp.replace(out / "config.json")
+
+
+def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> StudyConfig:
+    """``config`` grown by what the study folder ``out`` already holds: the union of its rules,
+    rungs and own claims with the folder's (in the folder's order, new ones after), so that a
+    run with a subset or other rules adds to the folder's tables instead of shrinking them (the
+    folder's runs are reused). With ``force`` (the parts are recomputed) or a new folder:
+    ``config`` itself. A claim of the folder's name that says something else is refused."""
+    path = Path(out) / "config.json"
+    if force or not path.is_file() or not any((Path(out) / "parts").glob("*.parquet")):
+        return config
+    try:
+        previous, _ = read_record(out)
+    except ValueError:
+        return config  # the planner refuses an unreadable record
+    rules = list(dict.fromkeys([*previous.rules, *config.rules]))
+    rungs = list(dict.fromkeys([*previous.rungs, *config.rungs]))
+    claims = {c["name"]: c for c in previous.claims}
+    for c in config.claims:
+        if claims.setdefault(c["name"], c) != c:
+            raise ValueError(
+                f"claim {c['name']}: {out} records another claim of that name; rename it, or use "
+                "another --out"
+            )
+    rules += [r for c in claims.values() for r in (c["rule_a"], c["rule_b"]) if r not in rules]
+    grown = replace(config, rules=rules, rungs=rungs, claims=list(claims.values()))
+    if (rules, rungs) != (config.rules, config.rungs):
+        print(
+            f"{out} holds a study of {len(previous.rules)} rules on {', '.join(previous.rungs)}: "
+            f"this run adds to it (tables over {len(rules)} rules on {', '.join(rungs)}; a new "
+            "--out for a study of its own)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return grown
+
+
+def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
+    """The parts of the study ``config`` in ``parts``: its calibration grid and its rules at each
+    rung's calibrated ``point``, never a run at another step size or mu."""
+    rungs = [r for r in config.rungs if r in point]
+    at = replace(config, rungs=rungs)
+    wanted = {job_part(j) for j in calibration_jobs(config) + study_jobs(at, dict(point))}
+    return [f for f in sorted(Path(parts).glob("*.parquet")) if f.name in wanted]
+
+
+def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[str, pd.DataFrame]:
+    """``--tables-only``: the tables of the study recorded in ``out/config.json`` (else
+    ``config``) from its parts: the calibration grid and every rule at the calibrated point the
+    record holds (a record without one: calibrated again from the parts). Parts of other
+    settings in ``out/parts`` (another step size or mu, rules or rungs of no record) are left
+    out, so the tables never mix two calibrations."""
+    out = Path(out)
+    files = sorted((out / "parts").glob("*.parquet"))
+    if not files:
+        raise ValueError(f"--tables-only: no result parts in {out}/parts")
+    point, given = None, config.claims if config is not None else []
+    if (out / "config.json").exists():
+        config, point = read_record(out)
+        if given:  # claims given now join the recorded ones (and the record)
+            names = {c["name"] for c in given}
+            claims = [*(c for c in config.claims if c["name"] not in names), *given]
+            config = replace(config, claims=claims)
+            config.check_claims()
+    elif config is None:
+        raise ValueError(f"--tables-only: no config.json in {out}")
+    if point is None:
+        curve = calibration_curve(read_parts(out / "parts"))
+        point = calibrate(
+            curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
+        )
+    chosen = study_files(out / "parts", config, point)
+    if not any(f.name.startswith("study__") for f in chosen):
+        raise ValueError(
+            f"--tables-only: no study parts of {out}/config.json's study in {out}/parts"
+        )
+    rows = pd.concat([pd.read_parquet(f) for f in chosen], ignore_index=True)
+    if given and (out / "config.json").exists():
+        record_calibration(out, config, point)
+    return write_tables(rows, out, config)
 
 
 def run_study(
@@ -466,21 +678,23 @@ def run_study(
 ) -> pd.DataFrame:
     """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows."""
     config.validate()
+    config = with_folder(config, out, force)
+    config.validate()
     folder = RunFolder(
         out,
         config.fields_of_parts(),
         contents=asdict(config),
         force=force,
         compare=lambda previous, now: changed_settings(part_fields(previous), now),
+        device=config.device,
     )
     calib = calibration_jobs(config)
     kw = {"progress": progress, "workers": workers}
     _run(folder, config, calib, "calibration", **kw)
-    rows = read_parts(folder.parts)
-    jobs = study_jobs(config, calibrate(rows, config))
-    _run(folder, config, jobs, "claims", **kw)
-    wanted = {job_part(j) for j in calib + jobs}
-    files = [f for f in sorted(folder.parts.glob("*.parquet")) if f.name in wanted]
+    point = calibrate(calibration_curve(read_parts(folder.parts)), config)
+    record_calibration(folder.out, config, point)
+    _run(folder, config, study_jobs(config, point), "claims", **kw)
+    files = study_files(folder.parts, config, point)
     rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     write_tables(rows, folder.out, config)
     return rows
@@ -493,17 +707,18 @@ def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (rung, epochs, lr): the reference rule's clip share (mean over steps and seeds) and
     the mean pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the
     seeds of a run (one value per step, repeated on every seed's row)."""
-    calib = rows[rows["phase"] == "calib"].copy()
+    calib = canonical_rows(rows[rows["phase"] == "calib"])
     calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
     per_seed = calib.groupby(["rung", "epochs", "lr", "seed"], as_index=False)[
         ["clip_share", "pass_rate"]
     ].mean()
     g = per_seed.groupby(["rung", "epochs", "lr"], as_index=False)
-    return g.agg(
+    curve = g.agg(
         clip_share=("clip_share", "mean"),
         pass_rate=("pass_rate", "mean"),
         seeds=("seed", "nunique"),
     )
+    return ladder_order(curve, ["rung", "epochs", "lr"])
 
 
 def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> tuple[float, int]:
@@ -523,8 +738,9 @@ def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> tuple[float,
 
 
 def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, tuple[float, int]]:
-    """The calibrated (step size, epochs) of each rung of ``config``."""
-    curve = calibration_curve(rows)
+    """The calibrated (step size, epochs) of each rung of ``config`` from the tidy ``rows`` (or
+    their :func:`calibration_curve`)."""
+    curve = rows if "clip_share" in rows.columns else calibration_curve(rows)
     out = {}
     for rung in config.rungs:
         r = RUNGS[rung]
@@ -538,9 +754,37 @@ def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, tuple[float,
 # -- analysis ---------------------------------------------------------------------------------
 
 
+#: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
+ROW_KEYS = ["phase", "rung", "rule", "lr", "epochs", "seed", "step"]
+
+
+def ladder_order(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``frame`` sorted by ``keys`` (stable), a ``rung`` column in ladder order (:data:`RUNGS`,
+    then unknown rungs by name), every other key by value; the index renumbered."""
+    ladder = {rung: i for i, rung in enumerate(RUNGS)}
+
+    def key(column: pd.Series) -> pd.Series:
+        if column.name != "rung":
+            return column
+        return column.map(lambda r: f"{ladder.get(r, len(ladder)):06d} {r}")
+
+    by = [k for k in keys if k in frame.columns]
+    if frame.empty or not by:
+        return frame.reset_index(drop=True)
+    return frame.sort_values(by, key=key, kind="stable").reset_index(drop=True)
+
+
+def canonical_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows in one order whatever order the parts were read in
+    (:func:`~.results.sorted_rows` by :data:`ROW_KEYS`): every table derived from them is then
+    the same to the last bit."""
+    return sorted_rows(rows, ROW_KEYS)
+
+
 def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns."""
-    study = rows[rows["phase"] == "study"].sort_values("step")
+    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns; rows in
+    ladder order, then by rule and seed."""
+    study = canonical_rows(rows[rows["phase"] == "study"])
     study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
     trained = study[study["step"] > 0]  # the llm's step 0 only evaluates
     g = trained.groupby(["rung", "rule", "seed"], sort=False)
@@ -556,7 +800,8 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
         study.dropna(subset=["eval_pass"]).groupby(["rung", "rule", "seed"])["eval_pass"].last()
     )
     final = held_out.combine_first(final).rename("final_pass")
-    return scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
+    scores = scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
+    return ladder_order(scores, ["rung", "rule", "seed"])
 
 
 def study_ledger(scores: pd.DataFrame, claims: Sequence[Claim] = CLAIMS) -> pd.DataFrame:
@@ -639,6 +884,7 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     :data:`NEVER_BINDS`); NaN ``clip_frac``: the rule reports none (no bounds, e.g. unclipped,
     KL-Cov's penalty)."""
     cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
+    scores = ladder_order(scores, ["rung", "rule", "seed"])
     out = scores.groupby(["rung", "rule"], sort=False)[cols].mean().reset_index()
     out.insert(
         2, "seeds", scores.groupby(["rung", "rule"], sort=False)["seed"].nunique().to_numpy()
@@ -654,7 +900,7 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
     against the entropy-covariance law's first-order prediction from the same step's logit
     change, over every step and seed: means, correlation, least-squares slope (1 where the law
     holds) and the RMS of observed - predicted."""
-    study = rows[(rows["phase"] == "study")].dropna(
+    study = canonical_rows(rows[(rows["phase"] == "study")]).dropna(
         subset=["entropy_change", "entropy_change_pred"]
     )
     out = []
@@ -682,7 +928,7 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
         "slope",
         "rms_error",
     ]
-    return pd.DataFrame(out, columns=columns)
+    return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 
 
 def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
@@ -697,7 +943,7 @@ def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     columns += ["variance_ratio", "lo", "hi"]
     if not set(GRAD_NOISE_COLUMNS) <= set(rows.columns):  # parts written before (c) was logged
         return pd.DataFrame(columns=columns)
-    study = rows[rows["phase"] == "study"].dropna(subset=list(GRAD_NOISE_COLUMNS))
+    study = canonical_rows(rows[rows["phase"] == "study"]).dropna(subset=list(GRAD_NOISE_COLUMNS))
     out = []
     for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
         per_seed = g.groupby("seed")[list(GRAD_NOISE_COLUMNS)].mean()
@@ -719,7 +965,7 @@ def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
                 "hi": interval.hi,
             }
         )
-    return pd.DataFrame(out, columns=columns)
+    return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 
 
 def _finite_mean(x: np.ndarray) -> float:
@@ -731,16 +977,28 @@ def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    agreement, entropy_law, grad_noise) and the figures; returns the tables."""
+    agreement, entropy_law, grad_noise) and the figures; returns the tables.
+
+    The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
+    :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
+    bytes would not change is not rewritten; the folder's ``tables`` provenance records this
+    command only if something changed (:func:`~.results.recording_tables`)."""
     out = Path(out)
-    write_parquet_atomic(rows, out / "results.parquet")
+    with recording_tables(out):
+        return _write_tables(canonical_rows(rows), out, config)
+
+
+def _write_tables(
+    rows: pd.DataFrame, out: Path, config: StudyConfig | None
+) -> dict[str, pd.DataFrame]:
+    write_parquet_if_changed(rows, out / "results.parquet")
     scores = run_scores(rows)
     tables = {
         "calibration": calibration_curve(rows),
         "scores": scores,
         "summary": rule_summary(scores),
-        "ledger": study_ledger(scores),
-        "ledger_auc": study_ledger(scores, auc_claims()),
+        "ledger": study_ledger(scores, study_claims(config)),
+        "ledger_auc": study_ledger(scores, auc_claims(study_claims(config))),
         "entropy_law": entropy_law(rows),
         "grad_noise": gradient_noise(rows),
         "power": rung_power(scores),
@@ -749,7 +1007,7 @@ def write_tables(
         ),
     }
     for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
+        write_csv(table, out / f"{name}.csv")
     plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
     plot_mechanism(tables["summary"], out / "mechanism.png")
     return tables
@@ -765,13 +1023,14 @@ def plot_calibration(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curve = ladder_order(curve, ["rung", "epochs", "lr"])
     rungs = list(dict.fromkeys(curve["rung"]))
     fig, axes = plt.subplots(
         1, max(len(rungs), 1), figsize=(4 * max(len(rungs), 1), 3.2), squeeze=False
     )
     low, high = (config.target_low, config.target_high) if config else (0.05, 0.10)
     for ax, rung in zip(axes[0], rungs, strict=False):
-        c = curve[curve["rung"] == rung].sort_values("lr")
+        c = curve[curve["rung"] == rung].sort_values("lr", kind="stable")
         for mu, m in c.groupby("epochs"):
             ax.plot(m["lr"], m["clip_share"], marker="o", label=f"{mu} epochs")
         ax.axhspan(low, high, color="tab:green", alpha=0.15)
@@ -785,7 +1044,7 @@ def plot_calibration(
         if c["lr"].nunique() > 1:
             ax.set_xscale("log")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -797,7 +1056,8 @@ def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = summary.dropna(subset=["grad_mass_zero_lo"]).sort_values("rule")  # the flow has none
+    summary = summary.dropna(subset=["grad_mass_zero_lo"])  # the flow has none
+    summary = ladder_order(summary, ["rung", "rule"])
     rungs = list(dict.fromkeys(summary["rung"]))
     fig, axes = plt.subplots(
         1, max(len(rungs), 1), figsize=(4.5 * max(len(rungs), 1), 3.6), squeeze=False
@@ -819,7 +1079,7 @@ def plot_mechanism(summary: pd.DataFrame, path: Path) -> None:
     if axes[0][0].get_legend_handles_labels()[0]:
         axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

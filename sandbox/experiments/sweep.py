@@ -71,7 +71,7 @@ from .compare import (
 )
 from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
 from .plots import final_scores, format_scores, render_all
-from .results import part_name, write_parquet_atomic
+from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
 from .runs import (
     RunSpec,
     format_value,
@@ -546,11 +546,12 @@ def run_sweep(
     )
 
     results = collect_results(plan, parts)
-    write_parquet_atomic(results, out_dir / "results.parquet")
-    scores = summarize(plan, results)
-    scores.to_csv(out_dir / "summary.csv", index=False)
-    if figures:
-        render_all(results, out_dir)
+    with recording_tables(out_dir):  # files rewritten only when their bytes change
+        write_parquet_if_changed(results, out_dir / "results.parquet")
+        scores = summarize(plan, results)
+        write_csv(scores, out_dir / "summary.csv")
+        if figures:
+            render_all(results, out_dir)
     return results, scores
 
 

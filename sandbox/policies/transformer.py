@@ -51,9 +51,17 @@ class TinyTransformer(nn.Module):
         num_models: S, the ensemble (seed) dimension.
         seed: initial weights come from ``torch.Generator().manual_seed(seed)``; model s of a
             run with S models gets a different draw from model s of another S.
+        dtype: of the parameters, drawn in it (float64 weights are float64 draws, not float32
+            draws cast: CPUs' vectorised float32 normal samplers differ in the last bit).
     """
 
-    def __init__(self, config: TransformerConfig, num_models: int = 1, seed: int = 0) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        num_models: int = 1,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         if isinstance(num_models, bool) or not isinstance(num_models, int) or num_models < 1:
             raise ValueError(f"num_models must be a positive integer, got {num_models!r}")
@@ -63,13 +71,13 @@ class TinyTransformer(nn.Module):
         g = torch.Generator().manual_seed(seed)
 
         def normal(*shape: int, std: float = 0.02) -> nn.Parameter:
-            return nn.Parameter(torch.randn(S, *shape, generator=g) * std)
+            return nn.Parameter(torch.randn(S, *shape, generator=g, dtype=dtype) * std)
 
         def ones(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.ones(S, *shape))
+            return nn.Parameter(torch.ones(S, *shape, dtype=dtype))
 
         def zeros(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.zeros(S, *shape))
+            return nn.Parameter(torch.zeros(S, *shape, dtype=dtype))
 
         proj_std = 0.02 / math.sqrt(2 * config.n_layers)  # GPT-2's scaled residual init
         self.tok_emb = normal(V, D)
@@ -263,7 +271,8 @@ class TinyTransformer(nn.Module):
         tokens, masks = [], []
         next_logits = logits[:, :, -1]
         for t in range(max_new_tokens):
-            scaled = self._restrict(next_logits.float() / temperature, allowed)
+            scaled = next_logits.to(torch.promote_types(next_logits.dtype, torch.float32))
+            scaled = self._restrict(scaled / temperature, allowed)  # >= fp32, as the scores
             probs = torch.softmax(scaled, -1).view(S * B, -1)
             tok = torch.multinomial(probs, 1, generator=generator).view(S, B)
             alive = ~done

@@ -86,6 +86,8 @@ from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 from sandbox.objectives import Objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
 
+from .bandit import DTYPES
+
 SEED_COLUMNS = ("reward", "entropy", "completion_len", "grad_norm", "zero_var_frac")
 
 
@@ -132,6 +134,7 @@ class SequenceTrainConfig:
     n_heads: int = arg(4, "attention heads")
     seed: int = arg(0, "base seed (weights, prompts, sampling)")
     device: str = arg("cpu", "torch device")
+    dtype: str = arg("float32", f"one of {list(DTYPES)}: the models' and the logged values'")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -175,6 +178,8 @@ class SequenceTrainConfig:
         check_top_entropy_quantile(self.top_entropy_quantile)
         if self.max_new_tokens is not None:
             check_int("max_new_tokens", self.max_new_tokens)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         self.model_config()
         self.build_objective()
 
@@ -220,7 +225,7 @@ class SequenceTrainer:
     def __init__(self, config: SequenceTrainConfig) -> None:
         config.validate()
         self.config = config
-        self.device = torch.device(config.device)
+        self.device, self.dtype = torch.device(config.device), DTYPES[config.dtype]
         self.task = make_task(config.task, **config.task_knobs)
         self.objective = config.build_objective()
         self.loss_fn = PolicyLoss(
@@ -235,11 +240,12 @@ class SequenceTrainer:
         self.aggregation = self.loss_fn.mode
         self.det_loss_fn = counterpart_loss(self.loss_fn) if config.grad_noise else None
         S = config.seeds
-        self.model = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
+        model_config, dtype = config.model_config(), self.dtype
+        self.model = TinyTransformer(model_config, num_models=S, seed=config.seed, dtype=dtype)
         self.model.to(self.device)
         self.reference = None
         if config.kl_coef > 0:
-            self.reference = TinyTransformer(config.model_config(), num_models=S, seed=config.seed)
+            self.reference = TinyTransformer(model_config, S, seed=config.seed, dtype=dtype)
             self.reference.load_state_dict(self.model.state_dict())
             self.reference.to(self.device).requires_grad_(False)
         # fused: one kernel for every parameter (elementwise, so seeds stay independent)
@@ -316,7 +322,7 @@ class SequenceTrainer:
             self.task.verify(answer, self.task.decode_completion(row))
             for answer, row in zip(answers, flat, strict=True)
         ]
-        return torch.tensor(rewards, dtype=torch.float32, device=self.device).view(S, N)
+        return torch.tensor(rewards, dtype=self.dtype, device=self.device).view(S, N)
 
     @torch.no_grad()
     def rollout(self) -> SequenceBatch:
@@ -408,7 +414,7 @@ class SequenceTrainer:
         parameters hold, on its rows ``rows``: ``[S]`` per column, NaN without a counterpart."""
         S = self.config.seeds
         if self.det_loss_fn is None:
-            nan = torch.full((S,), math.nan, device=self.device)
+            nan = torch.full((S,), math.nan, dtype=self.dtype, device=self.device)
             return dict.fromkeys(GRAD_NOISE_COLUMNS, nan)
         params = list(self.model.parameters())
 
@@ -418,7 +424,7 @@ class SequenceTrainer:
 
         half = first_half(S, rows.numel(), self.device)
         values = grad_noise(forward, params, [p.grad for p in params], half, S)
-        return dict(zip(GRAD_NOISE_COLUMNS, values.float(), strict=True))
+        return dict(zip(GRAD_NOISE_COLUMNS, values.to(self.dtype), strict=True))
 
     def update(self, batch: SequenceBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """mu epochs x minibatches of optimizer steps on one rollout; returns the per-seed
@@ -426,7 +432,7 @@ class SequenceTrainer:
         cfg = self.config
         N = batch.rewards.shape[1]
         n = N // cfg.minibatches
-        grad_norm = torch.zeros(cfg.seeds, device=self.device)
+        grad_norm = torch.zeros(cfg.seeds, dtype=self.dtype, device=self.device)
         sums: dict[str, Tensor] = {}
         for _ in range(cfg.epochs):
             perm = torch.randperm(N, generator=self.generator, device=self.device)
@@ -441,7 +447,7 @@ class SequenceTrainer:
                 grad_norm += clip_grad_norm_per_model(self.model, cfg.max_grad_norm)
                 self.optimizer.step()
                 for k, v in out.metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v.detach().float()
+                    sums[k] = sums.get(k, 0.0) + v.detach().to(self.dtype)
         updates = cfg.epochs * cfg.minibatches
         return grad_norm / updates, {k: v / updates for k, v in sums.items()}
 
@@ -482,7 +488,7 @@ class SequenceTrainer:
         grad_norm, metrics = self.update(batch)
         self.steps_done += 1
         S, G = self.config.seeds, self.config.group_size
-        cmask = batch.completion_mask.float()
+        cmask = batch.completion_mask.to(self.dtype)
         groups = batch.rewards.view(S, -1, G)
         out = {
             **metrics,  # the rollout's entropy below, not the update's, is the entropy column
@@ -490,7 +496,7 @@ class SequenceTrainer:
             "entropy": (batch.entropy * cmask).sum((1, 2)) / cmask.sum((1, 2)),
             "completion_len": cmask.sum(-1).mean(-1),
             "grad_norm": grad_norm,
-            "zero_var_frac": (groups == groups[..., :1]).all(-1).float().mean(-1),
+            "zero_var_frac": (groups == groups[..., :1]).all(-1).to(self.dtype).mean(-1),
         }
         if before is not None:  # the logits after every one of the step's updates
             out.update(self.entropy_law_columns(batch, before, self.policy_logits(batch)))

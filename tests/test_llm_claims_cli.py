@@ -1,0 +1,304 @@
+"""``python -m llm.claims`` as a new user meets it (issue 29): each test runs the real command in
+a subprocess (the toy rungs at ``--quick`` sizes; the tiny Llama where the llm rung is the point)
+and checks the exit status, stderr and what is left on disk.
+
+- a changed step-size or mu grid is refused like any other setting, and ``--tables-only`` builds
+  only from the calibrated point ``config.json`` records (never two step sizes per seed);
+- bad settings (toy and llm rung) are one line, exit 2, before anything runs or is written;
+- claims of your own (``--claim``, ``--claims FILE``) join the study's rules and its ledger, and a
+  folder's rule set grows, never shrinks;
+- a real SIGINT between the end of an llm run's training and its part's write loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "--no-progress"]
+LLM = ["--quick", "--rungs", "bandit_exact", "llm", "--rules", "dapo", "nsr_dapo", "--no-progress"]
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+
+
+def claims(*argv: str, script: list[str] | None = None, **env: str) -> subprocess.CompletedProcess:
+    command = script or ["-m", "llm.claims"]
+    return subprocess.run([sys.executable, *command, *argv], cwd=ROOT, env={**_env(), **env},
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> Path:
+    """The quick toy study (dapo, nsr_dapo, grpo, gspo on both bandit rungs; step sizes 1, 4)."""
+    out = tmp_path_factory.mktemp("claims") / "study"
+    proc = claims(*FAST, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def copy_of(study: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "copy"
+    shutil.copytree(study, out)
+    return out
+
+
+# -- finding 2: grids are settings; tables from the recorded calibrated point only -------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "change"),
+    [
+        (["--bandit-lrs", "1.0", "8.0"], "bandit_lrs: [1.0, 4.0] -> [1.0, 8.0]"),
+        (["--epochs", "2", "4"], "epochs: [2] -> [2, 4]"),
+        (["--tf-lrs", "0.001"], "tf_lrs: [0.01] -> [0.001]"),
+    ],
+)
+def test_a_changed_grid_is_refused_naming_the_setting_and_the_folder(
+    study, tmp_path, flags, change
+):
+    out = copy_of(study, tmp_path)
+    before = (out / "config.json").read_text(), sorted(p.name for p in (out / "parts").iterdir())
+    one_line_error(claims(*FAST, *flags, "--out", str(out)), change, str(out))
+    after = (out / "config.json").read_text(), sorted(p.name for p in (out / "parts").iterdir())
+    assert after == before
+
+
+def test_tables_only_never_mixes_two_calibrations(study, tmp_path):
+    out = copy_of(study, tmp_path)
+    recorded = json.loads((out / "config.json").read_text())["calibrated"]
+    assert set(recorded) == {"bandit_exact", "bandit_sampled"}
+    other = tmp_path / "other"  # the same study on another grid: other calibrated points
+    proc = claims(*FAST, "--bandit-lrs", "1.0", "8.0", "--out", str(other))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((other / "config.json").read_text())["calibrated"] != recorded
+    for part in (other / "parts").iterdir():  # an old folder that holds both (as before the fix)
+        if not (out / "parts" / part.name).exists():
+            shutil.copy(part, out / "parts" / part.name)
+    tables = ("summary.csv", "scores.csv", "ledger.csv", "calibration.csv")
+    before = {name: (out / name).read_bytes() for name in tables}
+    proc = claims("--tables-only", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {name: (out / name).read_bytes() for name in tables} == before
+    summary = pd.read_csv(out / "summary.csv")
+    for rung, (lr, mu) in recorded.items():
+        rows = summary[summary["rung"] == rung]
+        assert len(rows) == 4 and (rows["lr"] == lr).all() and (rows["epochs"] == mu).all()
+    scores = pd.read_csv(out / "scores.csv")
+    assert not scores.duplicated(["rung", "rule", "seed"]).any()
+
+
+# -- finding 3: every setting checked before anything runs or is written -----------------------
+
+BAD = [
+    (["--llm", "lrs=[abc]"], "--llm lrs must be a non-empty list of numbers > 0"),
+    (["--llm", "lrs=[0]"], "--llm lrs must be a non-empty list of numbers > 0"),
+    (["--llm", "lrs=[]"], "--llm lrs must be a non-empty list of numbers > 0"),
+    (["--llm", "steps=many"], "--llm steps must be an integer >= 1, got 'many'"),
+    (["--llm", "steps=0"], "--llm steps must be an integer >= 1, got 0"),
+    (["--llm", "seeds=1.5"], "--llm seeds must be an integer >= 1"),
+    (["--llm", "epochs=[0]"], "--llm epochs must be a non-empty list of integers >= 1"),
+    (["--llm", "bogus=1"], "--llm: unknown settings ['bogus']"),
+    (["--llm", "task=nope"], "--llm task, task_knobs: unknown task 'nope'"),
+    (["--llm", "model=no-such/model"], "--llm model='no-such/model' is not in the local"),
+    (["--llm-ensemble", "0"], "--llm-ensemble must be >= 1, got 0"),
+    (["--bandit-steps", "0"], "bandit_steps must be an integer >= 1, got 0"),
+    (["--group-size", "1"], "group_size must be an integer >= 2, got 1"),
+    (["--bandit-setting", "nope"], "bandit_setting: unknown setting 'nope'"),
+    (["--tf-task", "nope"], "tf_task, tf_knobs: unknown task 'nope'"),
+    (["--bandit-lrs", "abc"], "bandit_lrs must be numbers"),
+    (["--rules", "dapo", "nope"], "nope"),
+]
+
+
+@pytest.mark.parametrize(("flags", "needle"), BAD, ids=[" ".join(f) for f, _ in BAD])
+def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path, flags, needle):
+    out = tmp_path / "never"
+    one_line_error(claims(*LLM, *flags, "--out", str(out)), needle)
+    assert not out.exists()  # no config.json, no parts: the corrected command is not refused
+
+
+def test_an_llm_setting_without_the_llm_rung_does_not_apply(tmp_path):
+    out = tmp_path / "never"
+    one_line_error(claims(*FAST, "--llm", "steps=2", "--out", str(out)), "--llm steps: does not")
+    assert not out.exists()
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_cuda_without_cuda_is_one_line_before_anything_runs(tmp_path):
+    out = tmp_path / "never"
+    one_line_error(claims(*FAST, "--device", "cuda", "--out", str(out)), "CUDA is not available")
+    assert not out.exists()
+
+
+def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path):
+    out = tmp_path / "study"
+    small = [*LLM, "--out", str(out), "--llm", "seeds=1"]
+    one_line_error(claims(*small, "steps=many"), "--llm steps")
+    proc = claims(*small, "steps=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["extra"]["llm"]["steps"] == 1 and config["extra"]["llm"]["seeds"] == 1
+    assert sorted(pd.read_csv(out / "summary.csv").query("rung == 'llm'")["rule"]) == [
+        "dapo",
+        "nsr_dapo",
+    ]
+    assert not (out / "llm_scratch").exists()
+
+
+# -- finding 4: claims of your own; a folder's rule set never shrinks --------------------------
+
+
+def test_a_claim_of_your_own_gets_a_verdict_on_every_rung(tmp_path):
+    out = tmp_path / "mine"
+    proc = claims(*FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo:reward_auc:0.01",
+                  "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "empty ledger" not in proc.stdout and "mine" in proc.stdout
+    ledger = pd.read_csv(out / "ledger.csv").set_index(["claim", "rung"])
+    row = ledger.loc[("mine", "bandit_sampled")]
+    assert (row["rule_a"], row["rule_b"], row["metric"], row["margin"]) == (
+        "grpo",
+        "gspo",
+        "reward_auc",
+        0.01,
+    )
+    scores = pd.read_csv(out / "scores.csv").query("rung == 'bandit_sampled'")
+    table = scores.pivot_table(index="seed", columns="rule", values="reward_auc")
+    assert row["estimate"] == pytest.approx((table["grpo"] - table["gspo"]).mean(), abs=1e-9)
+    config = json.loads((out / "config.json").read_text())
+    assert config["rules"] == ["dapo", "grpo", "gspo"] and config["claims"][0]["name"] == "mine"
+    # the recorded claim survives a rebuild of the tables
+    (out / "ledger.csv").unlink()
+    assert claims("--tables-only", "--out", str(out)).returncode == 0
+    assert "mine" in set(pd.read_csv(out / "ledger.csv")["claim"])
+
+
+def test_a_claims_file_is_read_and_checked(tmp_path):
+    good = tmp_path / "claims.toml"
+    good.write_text(
+        '[[claims]]\nname = "grpo_keeps_entropy"\nrule_a = "grpo"\nrule_b = "dapo"\n'
+        'direction = "greater"\nmetric = "final_entropy"\nsource = "my notes"\n'
+    )
+    out = tmp_path / "filed"
+    proc = claims(*FAST, "--rules", "dapo", "--claims", str(good), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ledger = pd.read_csv(out / "ledger.csv")
+    mine = ledger[ledger["claim"] == "grpo_keeps_entropy"]
+    assert len(mine) == 2 and set(mine["metric"]) == {"final_entropy"}
+    assert set(mine["margin"]) == {0.05}  # the study's margin for the metric
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "claims:\n  - {name: x, rule_a: grpo, rule_b: dapo, direction: up, metric: final_pass}\n"
+    )
+    one_line_error(claims(*FAST, "--claims", str(bad), "--out", str(tmp_path / "n")), "direction")
+
+
+@pytest.mark.parametrize(
+    ("claim", "needle"),
+    [
+        ("x:grpo>nope", "claim x: unknown"),
+        ("x:grpo>dapo:pass", "metric must be one of"),
+        ("x:grpo>dapo:final_pass:-1", "margin must be a number > 0"),
+        ("x:grpo", "expected A>B or A<B"),
+        ("nsr_beats_dapo:grpo>dapo", "used twice"),
+    ],
+)
+def test_a_bad_claim_is_one_line(tmp_path, claim, needle):
+    out = tmp_path / "never"
+    one_line_error(claims(*FAST, "--claim", claim, "--out", str(out)), needle)
+    assert not out.exists()
+
+
+def test_a_subset_of_rules_in_a_study_folder_adds_to_it_instead_of_shrinking_it(study, tmp_path):
+    out = copy_of(study, tmp_path)
+    before = pd.read_csv(out / "ledger.csv")
+    proc = claims(*FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "this run adds to it" in proc.stderr and "runs already done" in proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["rules"] == ["dapo", "nsr_dapo", "grpo", "gspo"]  # the folder's, not 1 rule
+    after = pd.read_csv(out / "ledger.csv")
+    pd.testing.assert_frame_equal(after[after["claim"] != "mine"].reset_index(drop=True), before)
+    assert len(after[after["claim"] == "mine"]) == 2
+    assert set(pd.read_csv(out / "summary.csv")["rule"]) == {"dapo", "nsr_dapo", "grpo", "gspo"}
+
+
+# -- finding 5: a signal between an llm run's end and its part's write ------------------------
+
+#: ``python -m llm.claims`` with two instruments: it counts the llm steps trained in the process
+#: (to stderr at exit) and, with CUT_AT set, sends itself a real SIGINT as the first part whose
+#: name starts with CUT_AT is about to be written (after its run finished training).
+DRIVER = """
+import atexit, os, signal, sys
+import llm.train as t
+import sandbox.experiments.planner as planner
+steps, real_rollout, real_write = [], t.rollout_phase, planner.write_parquet_atomic
+t.rollout_phase = lambda run, step: steps.append(step) or real_rollout(run, step)
+def write(frame, path):
+    if os.environ.get("CUT_AT") and path.name.startswith(os.environ["CUT_AT"]):
+        del os.environ["CUT_AT"]
+        os.kill(os.getpid(), signal.SIGINT)
+    return real_write(frame, path)
+planner.write_parquet_atomic = write
+atexit.register(lambda: print(f"trained steps {steps}", file=sys.stderr))
+from llm.claims import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path):
+    out = tmp_path / "study"
+    argv = ["--quick", "--rungs", "llm", "--rules", "dapo", "nsr_dapo", "--no-progress",
+            "--workers", "1", "--llm", "seeds=1", "steps=2", "--out", str(out)]  # fmt: skip
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    cut = claims(*argv, script=[str(script)], CUT_AT="study__llm__dapo__")
+    assert cut.returncode == 128 + signal.SIGINT, cut.stderr[-3000:]
+    assert "run the same command again to resume" in cut.stderr
+    assert "continue with --resume" not in cut.stderr  # llm.train's own hint is not this command's
+    assert not list((out / "parts").glob("study__llm__dapo__*"))
+    kept = [
+        p for p in (out / "llm_scratch").iterdir() if p.name.startswith("addition-digits1__dapo")
+    ]
+    assert len(kept) == 1  # the finished run's scratch, its checkpoint at its last step
+    assert __import__("torch").load(kept[0] / "checkpoint.pt", weights_only=False)["step"] == 2
+    again = claims(*argv, script=[str(script)])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "trained steps [0, 1]" in again.stderr  # nsr_dapo's 2 steps; dapo's run is read back
+    assert len(list((out / "parts").glob("study__llm__*"))) == 2
+    assert not (out / "llm_scratch").exists()
+
+
+def test_sigterm_between_runs_prints_the_resume_line(tmp_path):
+    out = tmp_path / "study"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.replace("signal.SIGINT", "signal.SIGTERM"))
+    cut = claims(*FAST, "--workers", "1", "--out", str(out), script=[str(script)],
+                 CUT_AT="study__bandit_exact__")  # fmt: skip
+    assert cut.returncode == 128 + signal.SIGTERM, cut.stderr[-3000:]
+    assert "interrupted (SIGTERM)" in cut.stderr and "run the same command again" in cut.stderr
+    again = claims(*FAST, "--workers", "1", "--out", str(out))
+    assert again.returncode == 0 and "runs already done" in again.stderr, again.stderr[-3000:]
