@@ -61,7 +61,14 @@ from sandbox.experiments.claims import claim_record, parse_claim, read_claims
 from sandbox.experiments.planner import interrupted_line
 from sandbox.experiments.pool import terminate_raises
 from sandbox.experiments.runs import RunSpec, objective_of
-from sandbox.experiments.study import Rung, StudyConfig, rebuild_tables, register_rung, run_study
+from sandbox.experiments.study import (
+    Rung,
+    StudyConfig,
+    rebuild_tables,
+    register_rung,
+    run_study,
+    task_bounds,
+)
 
 #: The llm rung's settings (``StudyConfig.extra`` overrides them).
 LLM_DEFAULTS: dict[str, Any] = {
@@ -250,6 +257,20 @@ def llm_spec(
     )
 
 
+def llm_bounds(config: StudyConfig) -> Any:
+    """The llm rung's ceiling (1) and answer baseline on the held-out sets its paired seeds
+    score (``llm.data.task_source``'s, one per seed), for the headroom rule."""
+    from envs.reasoning import make_task
+    from llm.data import task_source
+
+    s = llm_settings(config)
+    sets = [
+        task_source(s["task"], s["task_knobs"], "auto", seed, s["eval_prompts"]).eval_answers
+        for seed in range(s["seeds"])
+    ]
+    return task_bounds(make_task(s["task"], **s["task_knobs"]), sets)
+
+
 register_rung(
     Rung(
         "llm",
@@ -264,6 +285,7 @@ register_rung(
         execution=LLM_EXECUTION,
         check=check_llm,
         written=llm.runs.remove_scratch,  # kept until the run's part is written
+        bounds=llm_bounds,
     )
 )
 

@@ -399,3 +399,28 @@ def test_envs_reasoning_imports_only_numpy_gymnasium_and_stdlib():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_answer_baselines_by_hand():
+    from envs.reasoning import answer_baselines
+
+    task = make_task("mod_arith", steps=2)
+    # answers 0, 0, 1, 2: always "0" solves 2 of 4; drawing from the frequencies solves
+    # 0.5 * 0.5 + 0.25 * 0.25 + 0.25 * 0.25 = 0.375
+    got = answer_baselines(task, ["0", "0", "1", "2"])
+    assert got == {"constant": 0.5, "constant_answer": "0", "prior": 0.375}
+    # ties go to the first answer in sorted order
+    assert answer_baselines(task, ["3", "1"])["constant_answer"] == "1"
+    with pytest.raises(ValueError, match="answers"):
+        answer_baselines(task, [])
+
+
+def test_answer_baselines_use_the_verifier():
+    from envs.reasoning import answer_baselines
+
+    # countdown accepts any expression that reaches the target: a reference answer written as a
+    # constant completion solves its own problem, and a constant is never right for all
+    task = make_task("countdown", num_numbers=3, max_number=5)
+    _, answers = task.sample_batch(np.random.default_rng(0), 64)
+    got = answer_baselines(task, answers)
+    assert 0 < got["prior"] <= got["constant"] < 1

@@ -41,12 +41,21 @@ def test_pairing_removes_the_seed_effect_that_an_unpaired_interval_keeps():
     ("lo", "hi", "direction", "margin", "expected"),
     [
         (0.01, 0.05, "greater", 0.0, ev.SUPPORTED),
-        (-0.05, -0.01, "greater", 0.0, ev.CONTRADICTED),
+        (0.001, 0.002, "greater", 0.02, ev.SUPPORTED),  # above 0: supported, however small
+        (-0.05, -0.01, "greater", 0.0, ev.REVERSED),
+        (-0.002, -0.001, "greater", 0.02, ev.REVERSED),  # below 0: reversed, however small
         (-0.05, -0.01, "less", 0.0, ev.SUPPORTED),
         (-0.01, 0.05, "greater", 0.0, ev.UNRESOLVED),
-        (-0.01, 0.005, "greater", 0.02, ev.CONTRADICTED),  # excludes an effect of 0.02
-        (-0.01, 0.03, "greater", 0.02, ev.UNRESOLVED),
-        (-0.005, 0.01, "less", 0.02, ev.CONTRADICTED),  # claimed side: -hi..-lo = -0.01..0.005
+        # contains 0, every effect within +-0.02: equivalent
+        (-0.0005, 0.0008, "greater", 0.02, ev.EQUIVALENT),
+        # contains 0, a gain of 0.02 excluded, a loss of 0.03 not: no gain of the margin
+        (-0.03, 0.005, "greater", 0.02, ev.NO_GAIN),
+        (-0.01, 0.03, "greater", 0.02, ev.UNRESOLVED),  # allows a gain of 0.02
+        # claimed side of "less": -hi..-lo = -0.01..0.005, within +-0.02: equivalent
+        (-0.005, 0.01, "less", 0.02, ev.EQUIVALENT),
+        # claimed side: -0.001..0.03 allows a gain of 0.02
+        (-0.03, 0.001, "less", 0.02, ev.UNRESOLVED),
+        (0.0, 0.0, "greater", 0.02, ev.EQUIVALENT),  # an exact tie
     ],
 )
 def test_verdict_reads_the_interval_against_zero_and_the_margin(
@@ -54,6 +63,44 @@ def test_verdict_reads_the_interval_against_zero_and_the_margin(
 ):
     diff = ev.PairedDifference((lo + hi) / 2, lo, hi, 0.1, 8)
     assert ev.verdict(diff, direction, margin)[0] == expected
+
+
+def test_verdict_classes_are_symmetric_in_the_claimed_direction():
+    # mirroring the interval and the direction together never changes the class
+    for lo, hi in [(0.01, 0.05), (-0.05, -0.01), (-0.0005, 0.0008), (-0.03, 0.005), (-0.01, 0.03)]:
+        a = ev.PairedDifference((lo + hi) / 2, lo, hi, 0.1, 8)
+        b = ev.PairedDifference(-(lo + hi) / 2, -hi, -lo, 0.1, 8)
+        assert ev.verdict(a, "greater", 0.02)[0] == ev.verdict(b, "less", 0.02)[0]
+    # and a supported claim read the other way round is a reversal of the same size
+    up = ev.PairedDifference(0.03, 0.01, 0.05, 0.1, 8)
+    assert (ev.verdict(up, "greater")[0], ev.verdict(up, "less")[0]) == (ev.SUPPORTED, ev.REVERSED)
+    assert set(ev.VERDICTS).isdisjoint(ev.NOT_VERDICTS)
+
+
+def test_paired_p_is_the_paired_t_test():
+    from scipy import stats
+
+    a = np.array([0.31, 0.42, 0.28, 0.35, 0.40, 0.37])
+    b = np.array([0.30, 0.36, 0.29, 0.30, 0.33, 0.36])
+    want = stats.ttest_rel(a, b).pvalue
+    assert ev.paired_p(ev.paired_difference(a, b)) == pytest.approx(want, rel=1e-12)
+    # hand: d = .01 .06 -.01 .05 .07 .01, mean .03167, sd .03251, t = 2.386 (5 df), p = 0.0627
+    assert ev.paired_p(ev.paired_difference(a, b)) == pytest.approx(0.0627, abs=5e-4)
+    exact = ev.PairedDifference(0.01, 0.01, 0.01, 0.0, 2)
+    assert ev.paired_p(exact) == 0.0
+    assert ev.paired_p(ev.PairedDifference(0.0, 0.0, 0.0, 0.0, 2)) == 1.0
+    assert np.isnan(ev.paired_p(ev.paired_difference([1.0], [0.0])))
+
+
+def test_holm_adjusts_by_hand():
+    # sorted: .005 (x4 = .02), .01 (x3 = .03), .03 (x2 = .06), .04 (x1 = .04 -> running max .06)
+    got = ev.holm([0.01, 0.04, 0.03, np.nan, 0.005])
+    np.testing.assert_allclose(got, [0.03, 0.06, 0.06, np.nan, 0.02])
+    np.testing.assert_allclose(ev.holm([0.5, 0.6]), [1.0, 1.0])  # capped at 1
+    assert ev.holm([0.2]).tolist() == [0.2]  # a family of one is not adjusted
+    assert np.isnan(ev.holm([np.nan])).all()
+    with pytest.raises(ValueError, match="pvalues"):
+        ev.holm([1.5])
 
 
 def test_verdict_without_an_interval_is_unresolved_and_bad_arguments_name_themselves():
@@ -84,6 +131,24 @@ def test_seeds_needed_matches_the_paired_t_test_tables():
     assert ev.seeds_needed(0.018 * np.sqrt(2), 0.02) == 15
     with pytest.raises(ValueError, match="sd"):
         ev.seeds_needed(0.0, 0.02)
+
+
+@pytest.mark.parametrize(("n", "sd"), [(2, 0.001), (8, 0.005), (3, 0.0005)])
+def test_paired_power_stays_finite_at_large_effects(n, sd):
+    # scipy's noncentral t gives NaN at these noncentralities (28, 11, 69); the power must not be
+    # NaN (seeds_needed used to read NaN as "enough"). Checked against a simulated paired t-test.
+    from scipy import stats
+
+    power = ev.paired_power(n, sd, 0.02)
+    rng = np.random.default_rng(1)
+    d = rng.normal(0.02, sd, (100_000, n))
+    t = d.mean(1) / (d.std(1, ddof=1) / np.sqrt(n))
+    simulated = np.mean(np.abs(t) > stats.t.ppf(0.975, n - 1))
+    assert np.isfinite(power) and power == pytest.approx(simulated, abs=0.005)
+    assert ev.paired_power(n, 0.0, 0.02) == 1.0  # noiseless differences
+    needed = ev.seeds_needed(sd, 0.02)  # the first n at 80%, never a NaN read as enough
+    assert ev.paired_power(needed, sd, 0.02) >= 0.8
+    assert needed == 2 or ev.paired_power(needed - 1, sd, 0.02) < 0.8
 
 
 def test_seeds_needed_agrees_with_a_simulated_paired_t_test():

@@ -276,13 +276,51 @@ def test_study_ledger_by_hand_and_exact_rung_by_sign():
     assert s["verdict"] == evidence.UNRESOLVED
     e = table.loc["bandit_exact"]
     assert e["estimate"] == pytest.approx(-0.05, abs=1e-12)
-    assert e["verdict"] == evidence.CONTRADICTED and e["reason"] == "exact difference"
-    # an exact gap of +0.01 is on the claimed side (supported) but below the 0.02 margin
+    assert e["verdict"] == evidence.REVERSED and e["reason"] == "exact difference"
+    assert np.isnan(e["p"])  # an exact difference is not a test
+    # an exact gap of +0.01 is within the 0.02 margin: equivalent, not "supported"
     rows = _rows({("bandit_exact", "nsr_dapo"): [0.46], ("bandit_exact", "dapo"): [0.45]})
     e = study_ledger(run_scores(rows), claim).iloc[0]
     assert e["estimate"] == pytest.approx(0.01, abs=1e-12)
-    assert e["verdict"] == evidence.SUPPORTED
-    assert e["reason"] == "exact difference, below the margin 0.02"
+    assert e["verdict"] == evidence.EQUIVALENT
+    assert e["reason"] == "exact difference within +-0.02"
+
+
+def test_nsr_and_its_decay_are_identical_by_construction_on_the_exact_flow_only():
+    from sandbox.experiments.claims import CLAIMS
+    from sandbox.experiments.study import same_on_exact_flow
+
+    assert same_on_exact_flow("nsr_dapo", "nsr_decay_dapo")  # NSR acts as its expectation there
+    assert not same_on_exact_flow("dapo", "grpo") and not same_on_exact_flow("nsr_dapo", "dapo")
+    claim = [c for c in CLAIMS if c.name == "nsr_beats_its_decay"]
+    rows = _rows(
+        {
+            ("bandit_exact", "nsr_dapo"): [0.5],
+            ("bandit_exact", "nsr_decay_dapo"): [0.5],
+            ("bandit_sampled", "nsr_dapo"): [0.6, 0.7, 0.8],
+            ("bandit_sampled", "nsr_decay_dapo"): [0.5, 0.5, 0.5],
+        }
+    )
+    table = study_ledger(run_scores(rows), claim).set_index("rung")
+    assert table.loc["bandit_exact", "verdict"] == evidence.IDENTICAL
+    assert table.loc["bandit_sampled", "verdict"] == evidence.UNRESOLVED  # sampled: a comparison
+
+
+def test_like_unclipped_reads_the_realised_effect():
+    from sandbox.experiments.study import like_unclipped
+
+    base = [0.5, 0.6, 0.7, 0.8]
+    rows = []
+    for rule, shift in (("unclipped", 0.0), ("kl_cov_verl", 0.001), ("dapo", -0.1)):
+        for seed, b in enumerate(base):
+            wobble = 0.002 * (-1) ** seed if rule == "kl_cov_verl" else 0.0
+            rows.append({"rung": "r", "rule": rule, "seed": seed, "reward_auc": b + shift + wobble})
+    scores = pd.DataFrame(rows)
+    # kl_cov - unclipped: 0.003, -0.001, 0.003, -0.001 -> mean 0.001, interval within +-0.02
+    assert like_unclipped(scores, "r", "kl_cov_verl")
+    assert not like_unclipped(scores, "r", "dapo")  # 0.1 below: reversed, not equivalent
+    assert not like_unclipped(scores, "r", "unclipped")  # not compared with itself
+    assert not like_unclipped(scores[scores["seed"] == 0], "r", "kl_cov_verl")  # one pair: no
 
 
 def test_rank_agreement_with_and_without_the_step_size_rule():

@@ -165,6 +165,30 @@ def make_task(name: str, **knobs: Any) -> ReasoningTask:
     return cls(**knobs)
 
 
+def answer_baselines(task: ReasoningTask, answers: Sequence[str]) -> dict[str, Any]:
+    """What a policy that ignores the prompt scores on problems with reference ``answers``
+    (checked by the task's own verifier, so tasks with several right answers count right):
+
+    - ``constant``: always writing the one answer that is right most often (``constant_answer``);
+    - ``prior``: writing an answer drawn from the answers' own frequencies f_c, sum_c f_c x
+      (share of problems that answer c solves) (= sum_c f_c^2 for exact-match tasks).
+
+    A trained policy whose pass@1 does not clear these has learned the answer distribution, not
+    the task (the claims study's headroom rule). ``ValueError`` for no answers."""
+    if not answers:
+        raise ValueError("answers: need at least one reference answer")
+    counts: dict[str, int] = {}
+    for a in answers:
+        counts[a] = counts.get(a, 0) + 1
+    n = len(answers)
+    solved = {
+        c: sum(task.verify(a, task.format_completion(c)) for a in answers) / n for c in counts
+    }
+    best = max(sorted(solved), key=lambda c: solved[c])  # ties: the first in sorted order
+    prior = sum(counts[c] / n * solved[c] for c in counts)
+    return {"constant": solved[best], "constant_answer": best, "prior": prior}
+
+
 # --------------------------------------------------------------------------------------------
 # knob validation
 # --------------------------------------------------------------------------------------------

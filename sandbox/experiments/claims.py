@@ -86,6 +86,7 @@ CLAIMS: tuple[Claim, ...] = (
         "arXiv 2605.22703",
         "abstract; experiments (7B-30B)",
         "NSR improves training stability and performance compared to DAPO",
+        0.02,  # margin, pre-registered
     ),
     Claim(
         "nsr_beats_its_decay",
@@ -97,6 +98,7 @@ CLAIMS: tuple[Claim, ...] = (
         "ablation (implicit decay)",
         "the stochastic, boundary-local rescue is consistently more effective than deterministic "
         "gradient decay",
+        0.02,  # margin, pre-registered
     ),
     Claim(
         "dgpo_beats_hard_clip",
@@ -108,6 +110,7 @@ CLAIMS: tuple[Claim, ...] = (
         "abstract; experiments (R1-Distill-Qwen 1.5B/7B/14B)",
         "DGPO consistently outperforms strong baselines (the hard clip at the same bounds, "
         "eps 0.2/0.2)",
+        0.02,  # margin, pre-registered
     ),
     Claim(
         "atr_beats_grpo",
@@ -118,6 +121,7 @@ CLAIMS: tuple[Claim, ...] = (
         "arXiv 2602.05494",
         "experiments",
         "the KL3 trust region (ATR-GRPO) outperforms GRPO's ratio clip",
+        0.02,  # margin, pre-registered
     ),
     Claim(
         "clip_cov_keeps_entropy",
@@ -128,6 +132,7 @@ CLAIMS: tuple[Claim, ...] = (
         "arXiv 2505.22617",
         "§4 (Clip-Cov)",
         "Clip-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+        0.05,  # margin, pre-registered
     ),
     Claim(
         "kl_cov_keeps_entropy",
@@ -138,6 +143,7 @@ CLAIMS: tuple[Claim, ...] = (
         "arXiv 2505.22617",
         "§4 (KL-Cov)",
         "KL-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+        0.05,  # margin, pre-registered
     ),
     Claim(
         "clip_beats_unclipped",
@@ -148,6 +154,7 @@ CLAIMS: tuple[Claim, ...] = (
         "arXiv 1707.06347",
         "§3 (the clipped surrogate's premise); the control",
         "a trust region helps: the clipped rule beats the same update without a clip",
+        0.02,  # margin, pre-registered
     ),
 )
 
@@ -245,9 +252,12 @@ def ledger(
     level: float = 0.95,
     margins: dict[str, float] | None = None,
     power: float = 0.8,
+    reading: str = "primary",
 ) -> pd.DataFrame:
     """One row per (claim, rung) where both rules have runs: ``estimate`` (mean A - B over the
-    seeds both have) with ``lo``/``hi``, ``seeds``, ``verdict`` and ``reason``; the claim's
+    seeds both have) with ``lo``/``hi``, ``seeds``, ``verdict`` (:func:`.evidence.verdict`'s
+    classes) and ``reason``, ``p`` (the two-sided paired t-test), ``reading`` (``primary``: the
+    claim's pre-registered metric; ``secondary``: another reading of it); the claim's
     ``source``; ``clip_frac_a``/``clip_frac_b`` when the table has ``clip_frac``; the power line:
     ``diff_sd`` (SD of the paired differences), ``margin`` (the smallest effect of interest for the
     metric, from ``margins``; NaN if none) and ``seeds_needed`` to resolve it at ``power``.
@@ -291,6 +301,8 @@ def ledger(
                 "seeds": diff.n,
                 "verdict": verdict,
                 "reason": reason,
+                "p": evidence.paired_p(diff),
+                "reading": reading,
                 "diff_sd": diff.sd,
                 "margin": margin,
                 "seeds_needed": needed,
@@ -301,6 +313,86 @@ def ledger(
                 row["clip_frac_a"], row["clip_frac_b"] = clip[claim.rule_a], clip[claim.rule_b]
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a rung's pass metrics (``final_pass``, ``reward_auc``) can show: ``ceiling``, the best
+    achievable value (a bandit's optimum; 1 on a task), and ``floor``, the best a policy that
+    ignores the prompt reaches (a task's constant-answer or answer-prior baseline; 0 if none)."""
+
+    ceiling: float
+    floor: float = 0.0
+    note: str = ""  # where the numbers come from (printed with the baselines table)
+
+
+#: The metrics that :class:`Bounds` bound (entropy has no ceiling a rule is pushed against).
+BOUNDED = ("final_pass", "reward_auc")
+
+
+def headroom(
+    table: pd.DataFrame,
+    scores: pd.DataFrame,
+    bounds: Mapping[str, Bounds],
+    reference: str | None = None,
+) -> pd.DataFrame:
+    """``table`` (a :func:`ledger`) with the headroom rule applied to its rows on a bounded metric
+    of a rung with ``bounds``: there must be room for an effect of the margin m, i.e.
+
+    - the comparator B's mean at least 2 m below the ceiling (A > B claimed) or above the floor
+      (A < B claimed): otherwise the largest possible gain is under two margins;
+    - the rung's ``reference`` rule (the comparator where it has no runs) at least 2 m above the
+      floor: otherwise the rung measures the answer prior, not the task.
+
+    A row that fails keeps its interval and gets the verdict :data:`.evidence.NO_HEADROOM` and the
+    reason. Adds ``comparator_mean``, ``ceiling`` and ``floor`` (NaN where no bounds apply)."""
+    out = table.copy()
+    for col in ("comparator_mean", "ceiling", "floor"):
+        out[col] = np.nan
+    for i, row in out.iterrows():
+        b = bounds.get(row["rung"])
+        if b is None or row["metric"] not in BOUNDED or not np.isfinite(row["margin"]):
+            continue
+        on_rung = scores[scores["rung"] == row["rung"]]
+        mean = on_rung.loc[on_rung["rule"] == row["rule_b"], row["metric"]].mean()
+        ref = reference if reference in set(on_rung["rule"]) else row["rule_b"]
+        ref_mean = on_rung.loc[on_rung["rule"] == ref, row["metric"]].mean()
+        out.loc[i, ["comparator_mean", "ceiling", "floor"]] = mean, b.ceiling, b.floor
+        room = 2 * row["margin"]
+        if row["direction"] == "greater" and mean > b.ceiling - room:
+            why = f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the ceiling {b.ceiling:.3f}"
+        elif row["direction"] == "less" and mean < b.floor + room:
+            why = (
+                f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the floor {b.floor:.3f}"
+            )
+        elif ref_mean < b.floor + room:
+            why = (
+                f"{ref}'s mean {ref_mean:.3f} does not clear the answer baseline {b.floor:.3f} "
+                "by 2 margins"
+            )
+        else:
+            continue
+        out.loc[i, ["verdict", "reason"]] = evidence.NO_HEADROOM, why
+    return out
+
+
+def holm_by_rung(table: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """``table`` with ``p_holm``: Holm's adjustment (:func:`.evidence.holm`) of ``p`` over each
+    family, the rows of one rung and one ``reading`` that carry a verdict and a test (a rung's
+    primary family: its claims on their pre-registered metrics; NaN elsewhere), and ``holm``:
+    whether a supported or reversed row stays so at ``1 - level`` after it."""
+    out = table.copy()
+    out["p_holm"] = np.nan
+    family = ~out["verdict"].isin(evidence.NOT_VERDICTS) & out["p"].notna()
+    for _, part in out[family].groupby(["reading", "rung"], sort=False):
+        out.loc[part.index, "p_holm"] = evidence.holm(part["p"].to_numpy())
+    decided = out["verdict"].isin([evidence.SUPPORTED, evidence.REVERSED])
+    out["holm"] = np.where(
+        decided & out["p_holm"].notna(),
+        np.where(out["p_holm"] < 1 - level, "survives", "does not survive"),
+        "",
+    )
+    return out
 
 
 def power_lines(

@@ -6,7 +6,10 @@ two rules' runs under one seed are a pair, and their difference removes the seed
 seeds x rules table of one metric into:
 
 - ``paired_difference``: the mean difference A - B over seeds with its Student-t interval;
-- ``verdict``: supported / contradicted / not resolved at this power, from that interval;
+- ``paired_p`` and ``holm``: the two-sided paired t-test's p-value and Holm's step-down adjustment
+  over a family of claims (raw and adjusted p are both reported);
+- ``verdict``: one of five symmetric classes read off that interval and the claim's margin
+  (supported, reversed, no gain of the margin, equivalent, not resolved at this power);
 - ``residual_sd`` and ``seeds_needed``: the power line (the seed-by-rule residual SD of a rung and
   the paired seeds a given effect needs at a given power, from the noncentral t distribution);
 - ``pair_signs`` and ``kendall_tau_b``: rank agreement between rungs where pairs of rules the
@@ -25,9 +28,17 @@ import numpy as np
 Direction = Literal["greater", "less"]
 
 SUPPORTED = "supported"
-CONTRADICTED = "contradicted"
+REVERSED = "reversed"
+NO_GAIN = "no gain of the margin"
+EQUIVALENT = "equivalent"
 UNRESOLVED = "not resolved at this power"
-VERDICTS = (SUPPORTED, CONTRADICTED, UNRESOLVED)
+#: The verdict classes, symmetric in the claimed direction (see :func:`verdict`).
+VERDICTS = (SUPPORTED, REVERSED, NO_GAIN, EQUIVALENT, UNRESOLVED)
+#: Rows that carry no verdict: the comparator leaves no room for an effect of the margin, or the
+#: two rules compute the same thing on the rung (NSR and its decay on the exact flow).
+NO_HEADROOM = "no headroom"
+IDENTICAL = "identical by construction"
+NOT_VERDICTS = (NO_HEADROOM, IDENTICAL)
 
 
 def _check_level(level: float) -> float:
@@ -71,18 +82,60 @@ def paired_difference(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Pair
     return PairedDifference(mean, float(mean - half), float(mean + half), sd, n)
 
 
+def paired_p(diff: PairedDifference) -> float:
+    """Two-sided p-value of the paired t-test of ``diff`` (mean 0 under the null). An exact
+    difference (SD 0, e.g. a deterministic rung) gives 0 when it is nonzero and 1 when it is 0;
+    NaN with fewer than two pairs."""
+    if diff.n < 2 or not np.isfinite(diff.sd):
+        return float("nan")
+    if diff.sd == 0:
+        return 0.0 if diff.estimate != 0 else 1.0
+    from scipy import stats
+
+    t = diff.estimate / (diff.sd / np.sqrt(diff.n))
+    return float(2 * stats.t.sf(abs(t), diff.n - 1))
+
+
+def holm(pvalues: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjustment of a family of p-values (NaN entries are not members):
+    the k-th smallest of m becomes ``max_{j <= k} min(1, (m - j + 1) p_(j))``. Holm controls the
+    family-wise error rate under any dependence between the claims (several claims share a
+    comparator's runs), which Benjamini-Hochberg's false discovery rate does not without
+    positive dependence; with a handful of pre-registered claims per rung its power loss is small."""
+    p = np.asarray(pvalues, dtype=float)
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    if len(idx) == 0:
+        return out
+    if np.any((p[idx] < 0) | (p[idx] > 1)):
+        raise ValueError(f"pvalues must lie in [0, 1], got {p[idx].tolist()}")
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m = len(order)
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+    out[order] = np.maximum.accumulate(scaled)
+    return out
+
+
 def verdict(diff: PairedDifference, direction: Direction, margin: float = 0.0) -> tuple[str, str]:
     """The verdict on "A beats B" (``direction="greater"``: A's metric is higher; ``"less"``: lower)
-    and the reason, from the paired interval of A - B:
+    and the reason, from the paired interval of A - B read in the claimed direction, [lo, hi],
+    and ``margin`` m >= 0, the smallest effect of interest (pre-registered with the claim):
 
-    - supported: the interval lies wholly on the claimed side of 0;
-    - contradicted: it lies wholly on the other side of 0, or (with ``margin`` > 0, the smallest
-      effect of interest) it excludes every effect of at least ``margin`` in the claimed direction;
-    - not resolved at this power: otherwise (and with fewer than two pairs).
+    - supported: lo > 0 (the interval lies wholly on the claimed side of 0);
+    - reversed: hi < 0 (wholly on the other side);
+    - equivalent: -m < lo and hi < m (contains 0, and every effect it allows is smaller than m
+      either way);
+    - no gain of the margin: contains 0, hi < m, lo <= -m (a gain of m is excluded, a loss is not);
+    - not resolved at this power: otherwise (contains 0 and allows a gain of m), and with fewer
+      than two pairs.
+
+    The classes are symmetric: a reversal needs the interval below 0 as a support needs it above,
+    and a margin-only result is never called either. With ``margin`` 0 the two margin classes
+    cannot occur. A zero-width interval (an exact difference) is classed the same way.
     """
     if direction not in ("greater", "less"):
         raise ValueError(f"direction must be 'greater' or 'less', got {direction!r}")
-    if margin < 0:
+    if not margin >= 0:
         raise ValueError(f"margin must be >= 0, got {margin!r}")
     if not (np.isfinite(diff.lo) and np.isfinite(diff.hi)):
         return UNRESOLVED, f"{diff.n} pair(s): no interval"
@@ -91,10 +144,12 @@ def verdict(diff: PairedDifference, direction: Direction, margin: float = 0.0) -
     if lo > 0:
         return SUPPORTED, "interval on the claimed side of 0"
     if hi < 0:
-        return CONTRADICTED, "interval on the other side of 0"
+        return REVERSED, "interval on the other side of 0"
+    if margin > 0 and hi < margin and lo > -margin:
+        return EQUIVALENT, f"interval within +-{margin:g}"
     if margin > 0 and hi < margin:
-        return CONTRADICTED, f"interval excludes an effect of {margin:g} in the claimed direction"
-    return UNRESOLVED, "interval contains 0"
+        return NO_GAIN, f"interval contains 0 and excludes a gain of {margin:g}"
+    return UNRESOLVED, "interval contains 0 and a gain of the margin"
 
 
 def residual_sd(table: np.ndarray) -> float:
@@ -117,11 +172,29 @@ def paired_power(n: int, sd: float, effect: float, alpha: float = 0.05) -> float
     ``effect`` when the differences have SD ``sd`` (noncentral t)."""
     if n < 2:
         return float("nan")
+    if not (np.isfinite(sd) and sd >= 0):
+        raise ValueError(f"sd must be a finite number >= 0, got {sd!r}")
+    if sd == 0:  # differences without noise: any nonzero effect is found
+        return 1.0 if effect else float(alpha)
     from scipy import stats
 
     df, nc = n - 1, abs(effect) / sd * np.sqrt(n)
     crit = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    upper, lower = stats.nct.sf(crit, df, nc), stats.nct.cdf(-crit, df, nc)
+    if not (np.isfinite(upper) and np.isfinite(lower)):
+        # scipy's noncentral t returns NaN for large noncentralities (e.g. nc 28 at df 1); then
+        # integrate its definition T = (Z + nc) / sqrt(V / df), V ~ chi2(df), over V directly:
+        # P(T > c) = E_V[Phi(nc - c sqrt(V / df))], P(T < -c) = E_V[Phi(-nc - c sqrt(V / df))].
+        from scipy import integrate
+
+        def tail(shift: float) -> float:
+            def f(v: float) -> float:
+                return stats.norm.cdf(shift - crit * np.sqrt(v / df)) * stats.chi2.pdf(v, df)
+
+            return integrate.quad(f, 0, np.inf)[0]
+
+        upper, lower = tail(nc), tail(-nc)
+    return float(min(1.0, upper + lower))
 
 
 def seeds_needed(
@@ -136,13 +209,13 @@ def seeds_needed(
     _check_level(power)
     _check_level(alpha)
     lo, hi = 2, 2
-    while paired_power(hi, sd, effect, alpha) < power:  # doubling, then bisection
+    while not paired_power(hi, sd, effect, alpha) >= power:  # doubling, then bisection (NaN: more)
         lo, hi = hi, hi * 2
         if hi > max_n:
             raise ValueError(f"more than max_n={max_n} seeds needed (sd={sd}, effect={effect})")
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if paired_power(mid, sd, effect, alpha) < power else (lo, mid)
+        lo, hi = (lo, mid) if paired_power(mid, sd, effect, alpha) >= power else (mid + 1, hi)
     return lo
 
 

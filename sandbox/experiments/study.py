@@ -57,7 +57,18 @@ from sandbox.configs import arg, check_device, check_int
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
 from . import evidence
-from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules, ledger, power_lines
+from .claims import (
+    CLAIMS,
+    Bounds,
+    Claim,
+    claim_from_record,
+    claim_record,
+    claim_rules,
+    headroom,
+    holm_by_rung,
+    ledger,
+    power_lines,
+)
 from .planner import Job, RunFolder
 from .results import (
     changed_settings,
@@ -69,7 +80,7 @@ from .results import (
     write_figure,
     write_parquet_if_changed,
 )
-from .runs import RunSpec, objective_of, run_specs
+from .runs import RunSpec, objective_of, optimum, run_specs, setting_model
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -316,7 +327,9 @@ class Rung:
     they compute (left out of :func:`part_fields`). ``check(config)``: a ``ValueError`` naming
     a bad setting of the rung (:meth:`StudyConfig.validate`, before anything runs).
     ``written(spec)``: called once a run's part is written (``llm``: its resumable scratch
-    folder, kept until then, goes)."""
+    folder, kept until then, goes). ``bounds(config)``: the ceiling and the answer baseline of
+    the rung's pass metrics (:class:`~.claims.Bounds`), for the headroom rule
+    (:func:`~.claims.headroom`)."""
 
     name: str
     spec: Callable[[StudyConfig, str, float, int, int, int], RunSpec]
@@ -331,6 +344,7 @@ class Rung:
     execution: tuple[str, ...] = ()
     check: Callable[[StudyConfig], None] | None = None  # ValueError naming a bad setting
     written: Callable[[RunSpec], None] | None = None  # after a run's part is written
+    bounds: Callable[[StudyConfig], Bounds] | None = None  # ceiling and answer baseline
 
 
 RUNGS: dict[str, Rung] = {}
@@ -402,6 +416,37 @@ def _tiny_tf(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, 
     )
 
 
+def _bandit_bounds(config: StudyConfig) -> Bounds:
+    """The bandit's optimum (expected reward of the best arm per prompt) as the ceiling."""
+    best = optimum(setting_model(_bandit("bandit_sampled")(config, REFERENCE, 1.0, 1, 1, 0)))
+    return Bounds(best, note=f"optimum {best:.4f}")
+
+
+def task_bounds(task: Any, answer_sets: Sequence[Sequence[str]]) -> Bounds:
+    """Ceiling 1 and, as the floor, the constant-answer baseline of a task's held-out sets (one
+    per paired seed; their mean) — never below the answer-prior one
+    (:func:`envs.reasoning.answer_baselines`)."""
+    from envs.reasoning import answer_baselines
+
+    found = [answer_baselines(task, answers) for answers in answer_sets]
+    constant = float(np.mean([b["constant"] for b in found]))
+    prior = float(np.mean([b["prior"] for b in found]))
+    answers = sorted({b["constant_answer"] for b in found})
+    note = (
+        f"constant answer {'/'.join(map(repr, answers))} {constant:.4f}; answer prior {prior:.4f}"
+    )
+    return Bounds(1.0, max(constant, prior), note=note)
+
+
+def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
+    """The held-out set every replicate of the tiny_tf runs scores (base seed 0)."""
+    from envs.reasoning import make_task
+    from sandbox.train.sequence import held_out_problems
+
+    task = make_task(config.tf_task, **config.tf_knobs)
+    return task_bounds(task, [held_out_problems(task, 0, config.tf_eval_prompts)[1]])
+
+
 register_rung(
     Rung(
         "bandit_exact",
@@ -410,6 +455,7 @@ register_rung(
         lambda c: c.bandit_steps,
         deterministic=True,
         columns=(("pass_rate", "expected_reward"), ("train_reward", "expected_reward")),
+        bounds=_bandit_bounds,
     )
 )
 register_rung(
@@ -419,11 +465,17 @@ register_rung(
         lambda c: c.bandit_lrs,
         lambda c: c.bandit_steps,
         columns=(("pass_rate", "expected_reward"), ("train_reward", "reward")),
+        bounds=_bandit_bounds,
     )
 )
 register_rung(
     Rung(
-        "tiny_tf", _tiny_tf, lambda c: c.tf_lrs, lambda c: c.tf_steps, epochs=lambda c: c.tf_epochs
+        "tiny_tf",
+        _tiny_tf,
+        lambda c: c.tf_lrs,
+        lambda c: c.tf_steps,
+        epochs=lambda c: c.tf_epochs,
+        bounds=_tiny_tf_bounds,
     )
 )
 
@@ -804,26 +856,73 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
     return ladder_order(scores, ["rung", "rule", "seed"])
 
 
-def study_ledger(scores: pd.DataFrame, claims: Sequence[Claim] = CLAIMS) -> pd.DataFrame:
-    """:func:`.claims.ledger` with the study's margins. On a deterministic rung (one exact run)
-    the difference is exact: its interval has zero width, so :func:`.evidence.verdict` gives
-    supported for any gap on the claimed side and contradicted otherwise; the reason says
-    when the exact gap is below the margin. ``below_margin``: the whole interval (the exact
-    gap) lies within +- the margin: whatever the verdict, the effect is too small to matter."""
-    table = ledger(scores, claims, margins=MARGINS)
+def study_ledger(
+    scores: pd.DataFrame,
+    claims: Sequence[Claim] = CLAIMS,
+    config: StudyConfig | None = None,
+    reading: str = "primary",
+) -> pd.DataFrame:
+    """:func:`.claims.ledger` with the study's margins, then:
+
+    - on a deterministic rung (one exact run) the difference is exact (a zero-width interval):
+      two rules that follow one expected coefficient there (:func:`same_on_exact_flow`: NSR and
+      its decay) are :data:`.evidence.IDENTICAL`, not a verdict; a gap within +- the margin is
+      equivalent; a larger one is supported or reversed by its sign (``p`` is NaN: no test);
+    - the headroom rule (:func:`.claims.headroom`) with each rung's :attr:`Rung.bounds` (with
+      ``config``);
+    - Holm's adjustment over each rung's primary family (:func:`.claims.holm_by_rung`);
+    - ``below_margin``: every effect the interval allows (the exact gap) is within +- the margin.
+    """
+    table = ledger(scores, claims, margins=MARGINS, reading=reading)
+    if not len(table):
+        return table
     for i, row in table.iterrows():
-        if row["rung"] in RUNGS and RUNGS[row["rung"]].deterministic and row["seeds"] == 1:
-            d = float(row["estimate"])
+        if not (row["rung"] in RUNGS and RUNGS[row["rung"]].deterministic and row["seeds"] == 1):
+            continue
+        d, m = float(row["estimate"]), float(row["margin"])
+        if same_on_exact_flow(row["rule_a"], row["rule_b"]):
+            verdict, reason = evidence.IDENTICAL, "one expected coefficient on the exact flow"
+        elif abs(d) < m:
+            verdict, reason = evidence.EQUIVALENT, f"exact difference within +-{m:g}"
+        else:
             exact = evidence.PairedDifference(d, d, d, 0.0, 1)
-            verdict, _ = evidence.verdict(exact, row["direction"], row["margin"])
-            small = abs(d) < row["margin"]
-            reason = "exact difference" + (f", below the margin {row['margin']:g}" if small else "")
-            table.loc[i, ["verdict", "reason"]] = verdict, reason
-    if len(table):  # every effect the interval allows (the exact gap) is smaller than the margin
-        lo = table["lo"].fillna(table["estimate"].where(table["seeds"] == 1))
-        hi = table["hi"].fillna(table["estimate"].where(table["seeds"] == 1))
-        table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
+            verdict, reason = evidence.verdict(exact, row["direction"], m)[0], "exact difference"
+        table.loc[i, ["verdict", "reason", "p"]] = verdict, reason, np.nan
+    if config is not None:
+        bounds = {r: RUNGS[r].bounds(config) for r in config.rungs if RUNGS[r].bounds}
+        keep = table["verdict"] == evidence.IDENTICAL  # not a comparison: no headroom to check
+        checked = headroom(table[~keep], scores, bounds, REFERENCE)
+        table = pd.concat([checked, table[keep]]).sort_index()
+    table = holm_by_rung(table)
+    lo = table["lo"].fillna(table["estimate"].where(table["seeds"] == 1))
+    hi = table["hi"].fillna(table["estimate"].where(table["seeds"] == 1))
+    table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
     return table
+
+
+def same_on_exact_flow(rule_a: str, rule_b: str) -> bool:
+    """Whether two rules take the same step on an exact expected-gradient flow, which uses each
+    rule's expected coefficient: a stochastic rule acts there as its deterministic counterpart
+    (:meth:`~sandbox.objectives.base.Objective.expectation`)."""
+
+    def acts_as(rule: str) -> tuple[type, dict]:
+        objective = objective_of(rule)
+        objective = objective.expectation() or objective
+        return type(objective), dict(objective.params)
+
+    return acts_as(rule_a) == acts_as(rule_b)
+
+
+def rung_bounds(config: StudyConfig) -> pd.DataFrame:
+    """The baselines table: per rung with :attr:`Rung.bounds`, its pass metrics' ceiling, floor
+    (the answer baseline) and where they come from."""
+    rows = [
+        {"rung": r, "ceiling": b.ceiling, "floor": b.floor, "source": b.note}
+        for r in config.rungs
+        if RUNGS[r].bounds is not None
+        for b in [RUNGS[r].bounds(config)]
+    ]
+    return pd.DataFrame(rows, columns=["rung", "ceiling", "floor", "source"])
 
 
 def auc_claims(claims: Sequence[Claim] = CLAIMS) -> list[Claim]:
@@ -882,7 +981,8 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     """Per (rung, rule): seeds, the metrics' means, the mechanism columns, and ``never_binds``:
     a rule that reports clip shares whose bounds (almost) never bound (below
     :data:`NEVER_BINDS`); NaN ``clip_frac``: the rule reports none (no bounds, e.g. unclipped,
-    KL-Cov's penalty)."""
+    KL-Cov's penalty); ``like_unclipped``: its realised effect cannot be told from the unclipped
+    rule's (:func:`like_unclipped`)."""
     cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
     scores = ladder_order(scores, ["rung", "rule", "seed"])
     out = scores.groupby(["rung", "rule"], sort=False)[cols].mean().reset_index()
@@ -892,7 +992,27 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     first = scores.groupby(["rung", "rule"], sort=False)[["lr", "epochs"]].first()
     out["lr"], out["epochs"] = first["lr"].to_numpy(), first["epochs"].to_numpy()
     out["never_binds"] = out["clip_frac"] < NEVER_BINDS  # NaN (no bounds reported): False
+    pairs = zip(out["rung"], out["rule"], strict=True)
+    out["like_unclipped"] = [like_unclipped(scores, rung, rule) for rung, rule in pairs]
     return out
+
+
+#: The rule without a trust region that :func:`like_unclipped` compares with.
+UNCLIPPED = "unclipped"
+
+
+def like_unclipped(scores: pd.DataFrame, rung: str, rule: str, metric: str = "reward_auc") -> bool:
+    """Whether ``rule`` is indistinguishable from :data:`UNCLIPPED` on ``rung`` by its realised
+    effect, whatever clip share it reports: the paired interval of its ``metric`` minus the
+    unclipped rule's lies within +- the metric's margin (:data:`.evidence.EQUIVALENT`), with
+    paired seeds. A rule that reports no clip share (KL-Cov's penalty) can be inert too; its
+    claims then test the absence of a clip, not its own mechanism. False without the pair."""
+    on = scores[(scores["rung"] == rung) & scores["rule"].isin([rule, UNCLIPPED])]
+    table = on.pivot_table(index="seed", columns="rule", values=metric)
+    if rule == UNCLIPPED or UNCLIPPED not in table or rule not in table or len(table) < 2:
+        return False
+    diff = evidence.paired_difference(table[rule].to_numpy(), table[UNCLIPPED].to_numpy())
+    return evidence.verdict(diff, "greater", MARGINS[metric])[0] == evidence.EQUIVALENT
 
 
 def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
@@ -997,11 +1117,12 @@ def _write_tables(
         "calibration": calibration_curve(rows),
         "scores": scores,
         "summary": rule_summary(scores),
-        "ledger": study_ledger(scores, study_claims(config)),
-        "ledger_auc": study_ledger(scores, auc_claims(study_claims(config))),
+        "ledger": study_ledger(scores, study_claims(config), config),
+        "ledger_auc": study_ledger(scores, auc_claims(study_claims(config)), config, "secondary"),
         "entropy_law": entropy_law(rows),
         "grad_noise": gradient_noise(rows),
         "power": rung_power(scores),
+        "bounds": rung_bounds(config) if config is not None else pd.DataFrame(),
         "agreement": pd.concat(
             [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
         ),

@@ -68,7 +68,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from envs.reasoning import available_tasks, make_task
+from envs.reasoning import ReasoningTask, available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
@@ -219,6 +219,13 @@ class SequenceBatch:
     entropy: Tensor  # [S, N, Tc]
 
 
+def held_out_problems(task: ReasoningTask, seed: int, n: int) -> tuple[list[str], list[str]]:
+    """The ``n`` held-out (prompt, answer) pairs of a run with base seed ``seed``: their own
+    random stream, fixed by ``seed`` alone, so every rule, every replicate of the run and every
+    step count sees the same set (the study's answer baselines are computed on it too)."""
+    return task.sample_batch(np.random.default_rng([seed, 7919]), n)
+
+
 class SequenceTrainer:
     """The state of a run: the models, the optimizer, the generators; :meth:`step` is one step."""
 
@@ -286,10 +293,8 @@ class SequenceTrainer:
         return ids, mask, [a for a in answers for _ in range(G)]
 
     def held_out(self) -> tuple[list[str], list[str]]:
-        """The held-out problems: ``eval_prompts`` of them, fixed by ``seed`` alone (their own
-        random stream, so every rule and every step count sees the same set)."""
-        rng = np.random.default_rng([self.config.seed, 7919])
-        return self.task.sample_batch(rng, self.config.eval_prompts)
+        """The held-out problems (:func:`held_out_problems` of the run's base seed)."""
+        return held_out_problems(self.task, self.config.seed, self.config.eval_prompts)
 
     @torch.no_grad()
     def evaluate(self) -> Tensor:
