@@ -218,8 +218,9 @@ def add_study_arguments(
     parser.add_argument(
         "--tables-only",
         action="store_true",
-        help="run nothing: rebuild the tables and figures from every part in OUT/parts (parts "
-        "copied in from other machines or settings)",
+        help="run nothing: rebuild the tables and figures from OUT/parts (llm.claims: only the "
+        "parts of the calibrated point recorded in OUT/config.json; other parts are left out, "
+        "never mixed in)",
     )
 
 
