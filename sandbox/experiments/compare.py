@@ -377,7 +377,7 @@ def run_compare(
             labels = [config.label(o) for o in config.objectives]
             highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
             highlight += [label for label in labels if label not in highlight]
-            render_all(results, out_dir, highlight[:12])
+            render_all(results, out_dir, highlight[:12], scores)
     return results, scores
 
 
