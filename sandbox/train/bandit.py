@@ -448,7 +448,8 @@ class UpdateStats:
 
     Attributes:
         metric_names: the objective's metric keys, in order.
-        metrics: ``[M, 1]`` (pooled over seeds) or ``[M, S]`` (objectives called per seed): mean
+        metrics: ``[M, 1]`` (pooled over seeds) or ``[M, S]`` (objectives called per seed; pooled
+            values repeated per seed when such a rule is trained together with this one): mean
             over the step's mu x minibatches updates.
         grad_norm: ``[S]`` per-seed L2 norm of the logits gradient, mean over the updates.
         grad_noise: ``[3, S]`` with ``grad_noise``: :data:`sandbox.grad_noise.GRAD_NOISE_COLUMNS`,
@@ -632,8 +633,8 @@ def _update_rules(
         raise ValueError("grad_noise: measured for one rule per run, got rules trained together")
     n = N // minibatches
     mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
-    metric_sums: list[Tensor | None] = [None] * R
-    names: list[tuple[str, ...]] = [()] * R
+    metric_sum: Tensor | None = None
+    names: list[tuple[str, ...]] = []
     grad_norm = torch.zeros(RS, dtype=logits.dtype, device=logits.device)
     det_fn = counterpart_loss(rules[0].loss_fn) if grad_noise else None
     noise = torch.zeros(3, S, dtype=logits.dtype, device=logits.device) if grad_noise else None
@@ -664,19 +665,24 @@ def _update_rules(
             if noise is not None:  # before the step: g_rule and g_det at the same logits
                 noise += _grad_noise(det_fn, logits, index, (logp_old, adv), mask)
             optimizer.step()
-            for r, out in enumerate(outs):
-                if metric_sums[r] is None:
-                    names[r] = tuple(out.metrics)
-                # a batch-statistic objective's metrics are [S], the masks' 0-d: broadcast together
-                values = torch.stack(
-                    torch.broadcast_tensors(*(out.metrics[k].detach() for k in names[r]))
-                )
-                values = values if values.dim() == 2 else values[:, None]  # [M, S] or pooled [M, 1]
-                metric_sums[r] = values if metric_sums[r] is None else metric_sums[r] + values
+            if metric_sum is None:
+                names = [tuple(out.metrics) for out in outs]
+            # every rule's metrics in one stack: a batch-statistic objective's are [S], the
+            # others' 0-d (pooled over seeds); broadcast together to [sum of M] or [sum of M, S]
+            pairs = zip(outs, names, strict=True)
+            metrics = (out.metrics[k].detach() for out, keys in pairs for k in keys)
+            values = torch.stack(torch.broadcast_tensors(*metrics))
+            metric_sum = values if metric_sum is None else metric_sum + values
     updates = epochs * minibatches
     noise = None if noise is None else noise / updates
     norms = (grad_norm / updates).view(R, S)
-    return [UpdateStats(names[r], metric_sums[r] / updates, norms[r], noise) for r in range(R)]
+    assert metric_sum is not None
+    means = metric_sum / updates
+    means = means if means.dim() == 2 else means[:, None]  # [sum of M, S or 1]
+    bounds = np.cumsum([0] + [len(keys) for keys in names])
+    return [
+        UpdateStats(names[r], means[bounds[r] : bounds[r + 1]], norms[r], noise) for r in range(R)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
