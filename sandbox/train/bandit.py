@@ -793,6 +793,14 @@ def _sample_streams(
     return Rollout(**{f: torch.cat([getattr(p, f) for p in parts]) for f in fields})
 
 
+def _prompt_mean(values: Tensor, task: BanditTask, blocks: int) -> Tensor:
+    """``[R * S, P] @ prompt_probs``, one product per block of S rows: a matrix-vector product's
+    rounding can depend on the number of rows, and each block must get its run's own numbers."""
+    if task.num_prompts == 1 or blocks == 1:
+        return values @ task.prompt_probs  # a single prompt: one product per row, exact
+    return torch.cat([block @ task.prompt_probs for block in values.chunk(blocks)])
+
+
 @dataclass
 class _Log:
     """Per-step histories on device: ``seed`` ``[steps, 5, R * S]`` (:data:`SEED_COLUMNS`),
@@ -924,8 +932,8 @@ def _train(
         with torch.no_grad():
             log_pi = torch.log_softmax(logits.detach(), -1)  # [R * S, P, K]
             pi = log_pi.exp()
-            expected_reward = (pi * task.mean_rewards).sum(-1) @ task.prompt_probs  # [R * S]
-            entropy = -(pi * log_pi).sum(-1) @ task.prompt_probs  # [R * S]
+            expected_reward = _prompt_mean((pi * task.mean_rewards).sum(-1), task, R)  # [R * S]
+            entropy = _prompt_mean(-(pi * log_pi).sum(-1), task, R)  # [R * S]
             rollout = _sample_streams(log_pi, task, config, streams)
 
         # 3. mu epochs x minibatches of objective -> aggregate -> optimizer step
@@ -953,9 +961,9 @@ def _train(
             )
             if config.entropy_law:  # arXiv 2505.22617: dH ~ -Cov(log pi, dz), per prompt
                 after = torch.log_softmax(logits.detach(), -1)
-                h_after = -(after.exp() * after).sum(-1) @ task.prompt_probs
+                h_after = _prompt_mean(-(after.exp() * after).sum(-1), task, R)
                 dz = logits.detach() - log_pi  # log_pi differs from the logits by a constant
-                pred = entropy_covariance_prediction(log_pi, dz) @ task.prompt_probs
+                pred = _prompt_mean(entropy_covariance_prediction(log_pi, dz), task, R)
                 log.law[step] = torch.stack([h_after - entropy, pred])
         if progress and (step % max(1, config.steps // 20) == 0 or step == config.steps - 1):
             bar.set_postfix(expected_reward=f"{expected_reward.mean().item():.3f}")
