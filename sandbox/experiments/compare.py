@@ -9,7 +9,8 @@ For each (setting, objective) pair it runs
   sampled runs follow in expectation (rules without a closed form, clip_cov and kl_cov, have none).
 
 The exact flows of all rules of a setting run as one batched program
-(:func:`sandbox.exact.exact_flows`). Each finished run is written atomically as
+(:func:`sandbox.exact.exact_flows`), and its sampled runs in a few jobs whose rules train as one
+program each (:func:`sandbox.train.bandit.run_bandits`; results equal one run per rule). Each finished run is written atomically as
 ``<out>/parts/<setting>__<label>__<kind>.parquet`` (``kind`` sampled or exact), so an interrupted
 comparison resumes where it stopped; ``config.json`` records the training fields, and a rerun with
 other ones is refused rather than mixed with the old parts. Then ``results.parquet`` (tidy: one
@@ -294,9 +295,9 @@ def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
 
 
 #: Sampled runs of a setting are split into this many jobs of near-equal size (fewer when there
-#: are fewer runs): each job trains its rules as one program (:func:`~.runs.bandit_sampled`), and
-#: several jobs per setting keep a pool's workers busy to the end.
-SAMPLED_JOBS_PER_SETTING = 4
+#: are fewer runs): each job trains its rules as one program (:func:`~.runs.bandit_sampled`; the
+#: more rules, the less each costs), and two per setting keep a pool's two workers busy to the end.
+SAMPLED_JOBS_PER_SETTING = 2
 
 
 def chunks(items: list, size: int | None) -> list[list]:

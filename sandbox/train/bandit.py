@@ -57,6 +57,15 @@ per-seed aggregates is one call), SGD and Adam act elementwise, and
 * the ``batch_std`` advantage (std over the whole batch) is computed per seed in a Python loop;
   the other advantage methods normalise within a group, so one call covers all seeds.
 
+Several rules at once (:func:`run_bandits`): configs that differ only in objective, its
+parameters and seed train as R blocks of one ``[R * S, P, K]`` logits tensor (one softmax, one
+backward, one optimizer step; each rule's objective called on its own block), and each block's
+histories equal that config's own :func:`run_bandit` bit for bit. Its random stream stays its
+own: configs with one seed whose objectives draw nothing make identical draws, so they share one
+generator (its uniforms broadcast over their blocks); a rule that draws keeps a generator of its
+own; prompt-weighted means are taken per block (a matrix-vector product may round differently
+with more rows). ``clip-sandbox compare`` trains a setting's rules this way.
+
 Logged metrics (one row per ``(step, seed)``; :meth:`BanditRun.to_frame`)
 ------------------------------------------------------------------------
 =================== ========================================================================
