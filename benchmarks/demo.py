@@ -4,7 +4,8 @@ What it measures
 ----------------
 The default comparison (:func:`sandbox.experiments.compare.run_compare`: every preset and
 objective on the bandit suite, 32 seeds x 100 steps, sampled runs and exact flows, summary and
-figures), end to end, twice, each into a fresh folder and with the same pool of workers:
+figures), end to end, twice, each into a fresh folder and with the same pool of workers, after a
+tiny warm-up comparison that starts the pool's forkserver and loads the imports (not timed):
 
 * **per run**: ``rules_per_job=1``, one job and one trainer call per (setting, rule), the way the
   comparison ran before rules were batched;
@@ -84,6 +85,9 @@ def main() -> None:
         f"{config.seeds} seeds x {config.steps} steps, workers={args.workers or 'default'}"
     )
     with tempfile.TemporaryDirectory(prefix="bench_demo_") as tmp:
+        # warm-up (not timed): the pool's forkserver and its imports, plotting's imports
+        tiny = CompareConfig(objectives=["grpo"], settings=config.settings[:1], seeds=2, steps=2)
+        run_compare(tiny, Path(tmp) / "warm_up", progress=False, **kwargs)
         per_run, per_run_summary = timed(config, Path(tmp) / "per_run", rules_per_job=1, **kwargs)
         print(f"per run (rules_per_job=1): {per_run:.1f} s wall")
         batched, batched_summary = timed(config, Path(tmp) / "batched", **kwargs)
