@@ -9,7 +9,8 @@ For each (setting, objective) pair it runs
   sampled runs follow in expectation (rules without a closed form, clip_cov and kl_cov, have none).
 
 The exact flows of all rules of a setting run as one batched program
-(:func:`sandbox.exact.exact_flows`). Each finished run is written atomically as
+(:func:`sandbox.exact.exact_flows`), and its sampled runs in a few jobs whose rules train as one
+program each (:func:`sandbox.train.bandit.run_bandits`; results equal one run per rule). Each finished run is written atomically as
 ``<out>/parts/<setting>__<label>__<kind>.parquet`` (``kind`` sampled or exact), so an interrupted
 comparison resumes where it stopped; ``config.json`` records the training fields, and a rerun with
 other ones is refused rather than mixed with the old parts. Then ``results.parquet`` (tidy: one
@@ -28,6 +29,7 @@ updates.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -39,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from envs import make_bandit_suite
-from sandbox.configs import arg, literal
+from sandbox.configs import arg, check_int, literal
 from sandbox.objectives import available_objectives, available_presets
 
 from .planner import Job, RunFolder, check_workers
@@ -277,7 +279,7 @@ def label_frame(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
 
 
 def _job(suite: str, specs: list[RunSpec]) -> list[pd.DataFrame]:
-    """Worker entry: one sampled run, or the batched exact flows of a setting."""
+    """Worker entry: a chunk of a setting's sampled runs, or its exact flows (each batched)."""
     return [label_frame(frame, suite) for frame in run_specs(specs)]
 
 
@@ -292,9 +294,27 @@ def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
     return planned
 
 
-def plan_jobs(config: CompareConfig, done: Callable[[str], bool]) -> list[Job]:
-    """The jobs for the parts not ``done``: the batched exact flows of a setting first (the
-    longest job of a setting), then one job per sampled run."""
+#: Sampled runs of a setting are split into this many jobs of near-equal size (fewer when there
+#: are fewer runs): each job trains its rules as one program (:func:`~.runs.bandit_sampled`; the
+#: more rules, the less each costs), and two per setting keep a pool's two workers busy to the end.
+SAMPLED_JOBS_PER_SETTING = 2
+
+
+def chunks(items: list, size: int | None) -> list[list]:
+    """``items`` in consecutive chunks: of at most ``size`` each, or (``size`` None)
+    :data:`SAMPLED_JOBS_PER_SETTING` chunks of near-equal size."""
+    count = len(items)
+    parts = -(-count // size) if size else min(SAMPLED_JOBS_PER_SETTING, count)
+    bounds = [round(i * count / parts) for i in range(parts + 1)] if parts else [0]
+    return [items[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def plan_jobs(
+    config: CompareConfig, done: Callable[[str], bool], rules_per_job: int | None = None
+) -> list[Job]:
+    """The jobs for the parts not ``done``: per setting, the batched exact flows first, then the
+    sampled runs in chunks (:func:`chunks`; ``rules_per_job=1``: one job per run), each chunk
+    trained as one program."""
     todo = [(part, spec) for part, spec in plan_runs(config) if not done(part)]
     jobs = []
     for setting in config.settings:
@@ -302,11 +322,10 @@ def plan_jobs(config: CompareConfig, done: Callable[[str], bool]) -> list[Job]:
         if exact:
             parts, specs = zip(*exact, strict=True)
             jobs.append(Job(f"{setting}/exact", parts, (config.suite, list(specs))))
-        jobs += [
-            Job(f"{setting}/sampled", (p,), (config.suite, [s]))
-            for p, s in todo
-            if s.setting == setting and s.kind != "bandit_exact"
-        ]
+        sampled = [(p, s) for p, s in todo if s.setting == setting and s.kind != "bandit_exact"]
+        for chunk in chunks(sampled, rules_per_job):
+            parts, specs = zip(*chunk, strict=True)
+            jobs.append(Job(f"{setting}/sampled", parts, (config.suite, list(specs))))
     return jobs
 
 
@@ -318,6 +337,7 @@ def run_compare(
     progress: bool = True,
     force: bool = False,
     figures: bool = True,
+    rules_per_job: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run (or resume) a comparison into ``out_dir``; returns ``(results, scores)``.
 
@@ -325,9 +345,13 @@ def run_compare(
     a ``ValueError`` (``force``: recompute everything). ``workers`` processes (default
     ``min(cpus, 4)``; 1 runs here) from a forkserver pool (:mod:`.pool`). Ctrl-C or SIGTERM stop
     at once with ``KeyboardInterrupt`` (:class:`~.pool.Terminated` for SIGTERM); every finished
-    run is on disk, and the same call resumes with the missing ones.
+    run is on disk, and the same call resumes with the missing ones. ``rules_per_job``: at most
+    this many sampled runs per job (default: a setting's runs in
+    :data:`SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run); results do not depend on it.
     """
     check_workers(workers)
+    if rules_per_job is not None:
+        check_int("rules_per_job", rules_per_job)
     folder = RunFolder(
         out_dir,
         config.training_fields(),
@@ -338,7 +362,7 @@ def run_compare(
     )
     out_dir, parts = folder.out, folder.parts
     wanted = [part for part, _ in plan_runs(config)]
-    jobs = plan_jobs(config, folder.done)
+    jobs = plan_jobs(config, folder.done, rules_per_job)
     folder.run(_job, jobs, total=len(wanted), workers=workers, progress=progress, desc="compare")
 
     # Every part in the folder was made with these training settings (check_resume), so the
@@ -354,7 +378,7 @@ def run_compare(
             labels = [config.label(o) for o in config.objectives]
             highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
             highlight += [label for label in labels if label not in highlight]
-            render_all(results, out_dir, highlight[:12])
+            render_all(results, out_dir, highlight[:12], scores)
     return results, scores
 
 

@@ -366,10 +366,13 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
     return out
 
 
-def render_all(results: pd.DataFrame, out_dir: str | Path, highlight=None) -> list[Path]:
-    """Every standard figure into ``out_dir``; ``highlight`` limits the line plots' objectives."""
+def render_all(
+    results: pd.DataFrame, out_dir: str | Path, highlight=None, scores: pd.DataFrame | None = None
+) -> list[Path]:
+    """Every standard figure into ``out_dir``; ``highlight`` limits the line plots' objectives;
+    ``scores``: :func:`final_scores` of ``results`` where the caller has them already."""
     out_dir = Path(out_dir)
-    scores = final_scores(results)
+    scores = final_scores(results) if scores is None else scores
     return [
         plot_curves(
             results,

@@ -9,7 +9,9 @@ Steps are 1-based: the row of step s is logged after the s-th rollout + update r
 ===================== ==========================================================================
 kind                  what runs
 ===================== ==========================================================================
-``bandit_sampled``    :func:`sandbox.train.run_bandit`: ``seeds`` sampled softmax bandits at once
+``bandit_sampled``    :func:`sandbox.train.run_bandit`: ``seeds`` sampled softmax bandits at once;
+                      batched: the specs of one setting that differ only in rule or seed train
+                      as one program (:func:`sandbox.train.bandit.run_bandits`)
 ``bandit_exact``      :func:`sandbox.exact.exact_flows`: the expected-gradient flow (``seed`` -1);
                       batched: the specs of one setting that differ only in rule run as one program
 ``tiny_tf``           :func:`sandbox.train.train_sequence`: ``seeds`` tiny transformers on a task
@@ -284,14 +286,21 @@ def sequence_config(spec: RunSpec) -> Any:
     return SequenceTrainConfig(**values)
 
 
-@register_run("bandit_sampled")
-def bandit_sampled(spec: RunSpec) -> pd.DataFrame:
-    """The sampled trainer: ``spec.seeds`` softmax bandits in one vectorised run."""
-    from sandbox.train import run_bandit
+@register_run("bandit_sampled", batched=True)
+def bandit_sampled(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
+    """The sampled trainer: each spec's ``seeds`` softmax bandits in one vectorised run; the
+    specs of one call (one setting, differing only in rule, parameters or seed) train as one
+    program (:func:`sandbox.train.bandit.run_bandits`; each frame equals its spec's own run)."""
+    from sandbox.train.bandit import run_bandit, run_bandits
 
-    model = setting_model(spec)
-    frame = run_bandit(model, bandit_config(spec)).to_frame()
-    return tidy(spec, frame, optimum=optimum(model))
+    model = setting_model(specs[0])
+    configs = [bandit_config(s) for s in specs]
+    if configs[0].grad_noise:  # measured one rule per run
+        runs = [run_bandit(model, config) for config in configs]
+    else:
+        runs = run_bandits(model, configs)
+    best = optimum(model)
+    return [tidy(s, run.to_frame(), optimum=best) for s, run in zip(specs, runs, strict=True)]
 
 
 @register_run("bandit_exact", batched=True)

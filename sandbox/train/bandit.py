@@ -57,6 +57,15 @@ per-seed aggregates is one call), SGD and Adam act elementwise, and
 * the ``batch_std`` advantage (std over the whole batch) is computed per seed in a Python loop;
   the other advantage methods normalise within a group, so one call covers all seeds.
 
+Several rules at once (:func:`run_bandits`): configs that differ only in objective, its
+parameters and seed train as R blocks of one ``[R * S, P, K]`` logits tensor (one softmax, one
+backward, one optimizer step; each rule's objective called on its own block), and each block's
+histories equal that config's own :func:`run_bandit` bit for bit. Its random stream stays its
+own: configs with one seed whose objectives draw nothing make identical draws, so they share one
+generator (its uniforms broadcast over their blocks); a rule that draws keeps a generator of its
+own; prompt-weighted means are taken per block (a matrix-vector product may round differently
+with more rows). ``clip-sandbox compare`` trains a setting's rules this way.
+
 Logged metrics (one row per ``(step, seed)``; :meth:`BanditRun.to_frame`)
 ------------------------------------------------------------------------
 =================== ========================================================================
@@ -101,7 +110,7 @@ fraction is exactly 0; off-policy epochs or minibatches make them positive.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -137,6 +146,7 @@ __all__ = [
     "bandit_update",
     "make_optimizer",
     "run_bandit",
+    "run_bandits",
     "sample_rollout",
     "train_bandit",
 ]
@@ -359,17 +369,28 @@ class Rollout:
         return self.index.shape[1]
 
 
-def _sample_categorical(probs: Tensor, num_samples: int, generator: torch.Generator) -> Tensor:
-    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` by inverse CDF (one uniform each)."""
+def _sample_categorical(
+    probs: Tensor, num_samples: int, generator: torch.Generator, replicas: int = 1
+) -> Tensor:
+    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` by inverse CDF (one uniform each).
+
+    ``replicas``: the rows are that many equal blocks that share one block's uniforms (each block
+    gets the draws a call with its rows alone would make)."""
     cdf = probs.cumsum(-1)
     u = torch.rand(
-        (*probs.shape[:-1], num_samples),
+        (probs.shape[0] // replicas, *probs.shape[1:-1], num_samples),
         generator=generator,
         device=probs.device,
         dtype=probs.dtype,
     )
+    u = _replicate(u, replicas)
     draws = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # first arm with cdf > u
     return draws.clamp_(max=probs.shape[-1] - 1)
+
+
+def _replicate(x: Tensor, replicas: int) -> Tensor:
+    """``x`` repeated ``replicas`` times along its first dimension (``x`` itself for 1)."""
+    return x if replicas == 1 else x.repeat(replicas, *(1,) * (x.dim() - 1))
 
 
 def sample_rollout(
@@ -380,6 +401,7 @@ def sample_rollout(
     group_size: int,
     advantage: str,
     generator: torch.Generator,
+    replicas: int = 1,
 ) -> Rollout:
     """Sample P' prompts and G arms per prompt from ``pi_old = exp(log_pi)`` for every seed.
 
@@ -391,27 +413,33 @@ def sample_rollout(
         group_size: G.
         advantage: a method of :func:`sandbox.advantages.compute_advantages`.
         generator: the only source of randomness.
+        replicas: R: ``log_pi`` is ``[R * S, P, K]``, R blocks of S seeds (R rules trained
+            together) that share this generator's draws: each block's batch is the one a call
+            with that block alone would sample, so R rules see common random numbers.
     """
     S, P, K = log_pi.shape
+    seeds = S // replicas  # the seeds of one block, which draw
     G = group_size
     pi = log_pi.exp()
     if P == 1:
         prompts = torch.zeros(S, prompts_per_step, dtype=torch.long, device=log_pi.device)
     else:
-        prompts = _sample_categorical(task.prompt_probs.expand(S, P), prompts_per_step, generator)
+        prompt_probs = task.prompt_probs.expand(seeds, P)
+        prompts = _replicate(
+            _sample_categorical(prompt_probs, prompts_per_step, generator), replicas
+        )
     pi_prompt = pi.gather(1, prompts[:, :, None].expand(-1, -1, K))  # [S, P', K]
-    arms = _sample_categorical(pi_prompt, G, generator)  # [S, P', G]
+    arms = _sample_categorical(pi_prompt, G, generator, replicas)  # [S, P', G]
     index = (prompts[:, :, None] * K + arms).view(S, -1)  # [S, N]
 
+    shape = (seeds, index.shape[1])
     if task.success_probs is not None:
         p = task.success_probs.view(-1)[index]
-        u = torch.rand(p.shape, generator=generator, device=p.device, dtype=p.dtype)
-        rewards = (u < p).to(log_pi.dtype)
+        u = torch.rand(shape, generator=generator, device=p.device, dtype=p.dtype)
+        rewards = (_replicate(u, replicas) < p).to(log_pi.dtype)
     else:
-        noise = torch.randn(
-            index.shape, generator=generator, device=index.device, dtype=log_pi.dtype
-        )
-        rewards = task.mean_rewards.view(-1)[index] + task.noise_std * noise
+        noise = torch.randn(shape, generator=generator, device=index.device, dtype=log_pi.dtype)
+        rewards = task.mean_rewards.view(-1)[index] + task.noise_std * _replicate(noise, replicas)
 
     adv = seed_advantages(rewards, G, advantage)
     logp_old = log_pi.view(S, P * K).gather(1, index)
@@ -429,7 +457,8 @@ class UpdateStats:
 
     Attributes:
         metric_names: the objective's metric keys, in order.
-        metrics: ``[M, 1]`` (pooled over seeds) or ``[M, S]`` (objectives called per seed): mean
+        metrics: ``[M, 1]`` (pooled over seeds) or ``[M, S]`` (objectives called per seed; pooled
+            values repeated per seed when such a rule is trained together with this one): mean
             over the step's mu x minibatches updates.
         grad_norm: ``[S]`` per-seed L2 norm of the logits gradient, mean over the updates.
         grad_noise: ``[3, S]`` with ``grad_noise``: :data:`sandbox.grad_noise.GRAD_NOISE_COLUMNS`,
@@ -500,6 +529,14 @@ def _grad_noise(
     return grad_noise(forward, [logits], [logits.grad], half, S)
 
 
+@dataclass(frozen=True)
+class _Rule:
+    """One rule of a batched update: its loss and the random stream its draws come from."""
+
+    loss_fn: PolicyLoss
+    generator: torch.Generator
+
+
 def bandit_update(
     logits: Tensor,
     optimizer: torch.optim.Optimizer,
@@ -541,47 +578,120 @@ def bandit_update(
         grad_noise: also measure :func:`sandbox.grad_noise.grad_noise` on every update (extra
             passes of the rule's deterministic counterpart; no random draws).
     """
-    S, P, K = logits.shape
-    N = rollout.size
-    if N % minibatches:
-        raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
-    n = N // minibatches
     loss_fn = PolicyLoss(
         objective, aggregation, off_policy_mask=off_policy_mask, grad_mass=grad_mass
     )
+    rule = _Rule(loss_fn, generator)
+    return _update_rules(
+        logits,
+        optimizer,
+        [rule],
+        rollout,
+        [(generator, 1)],
+        epochs=epochs,
+        minibatches=minibatches,
+        validate=validate,
+        grad_noise=grad_noise,
+    )[0]
+
+
+def _minibatch_rows(
+    perms: list[Tensor | None],
+    streams: list[tuple[torch.Generator, int]],
+    seeds: int,
+    mb: int,
+    n: int,
+) -> Tensor | None:
+    """``[R * S, n]`` the sample columns of minibatch ``mb`` for every row (each stream's rules
+    take that stream's permutation), or ``None`` without minibatches."""
+    if perms[0] is None:
+        return None
+    rows = [
+        p[mb * n : (mb + 1) * n].expand(count * seeds, n)
+        for p, (_, count) in zip(perms, streams, strict=True)
+    ]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
+def _update_rules(
+    logits: Tensor,
+    optimizer: torch.optim.Optimizer,
+    rules: list[_Rule],
+    rollout: Rollout,
+    streams: list[tuple[torch.Generator, int]],
+    *,
+    epochs: int,
+    minibatches: int,
+    validate: bool,
+    grad_noise: bool = False,
+) -> list[UpdateStats]:
+    """:func:`bandit_update` of R rules trained together: ``logits`` ``[R * S, P, K]`` holds R
+    blocks of S seeds (rule r's block is rows ``r * S`` to ``(r + 1) * S``), each rule's loss is
+    its own call on its own block, and one backward and one optimizer step serve all of them.
+    ``streams`` lists ``(generator, number of rules)`` in block order: a stream's rules share its
+    minibatch permutations (drawn at each epoch's start, as one rule alone draws them); each
+    rule's objective draws from ``rule.generator``. The optimizer acts elementwise, so each
+    block's update equals what :func:`bandit_update` gives that rule alone."""
+    RS, P, K = logits.shape
+    R = len(rules)
+    S = RS // R
+    N = rollout.size
+    if N % minibatches:
+        raise ValueError(f"minibatches must divide the batch size {N}, got {minibatches}")
+    if grad_noise and R > 1:
+        raise ValueError("grad_noise: measured for one rule per run, got rules trained together")
+    n = N // minibatches
     mask = torch.ones(S * n, 1, dtype=torch.bool, device=logits.device)
     metric_sum: Tensor | None = None
-    names: tuple[str, ...] = ()
-    grad_norm = torch.zeros(S, dtype=logits.dtype, device=logits.device)
-    det_fn = counterpart_loss(loss_fn) if grad_noise else None
+    names: list[tuple[str, ...]] = []
+    grad_norm = torch.zeros(RS, dtype=logits.dtype, device=logits.device)
+    det_fn = counterpart_loss(rules[0].loss_fn) if grad_noise else None
     noise = torch.zeros(3, S, dtype=logits.dtype, device=logits.device) if grad_noise else None
     for _epoch in range(epochs):
-        perm = None
+        perms: list[Tensor | None] = [None] * len(streams)
         if minibatches > 1:
-            perm = torch.randperm(N, generator=generator, device=logits.device)
+            perms = [torch.randperm(N, generator=g, device=logits.device) for g, _ in streams]
         for mb in range(minibatches):
             index, logp_old, adv = rollout.index, rollout.logp_old, rollout.adv
-            if perm is not None:
-                rows = perm[mb * n : (mb + 1) * n]
-                index, logp_old, adv = index[:, rows], logp_old[:, rows], adv[:, rows]
-            logp = torch.log_softmax(logits, -1).view(S, P * K).gather(1, index)
-            out = _objective_loss(loss_fn, logp, (logp_old, adv), mask, generator, validate)
+            rows = _minibatch_rows(perms, streams, S, mb, n)
+            if rows is not None:
+                index, logp_old, adv = (x.gather(1, rows) for x in (index, logp_old, adv))
+            logp = torch.log_softmax(logits, -1).view(RS, P * K).gather(1, index)
+            blocks = zip(
+                logp.view(R, S, n).unbind(0),
+                logp_old.view(R, S, n),
+                adv.view(R, S, n),
+                rules,
+                strict=True,
+            )
+            outs = [
+                _objective_loss(rule.loss_fn, lp, (lpo, a), mask, rule.generator, validate)
+                for lp, lpo, a, rule in blocks
+            ]
             optimizer.zero_grad(set_to_none=False)
-            out.loss.backward()
-            grad_norm += logits.grad.detach().view(S, -1).norm(dim=1)
+            torch.autograd.backward([out.loss for out in outs])
+            grad_norm += logits.grad.detach().view(RS, -1).norm(dim=1)
             if noise is not None:  # before the step: g_rule and g_det at the same logits
                 noise += _grad_noise(det_fn, logits, index, (logp_old, adv), mask)
             optimizer.step()
-
             if metric_sum is None:
-                names = tuple(out.metrics)
-            # a batch-statistic objective's metrics are [S], the masks' 0-d: broadcast together
-            values = torch.stack(torch.broadcast_tensors(*(out.metrics[k].detach() for k in names)))
-            values = values if values.dim() == 2 else values[:, None]  # [M, S] or pooled [M, 1]
+                names = [tuple(out.metrics) for out in outs]
+            # every rule's metrics in one stack: a batch-statistic objective's are [S], the
+            # others' 0-d (pooled over seeds); broadcast together to [sum of M] or [sum of M, S]
+            pairs = zip(outs, names, strict=True)
+            metrics = (out.metrics[k].detach() for out, keys in pairs for k in keys)
+            values = torch.stack(torch.broadcast_tensors(*metrics))
             metric_sum = values if metric_sum is None else metric_sum + values
     updates = epochs * minibatches
     noise = None if noise is None else noise / updates
-    return UpdateStats(names, metric_sum / updates, grad_norm / updates, noise)
+    norms = (grad_norm / updates).view(R, S)
+    assert metric_sum is not None
+    means = metric_sum / updates
+    means = means if means.dim() == 2 else means[:, None]  # [sum of M, S or 1]
+    bounds = np.cumsum([0] + [len(keys) for keys in names])
+    return [
+        UpdateStats(names[r], means[bounds[r] : bounds[r + 1]], norms[r], noise) for r in range(R)
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -628,6 +738,133 @@ class BanditRun:
         return df
 
 
+#: Config fields in which the runs that :func:`run_bandits` trains together may differ.
+PER_RULE_FIELDS: tuple[str, ...] = ("objective", "objective_params", "seed")
+
+
+def _check_together(configs: list[BanditTrainConfig]) -> None:
+    """``ValueError`` unless ``configs`` is non-empty and differs only in :data:`PER_RULE_FIELDS`."""
+    if not configs:
+        raise ValueError("configs must hold at least one BanditTrainConfig")
+    first = asdict(configs[0])
+    for config in configs[1:]:
+        other = asdict(config)
+        differ = sorted(k for k in first if k not in PER_RULE_FIELDS and first[k] != other[k])
+        if differ:
+            raise ValueError(
+                f"configs: runs trained together may differ only in {list(PER_RULE_FIELDS)}, "
+                f"these differ: {differ}"
+            )
+    if len(configs) > 1 and configs[0].grad_noise:
+        raise ValueError("configs: grad_noise is measured one config per call, got several")
+
+
+def _streams(configs: list[BanditTrainConfig], objectives: list[Objective]) -> list[list[int]]:
+    """The configs that share one random stream, in the order their blocks are laid out.
+
+    A run's draws are its rollouts, its minibatch permutations and its objective's own draws,
+    all from one generator seeded with ``config.seed``. Runs with one seed whose objectives draw
+    nothing (no :meth:`~sandbox.objectives.Objective.draw`) make the same draws, in the same
+    order and shapes, so they share one generator; a rule that draws (NSR's noise, Clip-Cov's
+    keys) interleaves its own draws and keeps a generator of its own."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (config, objective) in enumerate(zip(configs, objectives, strict=True)):
+        draws = type(objective).draw is not Objective.draw
+        groups.setdefault((config.seed, i if draws else -1), []).append(i)
+    return list(groups.values())
+
+
+def _sample_streams(
+    log_pi: Tensor,
+    task: BanditTask,
+    config: BanditTrainConfig,
+    streams: list[tuple[torch.Generator, int]],
+) -> Rollout:
+    """One step's rollout of every block: each stream samples its blocks with its generator."""
+    seeds = log_pi.shape[0] // sum(count for _, count in streams)
+    parts, start = [], 0
+    for generator, count in streams:
+        parts.append(
+            sample_rollout(
+                log_pi[start * seeds : (start + count) * seeds],
+                task,
+                prompts_per_step=config.prompts_per_step,
+                group_size=config.group_size,
+                advantage=config.advantage,
+                generator=generator,
+                replicas=count,
+            )
+        )
+        start += count
+    if len(parts) == 1:
+        return parts[0]
+    fields = ("index", "rewards", "logp_old", "adv")
+    return Rollout(**{f: torch.cat([getattr(p, f) for p in parts]) for f in fields})
+
+
+def _prompt_mean(values: Tensor, task: BanditTask, blocks: int) -> Tensor:
+    """``[R * S, P] @ prompt_probs``, one product per block of S rows: a matrix-vector product's
+    rounding can depend on the number of rows, and each block must get its run's own numbers."""
+    if task.num_prompts == 1 or blocks == 1:
+        return values @ task.prompt_probs  # a single prompt: one product per row, exact
+    return torch.cat([block @ task.prompt_probs for block in values.chunk(blocks)])
+
+
+@dataclass
+class _Log:
+    """Per-step histories on device: ``seed`` ``[steps, 5, R * S]`` (:data:`SEED_COLUMNS`),
+    ``law`` ``[steps, 2, R * S]`` (entropy law: observed, predicted), ``noise`` ``[steps, 3, S]``
+    (grad noise, one rule), and per rule its metric names and ``[steps, M, 1 or S]`` values."""
+
+    seed: Tensor
+    law: Tensor
+    noise: Tensor
+    names: list[tuple[str, ...]]
+    metrics: list[Tensor | None]
+
+    @classmethod
+    def empty(cls, steps: int, rules: int, seeds: int, dtype: torch.dtype, device: Any) -> _Log:
+        def new(*shape: int) -> Tensor:
+            return torch.empty(steps, *shape, dtype=dtype, device=device)
+
+        rows = rules * seeds
+        return cls(
+            new(len(SEED_COLUMNS), rows), new(2, rows), new(3, seeds), [()] * rules, [None] * rules
+        )
+
+    def record(self, step: int, seed_values: list[Tensor], stats: list[UpdateStats]) -> None:
+        self.seed[step] = torch.stack(seed_values)
+        for r, st in enumerate(stats):
+            if self.metrics[r] is None:
+                self.names[r] = st.metric_names
+                shape = (self.seed.shape[0], len(st.metric_names), st.metrics.shape[1])
+                self.metrics[r] = torch.empty(
+                    shape, dtype=st.metrics.dtype, device=st.metrics.device
+                )
+            self.metrics[r][step] = st.metrics
+        if stats[0].grad_noise is not None:
+            self.noise[step] = stats[0].grad_noise
+
+    def history(self, block: int, config: BanditTrainConfig) -> dict[str, np.ndarray]:
+        """The histories ``[steps, S]`` of the rule in block ``block``."""
+        S = config.seeds
+        cols = slice(block * S, (block + 1) * S)
+        seed_np = self.seed[:, :, cols].cpu().numpy()
+        history = {name: seed_np[:, j] for j, name in enumerate(SEED_COLUMNS)}
+        metrics = self.metrics[block]
+        assert metrics is not None
+        metrics_np = metrics.cpu().numpy()
+        for j, name in enumerate(self.names[block]):
+            history[name] = np.broadcast_to(metrics_np[:, j], (config.steps, S))
+        if config.entropy_law:
+            law = self.law[:, :, cols].cpu().numpy()
+            history["entropy_change"], history["entropy_change_pred"] = law[:, 0], law[:, 1]
+        if config.grad_noise:
+            noise_np = self.noise.cpu().numpy()
+            history.update({name: noise_np[:, j] for j, name in enumerate(GRAD_NOISE_COLUMNS)})
+        return history
+
+
 def run_bandit(
     model: BanditModel | ContextualBanditModel | Any,
     config: BanditTrainConfig,
@@ -636,96 +873,124 @@ def run_bandit(
     callback: Callable[[BanditStep], None] | None = None,
 ) -> BanditRun:
     """Train S seeds and return the histories as arrays (see :func:`train_bandit`)."""
-    config.validate()
+    return _train(model, [config], progress=progress, callback=callback)[0]
+
+
+def run_bandits(
+    model: BanditModel | ContextualBanditModel | Any,
+    configs: Sequence[BanditTrainConfig],
+    *,
+    progress: bool = False,
+) -> list[BanditRun]:
+    """:func:`run_bandit` of several configs that differ only in ``objective``,
+    ``objective_params`` and ``seed``, trained as one program; each result equals what
+    :func:`run_bandit` gives that config alone.
+
+    The R runs' logits are R blocks of one ``[R * S, P, K]`` tensor: the softmax, the sampling
+    arithmetic, the backward, the optimizer step and the logging act on all blocks at once; each
+    rule's objective is called on its own block. Random streams stay each run's own: runs whose
+    objectives draw nothing share one generator per seed (they would make the same draws), a rule
+    that draws keeps its own (:func:`_streams`). Not with ``grad_noise`` (one config per call).
+    """
+    return _train(model, list(configs), progress=progress, callback=None)
+
+
+def _train(
+    model: BanditModel | ContextualBanditModel | Any,
+    configs: list[BanditTrainConfig],
+    *,
+    progress: bool,
+    callback: Callable[[BanditStep], None] | None,
+) -> list[BanditRun]:
+    """The training loop of :func:`run_bandits` (R = 1: :func:`run_bandit`)."""
+    for config in configs:
+        config.validate()
+    _check_together(configs)
+    config = configs[0]
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     task = BanditTask.from_model(model, device, dtype)
-    objective = config.build_objective()
-    aggregation = config.aggregation or objective.aggregation
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    S, P, K = config.seeds, task.num_prompts, task.num_arms
-
-    logits = task.initial_logits.expand(S, P, K).clone().requires_grad_(True)
+    objectives = [c.build_objective() for c in configs]
+    groups = _streams(configs, objectives)
+    order = [i for group in groups for i in group]  # block -> config index
+    gens = [torch.Generator(device=device).manual_seed(configs[g[0]].seed) for g in groups]
+    streams = [(gen, len(group)) for gen, group in zip(gens, groups, strict=True)]
+    aggregations = [
+        c.aggregation or o.aggregation for c, o in zip(configs, objectives, strict=True)
+    ]
+    rules = [
+        _Rule(
+            PolicyLoss(
+                objectives[i],
+                aggregations[i],
+                off_policy_mask=config.off_policy_mask,
+                grad_mass=config.grad_mass,
+            ),
+            gen,
+        )
+        for gen, group in zip(gens, groups, strict=True)
+        for i in group
+    ]
+    R, S, P, K = len(configs), config.seeds, task.num_prompts, task.num_arms
+    logits = task.initial_logits.expand(R * S, P, K).clone().requires_grad_(True)
     optimizer = make_optimizer(config.optimizer, [logits], config.lr)
-    seed_hist = torch.empty(config.steps, len(SEED_COLUMNS), S, dtype=dtype, device=device)
-    law_hist = torch.empty(config.steps, 2, S, dtype=dtype, device=device)  # observed, predicted
-    noise_hist = torch.empty(config.steps, 3, S, dtype=dtype, device=device)
-    metric_hist: Tensor | None = None
-    metric_names: tuple[str, ...] = ()
-
-    bar = tqdm(range(config.steps), disable=not progress, desc=f"bandit {config.objective}")
+    log = _Log.empty(config.steps, R, S, dtype, device)
+    label = config.objective if R == 1 else f"{R} rules"
+    bar = tqdm(range(config.steps), disable=not progress, desc=f"bandit {label}")
     for step in bar:
-        # 1. snapshot the sampling policy and its exact statistics
+        # 1. snapshot the sampling policy and its exact statistics; 2. rollout and advantages
         with torch.no_grad():
-            log_pi = torch.log_softmax(logits.detach(), -1)  # [S, P, K]
+            log_pi = torch.log_softmax(logits.detach(), -1)  # [R * S, P, K]
             pi = log_pi.exp()
-            expected_reward = (pi * task.mean_rewards).sum(-1) @ task.prompt_probs  # [S]
-            entropy = -(pi * log_pi).sum(-1) @ task.prompt_probs  # [S]
-
-            # 2. rollout and advantages
-            rollout = sample_rollout(
-                log_pi,
-                task,
-                prompts_per_step=config.prompts_per_step,
-                group_size=config.group_size,
-                advantage=config.advantage,
-                generator=generator,
-            )
+            expected_reward = _prompt_mean((pi * task.mean_rewards).sum(-1), task, R)  # [R * S]
+            entropy = _prompt_mean(-(pi * log_pi).sum(-1), task, R)  # [R * S]
+            rollout = _sample_streams(log_pi, task, config, streams)
 
         # 3. mu epochs x minibatches of objective -> aggregate -> optimizer step
-        stats = bandit_update(
+        stats = _update_rules(
             logits,
             optimizer,
-            objective,
+            rules,
             rollout,
-            aggregation=aggregation,
+            streams,
             epochs=config.epochs,
             minibatches=config.minibatches,
-            generator=generator,
             validate=step == 0,
-            off_policy_mask=config.off_policy_mask,
-            grad_mass=config.grad_mass,
             grad_noise=config.grad_noise,
         )
 
         # 4. log on device (no host sync inside the loop)
         with torch.no_grad():
-            groups = rollout.rewards.view(S, -1, config.group_size)
-            zero_var = (groups == groups[..., :1]).all(-1).to(dtype).mean(-1)
-            seed_hist[step] = torch.stack(
-                [rollout.rewards.mean(-1), expected_reward, entropy, stats.grad_norm, zero_var]
+            groups_r = rollout.rewards.view(R * S, -1, config.group_size)
+            zero_var = (groups_r == groups_r[..., :1]).all(-1).to(dtype).mean(-1)
+            grad_norm = torch.cat([st.grad_norm for st in stats])
+            log.record(
+                step,
+                [rollout.rewards.mean(-1), expected_reward, entropy, grad_norm, zero_var],
+                stats,
             )
-            if metric_hist is None:
-                metric_names = stats.metric_names
-                shape = (config.steps, len(metric_names), stats.metrics.shape[1])
-                metric_hist = torch.empty(shape, dtype=stats.metrics.dtype, device=device)
-            metric_hist[step] = stats.metrics
-            if stats.grad_noise is not None:
-                noise_hist[step] = stats.grad_noise
             if config.entropy_law:  # arXiv 2505.22617: dH ~ -Cov(log pi, dz), per prompt
                 after = torch.log_softmax(logits.detach(), -1)
-                h_after = -(after.exp() * after).sum(-1) @ task.prompt_probs
+                h_after = _prompt_mean(-(after.exp() * after).sum(-1), task, R)
                 dz = logits.detach() - log_pi  # log_pi differs from the logits by a constant
-                pred = entropy_covariance_prediction(log_pi, dz) @ task.prompt_probs
-                law_hist[step] = torch.stack([h_after - entropy, pred])
+                pred = _prompt_mean(entropy_covariance_prediction(log_pi, dz), task, R)
+                log.law[step] = torch.stack([h_after - entropy, pred])
         if progress and (step % max(1, config.steps // 20) == 0 or step == config.steps - 1):
             bar.set_postfix(expected_reward=f"{expected_reward.mean().item():.3f}")
         if callback is not None:
             final = logits.detach() if task.contextual else logits.detach()[:, 0]
-            callback(BanditStep(step, final, rollout, stats))
+            callback(BanditStep(step, final, rollout, stats[0]))
 
-    history = {name: seed_hist[:, j].cpu().numpy() for j, name in enumerate(SEED_COLUMNS)}
-    assert metric_hist is not None
-    metrics_np = metric_hist.cpu().numpy()
-    for j, name in enumerate(metric_names):
-        history[name] = np.broadcast_to(metrics_np[:, j], (config.steps, S))
-    if config.entropy_law:
-        law = law_hist.cpu().numpy()
-        history["entropy_change"], history["entropy_change_pred"] = law[:, 0], law[:, 1]
-    if config.grad_noise:
-        noise_np = noise_hist.cpu().numpy()
-        history.update({name: noise_np[:, j] for j, name in enumerate(GRAD_NOISE_COLUMNS)})
     final_logits = logits.detach() if task.contextual else logits.detach()[:, 0]
-    return BanditRun(config, objective.name, aggregation, final_logits.clone(), history)
+    runs: list[BanditRun | None] = [None] * R
+    for block, i in enumerate(order):
+        runs[i] = BanditRun(
+            configs[i],
+            objectives[i].name,
+            aggregations[i],
+            final_logits[block * S : (block + 1) * S].clone(),
+            log.history(block, configs[i]),
+        )
+    return runs  # type: ignore[return-value]
 
 
 def train_bandit(
