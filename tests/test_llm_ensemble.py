@@ -219,6 +219,15 @@ def test_batched_logp_equals_each_member_alone(tok, attention):
 # --------------------------------------------------------------------------------------------------
 
 TIMING = ("tokens_per_s", "step_time")
+# a step's columns from its rollout (before the update): the same completions give the same values
+ROLLOUT_COLUMNS = (
+    "reward",
+    "pass_rate",
+    "reward_std",
+    "completion_len",
+    "truncated_frac",
+    "zero_var_frac",
+)
 RUN = dict(
     model="tiny",
     task="parity",
@@ -238,8 +247,19 @@ RUN = dict(
 @pytest.mark.parametrize(
     "members",
     [
-        # two seeds of one rule; mu = 2 x 2 in 2 micro-batches each
-        [dict(seed=0, minibatches=2, grad_accum=2), dict(seed=1, minibatches=2, grad_accum=2)],
+        # two seeds of one rule; mu = 2 x 2 in 2 micro-batches each; evaluated before the first
+        # step and after each, a checkpoint every step
+        [
+            dict(
+                seed=s,
+                minibatches=2,
+                grad_accum=2,
+                eval_every=1,
+                eval_prompts=4,
+                checkpoint_every=1,
+            )
+            for s in (0, 1)
+        ],
         # three runs, two rules (one stochastic), dynamic sampling: the runs keep unequal numbers
         # of rows (stand-in rows pad them), and a run may keep none in a step (seed 0, step 2)
         [
@@ -257,11 +277,23 @@ RUN = dict(
         ],
     ],
 )
-def test_train_ensemble_equals_separate_runs(tmp_path, members):
+def test_train_ensemble_equals_separate_runs(tmp_path, monkeypatch, members):
+    """K runs through the one loop (``llm.train.loop``: K = 1 for each run alone, K for the
+    ensemble) give the same rows: the same columns in the same order, the rollout, evaluation
+    and lr columns equal, the update's columns equal to the batched forward's rounding."""
+    import llm.train
     from llm.checkpoint import model_state
     from llm.config import TrainConfig
     from llm.ensemble import train_ensemble
     from llm.train import train
+
+    loops, real_loop = [], llm.train.loop
+
+    def counted(runs, *args):
+        loops.append(len(runs))
+        return real_loop(runs, *args)
+
+    monkeypatch.setattr(llm.train, "loop", counted)
 
     def cfgs(tag):
         return [
@@ -270,14 +302,23 @@ def test_train_ensemble_equals_separate_runs(tmp_path, members):
 
     alone = [train(c) for c in cfgs("alone")]
     together = train_ensemble(cfgs("ens"))
+    assert loops == [1] * len(members) + [len(members)]
+    exact = (*ROLLOUT_COLUMNS, "step", "lr", "eval_pass@1", "eval_pass@4")
     for k, (rows_a, rows_e) in enumerate(zip(alone, together, strict=True)):
-        assert len(rows_a) == len(rows_e) == 2
+        evaluated = "eval_every" in members[k]
+        assert [r["step"] for r in rows_e] == [0, 1, 2][not evaluated :]
         for ra, re_ in zip(rows_a, rows_e, strict=True):
-            assert set(ra) == set(re_)
+            assert list(ra) == list(re_)
+            assert ("eval_pass@1" in re_) == evaluated
             for key in ra:
                 if key in TIMING:
                     continue
+                if key in exact:
+                    assert re_[key] == ra[key], (k, key)
                 assert re_[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), (k, key)
+        for tag, rows in (("alone", rows_a), ("ens", rows_e)):  # what each run logged
+            logged = (tmp_path / f"{tag}{k}" / "metrics.jsonl").read_text().splitlines()
+            assert [json.loads(line) for line in logged] == rows
         state_a = model_state(str(tmp_path / f"alone{k}"))
         state_e = model_state(str(tmp_path / f"ens{k}"))
         init = tiny_model(len(tok_global()), members[k]["seed"]).state_dict()
@@ -289,8 +330,6 @@ def test_train_ensemble_equals_separate_runs(tmp_path, members):
             torch.testing.assert_close(
                 state_e[name], p, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
             )
-        metrics = (tmp_path / f"ens{k}" / "metrics.jsonl").read_text().splitlines()
-        assert len(metrics) == 2
 
 
 def tok_global():
