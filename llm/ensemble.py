@@ -26,7 +26,11 @@ one generator per member, as a run's micro-step seeds it.
 
 The driver: :func:`train_ensemble` (``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``)
 trains K runs of :func:`llm.train.train` in one process, each with its own rollouts, scores, logs,
-checkpoint and ``--out``; :func:`ensemble_step` / :func:`ensemble_update` are the batched core.
+checkpoint and ``--out``, through :func:`llm.train.loop` (the one loop: phases, evaluation,
+logging, checkpoints, signals, resume) with :func:`ensemble_update` as its update phase;
+:func:`ensemble_step` / :func:`ensemble_update` are the batched core. Each member's minibatch
+order and objective noise are its run's (:func:`llm.train.minibatch_order`,
+:func:`llm.train.objective_generator`, the streams of :mod:`llm.streams`).
 The mechanism probes (``--entropy-law``, ``--grad-noise``) run per member on its own model, as in
 its run alone (:func:`llm.train.entropy_law_probe`, :func:`llm.train.grad_noise_update`): the
 grad-noise probe reads the member's batched gradient as ``g_rule`` and takes ``g_det`` from the

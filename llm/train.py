@@ -1,6 +1,8 @@
 """GRPO-style RL on a causal LM with any sandbox objective: one driver from one CPU to many GPUs.
 
-One step, read top to bottom in :func:`train` (each phase a function of one screen):
+One step, read top to bottom in :func:`loop` (each phase a function of one screen), the one loop
+of a run (:func:`train`) and of K runs in step (:mod:`llm.ensemble`, which passes its batched
+update phase); every random draw comes from a named stream of :mod:`llm.streams`:
 
 1. :func:`rollout`  prompts -> G completions each (Hugging Face ``generate``, batched over a rank's
    prompts, or a colocated vLLM engine with ``--rollout-backend vllm``: :mod:`llm.vllm_rollout`)

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -393,3 +399,44 @@ def test_cli_runs_one_ensemble_per_seed(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error: --seeds must be distinct comma-separated integers")
+
+
+def test_ctrl_c_checkpoints_every_member_and_resume_continues(tmp_path):
+    """The ensemble command under Ctrl-C (a real SIGINT to a real process): the one loop
+    finishes the step, writes every member's checkpoint at that step, says so in one line and
+    how to resume, and exits 130; ``--resume`` continues every member from there."""
+    from llm.ensemble import main
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    argv = ["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--lr", "1e-2",
+            "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
+            "--no-progress", "--no-save-model", "--device", "cpu", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [sys.executable, "-m", "llm.ensemble", "--seeds", "0,1", *argv]
+    proc = subprocess.Popen([*cmd, "--steps", "10000"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    logs = [tmp_path / f"seed{s}" / "metrics.jsonl" for s in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not all(p.exists() and p.read_text().count("\n") for p in logs):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no step logged (exit {proc.returncode}): {proc.communicate()}")
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    steps = [len(p.read_text().splitlines()) for p in logs]
+    done = steps[0]
+    assert steps == [done, done] and done >= 1
+    outs = f"{tmp_path / 'seed0'}, {tmp_path / 'seed1'}"
+    assert f"SIGINT: checkpoints written at step {done} to {outs}" in err
+    assert "run the same command again with --resume to resume" in err and "Traceback" not in err
+    for s in (0, 1):
+        state = torch.load(tmp_path / f"seed{s}" / "checkpoint.pt", weights_only=True)
+        assert state["step"] == done and {"model", "optimizer"} <= set(state)
+    main(["--seeds", "0,1", *argv, "--steps", str(done + 1), "--resume"])
+    for p in logs:
+        assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == list(
+            range(1, done + 2)
+        )
