@@ -35,6 +35,7 @@ import numpy as np
 
 from envs.reasoning import available_tasks, make_task
 from envs.reasoning.verify import answer_segment
+from llm.streams import PromptStream, prompt_rng
 
 VERIFIERS = ("auto", "task", "exact", "numeric", "math_verify")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
@@ -118,8 +119,8 @@ def task_source(name: str, knobs: dict[str, Any], verifier: str, seed: int, n_ev
         "math_verify": math_verify_match,
     }[verifier]
     # Held out = an independent stream (for small tasks it may repeat a training problem).
-    eval_prompts, eval_answers = task.sample_batch(np.random.default_rng([seed, 1]), n_eval)
-    probe, _ = task.sample_batch(np.random.default_rng([seed, 2]), 256)
+    eval_prompts, eval_answers = task.sample_batch(prompt_rng(seed, PromptStream.EVAL), n_eval)
+    probe, _ = task.sample_batch(prompt_rng(seed, PromptStream.PROBE), 256)
     return PromptSource(
         f"task:{name}",
         task.sample_batch,
@@ -193,7 +194,8 @@ def file_source(path: str, verifier: str, seed: int, n_eval: int, eval_path: str
             raise ValueError(
                 f"--eval-prompts {n_eval} leaves no training rows in {path!r} ({len(prompts)} rows)"
             )
-        held = set(np.random.default_rng([seed, 1]).permutation(len(prompts))[:n_eval].tolist())
+        order = prompt_rng(seed, PromptStream.EVAL).permutation(len(prompts))
+        held = set(order[:n_eval].tolist())
         eval_prompts = [p for i, p in enumerate(prompts) if i in held]
         eval_answers = [a for i, a in enumerate(answers) if i in held]
         prompts = [p for i, p in enumerate(prompts) if i not in held]

@@ -26,7 +26,11 @@ one generator per member, as a run's micro-step seeds it.
 
 The driver: :func:`train_ensemble` (``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``)
 trains K runs of :func:`llm.train.train` in one process, each with its own rollouts, scores, logs,
-checkpoint and ``--out``; :func:`ensemble_step` / :func:`ensemble_update` are the batched core.
+checkpoint and ``--out``, through :func:`llm.train.loop` (the one loop: phases, evaluation,
+logging, checkpoints, signals, resume) with :func:`ensemble_update` as its update phase;
+:func:`ensemble_step` / :func:`ensemble_update` are the batched core. Each member's minibatch
+order and objective noise are its run's (:func:`llm.train.minibatch_order`,
+:func:`llm.train.objective_generator`, the streams of :mod:`llm.streams`).
 The mechanism probes (``--entropy-law``, ``--grad-noise``) run per member on its own model, as in
 its run alone (:func:`llm.train.entropy_law_probe`, :func:`llm.train.grad_noise_update`): the
 grad-noise probe reads the member's batched gradient as ``g_rule`` and takes ``g_det`` from the
@@ -43,20 +47,35 @@ activation memory is K runs' without checkpointing. What it buys on a GPU is unm
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import functools
 import os
-import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from llm.logprobs import _LogProbHead, _unwrap, check_no_post_head_transform, default_chunk_size
+from llm import checkpoint
+from llm.config import TrainConfig
+from llm.logprobs import LogProbHead, check_no_post_head_transform, default_chunk_size, unwrap_model
+from llm.report import StepMetrics
 from llm.rollout import pad_to_common
+from llm.train import (
+    Run,
+    UpdateFn,
+    grad_noise_update,
+    minibatch_counts,
+    minibatch_order,
+    objective_generator,
+    parse_args,
+    signalled_exit,
+    train_together,
+    trim,
+)
 from sandbox.loss import LossOutput, PolicyLoss
 
 
@@ -67,7 +86,7 @@ class Ensemble:
     def __init__(self, members: Sequence[torch.nn.Module]) -> None:
         if len(members) < 1:
             raise ValueError("members must hold at least one model")
-        bases = [_unwrap(m) for m in members]
+        bases = [unwrap_model(m) for m in members]
         names = [[n for n, _ in b.base_model.named_parameters()] for b in bases]
         if any(n != names[0] for n in names):
             raise ValueError("members must share one architecture (the same parameter names)")
@@ -163,7 +182,7 @@ class Ensemble:
         for k, base in enumerate(self.bases):
             linear = base.get_output_embeddings()
             size = chunk_size or default_chunk_size(linear.out_features)
-            lm_head = _LogProbHead(
+            lm_head = LogProbHead(
                 linear,
                 completion[k],
                 batch["completion_mask"][k],
@@ -294,7 +313,7 @@ SHARED = (
 )
 
 
-def check_members(cfgs: Sequence[Any]) -> None:
+def check_members(cfgs: Sequence[TrainConfig]) -> None:
     """``ValueError`` unless the runs can be one ensemble: two or more, the :data:`SHARED`
     settings equal, one process, full fine-tuning, ``generate`` rollouts, distinct outputs, and
     (with ``--resume``) every member's checkpoint at one step (a member without ``--resume``
@@ -318,18 +337,16 @@ def check_members(cfgs: Sequence[Any]) -> None:
         raise ValueError(f"--resume: ensemble runs must resume from one step, got {each}")
 
 
-def resume_step(cfg: Any) -> int:
+def resume_step(cfg: TrainConfig) -> int:
     """The step a run starts from: its checkpoint's with ``--resume`` (checked later by
     :func:`llm.config.check_resume`), else 0."""
-    from llm import checkpoint
-
     if not cfg.resume or not os.path.exists(checkpoint.path_in(cfg.out)):
         return 0
     return checkpoint.saved_step_and_config(cfg.out)[0]
 
 
 def train_ensemble(
-    cfgs: Sequence[Any], *, stop_after: int | None = None
+    cfgs: Sequence[TrainConfig], *, stop_after: int | None = None
 ) -> list[list[dict[str, float]]]:
     """K runs of :func:`llm.train.train` (``cfgs``: their :class:`llm.config.TrainConfig`) in one
     process: each run's own rollouts, scores, logs, checkpoint and model in its own ``--out``, the
@@ -337,87 +354,23 @@ def train_ensemble(
     run's logged rows (of this call: a resumed run's start after its checkpoint), as
     :func:`llm.train.train` would.
 
+    The loop is :func:`llm.train.loop`, the one every run goes through (phases, logging,
+    evaluation, checkpoints, signals, resume), with :func:`batched_update` as its update phase.
     Resume (``--resume`` on every member): each member loads its own checkpoint; all must be at
     one step (:func:`check_members`). Checkpoints (every member's, in its ``--out``): every
     member's ``--checkpoint-every`` steps, at the end, after ``stop_after`` steps of this call
     (then it returns), and on SIGTERM or Ctrl-C, which finish the step, write every member's
     checkpoint and exit with status 143 / 130 (:func:`llm.train.stop_on_signals`)."""
-    from llm import train as t
-
     check_members(cfgs)
     if "WORLD_SIZE" in os.environ:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
-    closers: list[Any] = []
-    try:
-        with t.stop_on_signals() as stop:
-            runs = [t.setup(c, closers) for c in cfgs]
-            return _ensemble_loop(runs, closers, stop, stop_after)
-    finally:
-        for close in reversed(closers):
-            close()
+    return train_together(cfgs, batched_update, stop_after=stop_after)
 
 
-def _ensemble_loop(
-    runs: Sequence[Any], closers: list[Any], stop: Any, stop_after: int | None
-) -> list[list[dict[str, float]]]:
-    """The steps of :func:`train_ensemble` from the members' common start, with checkpoints."""
-    from llm import train as t
-
-    start, steps = runs[0].start, runs[0].cfg.steps
-    ensemble = Ensemble([r.model for r in runs])
-    reporters = [
-        t.Reporter(
-            r.cfg.out,
-            r.cfg.report_to,
-            t.as_json(r.cfg),
-            main=True,
-            resumed_step=r.start,
-            wandb_project=r.cfg.wandb_project,
-        )
-        for r in runs
-    ]
-    closers += [rep.close for rep in reporters]
-    rows: list[list[dict[str, float]]] = [[] for _ in runs]
-    for run, reporter, out in zip(runs, reporters, rows, strict=True):  # before training
-        if start == 0 and run.cfg.eval_every and run.source.eval_prompts:
-            out.append({"step": 0, **t.evaluate(run, 0)})
-            reporter.log(out[-1])
-    for step in range(start, steps):
-        t0 = time.perf_counter()
-        hosts = [t.rollout_phase(r, step) for r in runs]
-        scored = [t.score(r, h) for r, h in zip(runs, hosts, strict=True)]
-        batches = [b for b, _ in scored]
-        probes = [  # mechanism check (a), each member on its own (llm.train's probe)
-            t.entropy_law_probe(r, b, h) if r.cfg.entropy_law else None
-            for r, b, h in zip(runs, batches, hosts, strict=True)
-        ]
-        metrics = ensemble_update(runs, ensemble, batches, hosts, [k for _, k in scored], step)
-        for run, probe, m in zip(runs, probes, metrics, strict=True):
-            if probe is not None:
-                m.add_means(t.entropy_law_columns(run, *probe))
-        for k, run in enumerate(runs):
-            rows[k].append(t.log_step(run, step, batches[k], metrics[k], t0))
-            reporters[k].log(rows[k][-1])
-        done = step + 1
-        paused = stop_after is not None and done - start >= stop_after and done < steps
-        for run in runs:
-            every = run.cfg.checkpoint_every
-            if stop.signum or paused or done == steps or (every and done % every == 0):
-                t.save_checkpoint(run, done)
-        if stop.signum:
-            name = signal.Signals(stop.signum).name
-            outs = ", ".join(r.cfg.out for r in runs)
-            print(
-                f"{name}: checkpoints written at step {done} to {outs}",
-                file=sys.stderr,
-            )
-            raise SystemExit(128 + stop.signum)
-        if paused:
-            return rows
-    for run in runs:
-        if run.cfg.save_model:
-            t.save_model(run)
-    return rows
+def batched_update(runs: Sequence[Run]) -> UpdateFn:
+    """The ensemble's update phase for :func:`llm.train.loop`: :func:`ensemble_update` on one
+    :class:`Ensemble` of the runs' models."""
+    return functools.partial(ensemble_update, ensemble=Ensemble([r.model for r in runs]))
 
 
 def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
@@ -436,56 +389,47 @@ def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
 
 
 def ensemble_update(
-    runs: Sequence[Any],
-    ensemble: Ensemble,
+    runs: Sequence[Run],
     batches: Sequence[dict[str, Tensor]],
     hosts: Sequence[dict[str, Tensor]],
     keeps: Sequence[Tensor],
     step: int,
-) -> list[Any]:
+    *,
+    ensemble: Ensemble,
+) -> list[StepMetrics]:
     """:func:`llm.train.update` for every run at once: the same permutations, minibatches,
     micro-batches, counts and objective seeds as each run alone, one batched forward and
     backward per micro-batch, then each run's own clipping and optimizer step. A run with no row
     in a minibatch (dynamic sampling dropped them) rides along with a masked stand-in row and
-    makes no optimizer step, as alone it makes none."""
-    from llm import train as t
-
+    makes no optimizer step, as alone it makes none. An :data:`llm.train.UpdateFn` once
+    ``ensemble`` is given (:func:`batched_update`)."""
     cfg, K = runs[0].cfg, len(runs)
-    metrics = [t.StepMetrics(r.device) for r in runs]
+    metrics = [StepMetrics(r.device) for r in runs]
     for run in runs:
         run.policy.train()
     for epoch in range(cfg.epochs):
-        perms = []
-        for run, keep in zip(runs, keeps, strict=True):
-            g = torch.Generator().manual_seed(t.rollout.derive_seed(run.cfg.seed, 1, step, epoch))
-            perms.append(keep[torch.randperm(keep.numel(), generator=g)])
+        perms = [minibatch_order(r, keep, step, epoch) for r, keep in zip(runs, keeps, strict=True)]
         for mb in range(cfg.minibatches):
             mb_rows = [p.tensor_split(cfg.minibatches)[mb] for p in perms]
             active = [r.numel() > 0 for r in mb_rows]
             if not any(active):
                 continue
             counts = [
-                t.minibatch_counts(run, b, r)
+                minibatch_counts(run, b, r)
                 if a
                 else {"num_tokens": 1.0, "num_seqs": 1.0, "max_len": cfg.max_new_tokens}
                 for run, b, r, a in zip(runs, batches, mb_rows, active, strict=True)
             ]
             for a in range(cfg.grad_accum):
-                subs, empty, seeds = [], [], []
+                subs, empty, generators = [], [], []
                 for k, run in enumerate(runs):
                     piece = mb_rows[k].tensor_split(cfg.grad_accum)[a]
                     empty.append(piece.numel() == 0)
                     rows = piece if not empty[k] else torch.zeros(1, dtype=torch.long)
-                    sub = t.trim(batches[k], hosts[k], rows, run.device)
+                    sub = trim(batches[k], hosts[k], rows, run.device)
                     sub["loss_mask"] = sub["loss_mask"] * (0 if empty[k] else 1)
                     subs.append(sub)
-                    seeds.append(t.rollout.derive_seed(run.cfg.seed, 2, step, epoch, mb, a))
-                generators = [
-                    torch.Generator(r.device).manual_seed(s)
-                    if r.loss_fn.objective.stochastic
-                    else None
-                    for r, s in zip(runs, seeds, strict=True)
-                ]
+                    generators.append(objective_generator(run, step, epoch, mb, a))
                 sizes = [tuple(sub["completion"].shape) for sub in subs]
                 subs = [pad_rows(sub, max(b for b, _ in sizes)) for sub in subs]
                 with runs[0].autocast:
@@ -508,7 +452,7 @@ def ensemble_update(
                         metrics[k].add(outs[k].loss, outs[k].metrics, tokens, empty[k])
             for k, run in enumerate(runs):
                 if active[k] and run.cfg.grad_noise:  # the member's own counterpart forwards
-                    probe = t.grad_noise_update(run, batches[k], hosts[k], mb_rows[k], counts[k])
+                    probe = grad_noise_update(run, batches[k], hosts[k], mb_rows[k], counts[k])
                     metrics[k].add_means(probe)
             for k, run in enumerate(runs):
                 if active[k]:
@@ -521,10 +465,6 @@ def ensemble_update(
 def main(argv: list[str] | None = None) -> None:
     """``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``: one run per seed, in
     ``OUT/seed<S>``, trained as one ensemble."""
-    import argparse
-
-    from llm import train as t
-
     parser = argparse.ArgumentParser(
         prog="python -m llm.ensemble",
         usage="%(prog)s --seeds SEEDS [llm.train flags]",
@@ -538,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     if known.help:
         parser.print_help()
         print("\nEvery other flag is llm.train's, given to every member:\n", flush=True)
-        t.parse_args(["--help"])  # prints llm.train's help and exits 0
+        parse_args(["--help"])  # prints llm.train's help and exits 0
     if known.seeds is None:
         parser.error("the following arguments are required: --seeds")
     try:
@@ -548,14 +488,14 @@ def main(argv: list[str] | None = None) -> None:
                 f"--seeds must be distinct comma-separated integers, got {known.seeds!r}"
             )
         seeds = [int(w) for w in words]
-        base = t.parse_args(rest)
+        base = parse_args(rest)
         cfgs = [
             dataclasses.replace(base, seed=s, out=os.path.join(base.out, f"seed{s}")) for s in seeds
         ]
         try:
             train_ensemble(cfgs)
         except SystemExit as exc:
-            t.signalled_exit(exc, base.out)
+            signalled_exit(exc, base.out)
             raise
     except ValueError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)

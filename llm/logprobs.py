@@ -23,7 +23,7 @@ losses and Apple's Cut Cross-Entropy (arXiv:2411.09009), in plain torch; TRL 1.1
 The model's forward still runs through the caller's module (DDP sets up its gradient reducer in its
 forward; FSDP2 unshards the root's parameters, including a tied head/embedding, only inside the
 root's forward): :func:`completion_logp` swaps the model's output-embedding module for a
-:class:`_LogProbHead` that holds the targets and returns ``[B, Tc, 2]`` (log-prob, entropy) in
+:class:`LogProbHead` that holds the targets and returns ``[B, Tc, 2]`` (log-prob, entropy) in
 place of the logits, and restores the original head in a ``finally``.
 
 Models that transform the logits after the head (Gemma-2's ``final_logit_softcapping``,
@@ -190,7 +190,7 @@ def _chunk_logits(
     return z.div_(tau) if tau != 1.0 else z
 
 
-class _LogProbHead(torch.nn.Module):
+class LogProbHead(torch.nn.Module):
     """Stands in for the model's output embeddings during one forward: given the last hidden
     states ``[B, Tc + 1, H]`` (``logits_to_keep=Tc + 1``) it returns ``[B, Tc, 2]`` float32,
     the completion tokens' log-probs and the next-token entropies (0 where the mask is 0), from the
@@ -243,7 +243,7 @@ class _LogProbHead(torch.nn.Module):
         return torch.stack([x.new_zeros(keep.shape).masked_scatter(keep, x) for x in stats], -1)
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The Hugging Face model inside DDP (``.module``) and peft (``get_base_model()``) wrappers;
     FSDP2's ``fully_shard`` keeps the model's own class, so it is returned as is."""
     while True:
@@ -272,7 +272,7 @@ def check_no_post_head_transform(model: torch.nn.Module) -> None:
 @contextlib.contextmanager
 def _swapped_head(model: torch.nn.Module, make: Any) -> Iterator[None]:
     """Replace ``model``'s output-embedding module by ``make(head)`` for the duration."""
-    base = _unwrap(model)
+    base = unwrap_model(model)
     check_no_post_head_transform(base)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     if head is None:
@@ -329,9 +329,9 @@ def completion_logp(
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     Tc = completion.shape[1]
 
-    def make(linear: torch.nn.Linear) -> _LogProbHead:
+    def make(linear: torch.nn.Linear) -> LogProbHead:
         default = TRL_VOCAB_CHUNK if head == "trl" else default_chunk_size(linear.out_features)
-        return _LogProbHead(
+        return LogProbHead(
             linear,
             completion,
             completion_mask,
@@ -375,7 +375,7 @@ def completion_logits(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if completion.shape != completion_mask.shape or prompt.shape != prompt_mask.shape:
         raise ValueError("completion/prompt and their masks must have the same shapes")
-    head = _unwrap(model).get_output_embeddings()
+    head = unwrap_model(model).get_output_embeddings()
     Tc = completion.shape[1]
     rows = max(1, CHUNK_ELEMENTS // max(Tc * head.out_features, 1))
     pieces = []

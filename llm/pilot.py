@@ -2,7 +2,7 @@
 
 A task for a study's LLM rung must start low *and* give a learning signal: a GRPO group of G
 completions only carries a gradient when some completion succeeds. Per task, on held-out
-problems drawn from the seed (the same stream ``llm.train``'s evaluation uses):
+problems drawn from the seed (the same streams ``llm.train``'s evaluation uses, :mod:`llm.streams`):
 
 - ``pass_at_1``: the task's own verifier on one completion per problem, sampled as training
   samples them (temperature, ``--max-new-tokens``, the chat template when the tokenizer has one);
@@ -43,6 +43,7 @@ import torch
 from tqdm import tqdm
 
 from llm.config import TrainConfig
+from llm.streams import Stream
 from sandbox.configs import check_device, key_values
 from sandbox.experiments.results import prepare_out_dir
 
@@ -102,7 +103,7 @@ def pilot_task(task_cfg: TrainConfig) -> dict[str, Any]:
         device = run.device
         src = run.source
         prompts, answers = list(src.eval_prompts), list(src.eval_answers)
-        _, texts = sample(run, run.encode(prompts), 1, (cfg.seed, 3, 0), 0)
+        _, texts = sample(run, run.encode(prompts), 1, (cfg.seed, Stream.EVAL, 0), 0)
         passed = [src.verify(a, t) >= 1.0 for a, t in zip(answers, texts, strict=True)]
         anywhere = [a in numbers(t) for a, t in zip(answers, texts, strict=True)]
         forced = forced_greedy(run, prompts, answers)

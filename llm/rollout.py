@@ -10,8 +10,9 @@ sampler computed it (KV cache, bf16 autocast on a GPU); :mod:`sandbox.correction
 loss by their ratio to the trainer's log-probs (``--rollout-is``).
 
 Determinism across world sizes: prompts are generated in chunks of ``prompts_per_call`` prompts
-(x G completions); each chunk's sampling is seeded from ``(seed, step, global index of its first
-prompt)`` inside ``torch.random.fork_rng``. With one prompt per call (the default) a prompt gets
+(x G completions); each chunk's sampling is seeded from ``seed_keys`` (the caller's
+``(seed, stream, step)``, :class:`llm.streams.Stream`) and the global index of its first prompt,
+inside ``torch.random.fork_rng``. With one prompt per call (the default) a prompt gets
 the same completions whatever the number of processes, which is what makes a 2-process run equal
 a 1-process run; larger chunks are faster on a GPU.
 
@@ -31,19 +32,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from llm.streams import derive_seed
+
 CACHES = ("dynamic", "static")
-
-
-def derive_seed(*keys: int) -> int:
-    """A 63-bit seed from integer keys (``numpy.random.SeedSequence``; stateless)."""
-    return int(
-        np.random.SeedSequence([int(k) & (2**63 - 1) for k in keys]).generate_state(1, np.uint64)[0]
-        >> 1
-    )
 
 
 def encode_prompts(

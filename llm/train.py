@@ -1,6 +1,8 @@
 """GRPO-style RL on a causal LM with any sandbox objective: one driver from one CPU to many GPUs.
 
-One step, read top to bottom in :func:`train` (each phase a function of one screen):
+One step, read top to bottom in :func:`loop` (each phase a function of one screen), the one loop
+of a run (:func:`train`) and of K runs in step (:mod:`llm.ensemble`, which passes its batched
+update phase); every random draw comes from a named stream of :mod:`llm.streams`:
 
 1. :func:`rollout`  prompts -> G completions each (Hugging Face ``generate``, batched over a rank's
    prompts, or a colocated vLLM engine with ``--rollout-backend vllm``: :mod:`llm.vllm_rollout`)
@@ -97,6 +99,7 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,6 +119,7 @@ from llm.config import (
 from llm.data import PromptSource, make_source
 from llm.logprobs import CHUNK_ELEMENTS, completion_logits, completion_logp
 from llm.report import Reporter, StepMetrics
+from llm.streams import PromptStream, Stream, derive_seed, prompt_rng
 from llm.vllm_rollout import VLLMRollout
 from sandbox.advantages import compute_advantages, zero_variance_groups
 from sandbox.configs import check_device, parse_config
@@ -310,7 +314,7 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         optimizer,
         scheduler,
         loss_fn,
-        np.random.default_rng([cfg.seed, 0]),
+        prompt_rng(cfg.seed, PromptStream.TRAIN),
         chat,
         max_prompt,
         closers=closers,
@@ -467,7 +471,7 @@ def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
         run,
         run.encode(prompts[lo : lo + P_local]),
         G,
-        (cfg.seed, 0, step),
+        (cfg.seed, Stream.ROLLOUT, step),
         lo,
         return_logp=needs_sampler_logp(cfg),
     )
@@ -532,8 +536,7 @@ def update(
     run.policy.train()
     metrics = StepMetrics(run.device)
     for epoch in range(cfg.epochs if keep.numel() else 0):
-        perm_gen = torch.Generator().manual_seed(rollout.derive_seed(cfg.seed, 1, step, epoch))
-        perm = keep[torch.randperm(keep.numel(), generator=perm_gen)]
+        perm = minibatch_order(run, keep, step, epoch)
         for mb, mb_rows in enumerate(perm.tensor_split(cfg.minibatches)):
             if mb_rows.numel() == 0:
                 continue
@@ -543,8 +546,8 @@ def update(
                 piece = a * info.world + info.rank
                 empty = pieces[piece].numel() == 0  # still run: every rank must call backward
                 sub = trim(batch, host, mb_rows[:1] if empty else pieces[piece], run.device)
-                seed = rollout.derive_seed(cfg.seed, 2, step, epoch, mb, piece)
-                out = micro_step(run, sub, counts, seed, sync=a == A - 1, empty=empty)
+                generator = objective_generator(run, step, epoch, mb, piece)
+                out = micro_step(run, sub, counts, generator, sync=a == A - 1, empty=empty)
                 metrics.add(out.loss, out.metrics, sub["loss_mask"].sum() * (not empty), empty)
             if cfg.grad_noise:  # before clipping and the step: g_rule as the loss gave it
                 metrics.add_means(grad_noise_update(run, batch, host, mb_rows, counts))
@@ -555,6 +558,25 @@ def update(
             if run.engine is not None:
                 run.engine.mark_stale()
     return metrics
+
+
+def minibatch_order(run: Run, keep: torch.Tensor, step: int, epoch: int) -> torch.Tensor:
+    """The rows ``keep`` in the epoch's order (:attr:`Stream.MINIBATCH`), split into minibatches
+    by the caller."""
+    gen = torch.Generator().manual_seed(derive_seed(run.cfg.seed, Stream.MINIBATCH, step, epoch))
+    return keep[torch.randperm(keep.numel(), generator=gen)]
+
+
+def objective_generator(
+    run: Run, step: int, epoch: int, mb: int, piece: int
+) -> torch.Generator | None:
+    """The objective's randomness for micro-batch ``piece`` of minibatch ``mb``
+    (:attr:`Stream.OBJECTIVE`; stateless: the same draws at any world size), None for a
+    deterministic objective."""
+    if not run.loss_fn.objective.stochastic:
+        return None
+    seed = derive_seed(run.cfg.seed, Stream.OBJECTIVE, step, epoch, mb, piece)
+    return torch.Generator(run.device).manual_seed(seed)
 
 
 def minibatch_counts(
@@ -573,7 +595,7 @@ def micro_step(
     run: Run,
     sub: dict[str, torch.Tensor],
     counts: dict[str, Any],
-    seed: int,
+    generator: torch.Generator | None,
     *,
     sync: bool,
     empty: bool,
@@ -586,9 +608,6 @@ def micro_step(
         policy.set_requires_gradient_sync(sync)
     no_sync = info.enabled and not cfg.fsdp and not sync
     with policy.no_sync() if no_sync else contextlib.nullcontext():
-        generator = None
-        if run.loss_fn.objective.stochastic:  # stateless: the same draws at any world size
-            generator = torch.Generator(run.device).manual_seed(seed)
         out, _ = micro_loss(run, run.loss_fn, sub, mask, counts, generator)
         (out.loss * info.world).backward()  # DDP/FSDP average over ranks; we want the sum
     return out
@@ -797,7 +816,11 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
     E = len(source.eval_prompts) // info.world * info.world
     lo, hi = info.rank * E // info.world, (info.rank + 1) * E // info.world
     _, texts = sample(
-        run, run.encode(source.eval_prompts[lo:hi]), cfg.eval_k, (cfg.seed, 3, step), lo
+        run,
+        run.encode(source.eval_prompts[lo:hi]),
+        cfg.eval_k,
+        (cfg.seed, Stream.EVAL, step),
+        lo,
     )
     answers = [a for a in source.eval_answers[lo:hi] for _ in range(cfg.eval_k)]
     ok = torch.tensor([source.verify(a, t) >= 1.0 for a, t in zip(answers, texts, strict=True)])
@@ -876,83 +899,165 @@ def stop_on_signals():
             signal.signal(sig, handler)
 
 
+#: The update phase of one step, for the runs of one loop: ``(runs, batches, hosts, keeps, step)``
+#: -> each run's :class:`StepMetrics`. :func:`update_each` updates each run alone (``llm.train``);
+#: :mod:`llm.ensemble` passes its batched update (the members' forward and backward as one).
+UpdateFn = Callable[
+    [
+        Sequence[Run],
+        Sequence[dict[str, torch.Tensor]],
+        Sequence[dict[str, torch.Tensor]],
+        Sequence[torch.Tensor],
+        int,
+    ],
+    list[StepMetrics],
+]
+
+
+def update_each(
+    runs: Sequence[Run],
+    batches: Sequence[dict[str, torch.Tensor]],
+    hosts: Sequence[dict[str, torch.Tensor]],
+    keeps: Sequence[torch.Tensor],
+    step: int,
+) -> list[StepMetrics]:
+    """The update phase of each run alone (:func:`update`): the :data:`UpdateFn` of a run."""
+    return [update(*phase, step) for phase in zip(runs, batches, hosts, keeps, strict=True)]
+
+
 def train(cfg: TrainConfig, *, stop_after: int | None = None) -> list[dict[str, float]]:
     """Run ``cfg``; returns the logged rows (rank 0; other ranks get an empty list). SIGTERM or
     Ctrl-C finishes the current step, writes a checkpoint and exits with status 143 / 130;
     ``stop_after`` returns after that many steps of this call, with a checkpoint."""
+    return train_together([cfg], lambda runs: update_each, stop_after=stop_after)[0]
+
+
+def train_together(
+    cfgs: Sequence[TrainConfig],
+    make_update: Callable[[list[Run]], UpdateFn],
+    *,
+    stop_after: int | None = None,
+) -> list[list[dict[str, float]]]:
+    """Set up the runs ``cfgs`` and train them in step through :func:`loop`, whose update phase
+    is ``make_update(runs)`` (:func:`train`: one run, :func:`update_each`; :mod:`llm.ensemble`:
+    K runs, batched); closes what setup opened (a vLLM engine, the reporters) at the end."""
     closers: list[Any] = []  # run last: a vLLM engine's shutdown ends the process group
     try:
         with stop_on_signals() as stop:
-            return _loop(setup(cfg, closers), stop, stop_after)
+            runs = [setup(cfg, closers) for cfg in cfgs]
+            return loop(runs, make_update(runs), stop, stop_after)
     finally:
         for close in reversed(closers):
             close()
 
 
-def _loop(run: Run, stop: StopRequest, stop_after: int | None) -> list[dict[str, float]]:
+def loop(
+    runs: list[Run], update_fn: UpdateFn, stop: StopRequest, stop_after: int | None
+) -> list[list[dict[str, float]]]:
+    """The steps of one run, or of K runs in step (:mod:`llm.ensemble`), from their common start:
+    evaluation before the first step, then per step 1. rollout, 2. score, 3. ``update_fn`` (with
+    the entropy-law probe around it), 4. log and evaluate (each run's row in its
+    ``metrics.jsonl``), checkpoint or stop (:func:`end_step`); the models saved at the end.
+    Returns each run's rows of this call (rank 0; other ranks get empty lists)."""
     from tqdm import tqdm
 
-    cfg, info = run.cfg, run.info
+    first, info = runs[0], runs[0].info
+    start, steps = first.start, first.cfg.steps
+    reporters = [open_reporter(run) for run in runs]
+    rows: list[list[dict[str, float]]] = [[] for _ in runs]
+    for run, reporter, out in zip(runs, reporters, rows, strict=True):  # the models before training
+        if run.cfg.eval_every and start == 0 and run.source.eval_prompts:
+            out.append({"step": 0, **evaluate(run, 0)})
+            reporter.log(out[-1])
+    bar = tqdm(
+        range(start, steps),
+        disable=not (first.cfg.progress and info.main),
+        initial=start,
+        total=steps,
+        desc="/".join(dict.fromkeys(run.cfg.objective for run in runs)),
+    )
+    for step in bar:
+        t0 = time.perf_counter()
+        hosts = [rollout_phase(run, step) for run in runs]  # 1. rollout
+        scored = [score(run, host) for run, host in zip(runs, hosts, strict=True)]  # 2. advantages
+        batches = [batch for batch, _ in scored]
+        probes = [  # mechanism check (a): each run's logits before the step's updates
+            entropy_law_probe(run, batch, host) if run.cfg.entropy_law else None
+            for run, batch, host in zip(runs, batches, hosts, strict=True)
+        ]
+        metrics = update_fn(runs, batches, hosts, [keep for _, keep in scored], step)  # 3.
+        for run, probe, m in zip(runs, probes, metrics, strict=True):
+            if probe is not None:  # the logits after every one of the step's updates
+                m.add_means(entropy_law_columns(run, *probe))
+        for run, reporter, out, batch, m in zip(
+            runs, reporters, rows, batches, metrics, strict=True
+        ):
+            out.append(log_step(run, step, batch, m, t0))  # 4. log, evaluate, checkpoint
+            reporter.log(out[-1])
+        bar.set_postfix(
+            reward=f"{np.mean([out[-1]['reward'] for out in rows]):.3f}",
+            clip_hi=f"{np.mean([out[-1].get('clip_high_frac', 0) for out in rows]):.3f}",
+        )
+        if end_step(runs, step + 1, stop, stop_after):
+            return rows if info.main else [[] for _ in runs]
+    finish(runs)
+    return rows if info.main else [[] for _ in runs]
+
+
+def open_reporter(run: Run) -> Reporter:
+    """The run's :class:`llm.report.Reporter` (``metrics.jsonl``, TensorBoard / W&B), closed with
+    the run's other resources."""
+    cfg = run.cfg
     reporter = Reporter(
         cfg.out,
         cfg.report_to,
         as_json(cfg),
-        main=info.main,
+        main=run.info.main,
         resumed_step=run.start,
         wandb_project=cfg.wandb_project,
     )
     run.closers.append(reporter.close)
-    rows: list[dict[str, float]] = []
-    if cfg.eval_every and run.start == 0 and run.source.eval_prompts:  # the model before training
-        rows.append({"step": 0, **evaluate(run, 0)})
-        reporter.log(rows[-1])
-    bar = tqdm(
-        range(run.start, cfg.steps),
-        disable=not (cfg.progress and info.main),
-        initial=run.start,
-        total=cfg.steps,
-        desc=cfg.objective,
-    )
-    for step in bar:
-        t0 = time.perf_counter()
-        host = rollout_phase(run, step)  # 1. rollout
-        batch, keep = score(run, host)  # 2. rewards -> advantages
-        probe = entropy_law_probe(run, batch, host) if cfg.entropy_law else None
-        metrics = update(run, batch, host, keep, step)  # 3. mu x minibatches x micro-batches
-        if probe is not None:  # the logits after every one of the step's updates
-            metrics.add_means(entropy_law_columns(run, *probe))
-        row = log_step(run, step, batch, metrics, t0)  # 4. log, evaluate, checkpoint
-        reporter.log(row)
-        rows.append(row)
-        bar.set_postfix(
-            reward=f"{row['reward']:.3f}", clip_hi=f"{row.get('clip_high_frac', 0):.3f}"
-        )
-        done = step + 1
-        signalled = dist.all_reduce(
-            torch.tensor(float(stop.signum or 0), device=run.device), "max"
-        ).item()
-        paused = stop_after is not None and done - run.start >= stop_after and done < cfg.steps
-        periodic = cfg.checkpoint_every and done % cfg.checkpoint_every == 0
-        if signalled or paused or done == cfg.steps or periodic:
+    return reporter
+
+
+def end_step(runs: list[Run], done: int, stop: StopRequest, stop_after: int | None) -> bool:
+    """After step ``done``: every run's checkpoint where one is due (``--checkpoint-every``, the
+    last step, a pause after ``stop_after`` steps of this call, a signal); on a signal (on any
+    rank) exit with 128 + signum. Returns whether the loop pauses here."""
+    first = runs[0]
+    flag = torch.tensor(float(stop.signum or 0), device=first.device)
+    signalled = int(dist.all_reduce(flag, "max").item())
+    steps = first.cfg.steps
+    paused = stop_after is not None and done - first.start >= stop_after and done < steps
+    for run in runs:
+        every = run.cfg.checkpoint_every
+        if signalled or paused or done == steps or (every and done % every == 0):
             save_checkpoint(run, done)
-        if signalled:
-            name = signal.Signals(int(signalled)).name
+    if signalled:
+        name = signal.Signals(signalled).name
+        written = "checkpoint" if len(runs) == 1 else "checkpoints"
+        outs = ", ".join(run.cfg.out for run in runs)
+        print(f"{name}: {written} written at step {done} to {outs}", file=sys.stderr)
+        raise SystemExit(128 + signalled)
+    return paused
+
+
+def finish(runs: list[Run]) -> None:
+    """After the last step: each run's model saved (``--save-model``), and its closing line."""
+    for run in runs:
+        if run.cfg.save_model:
+            save_model(run)
+    dist.barrier()
+    for run in runs:
+        cfg = run.cfg
+        if run.info.main:
+            saved = (
+                ", checkpoint.pt, model/" if cfg.save_model else ", no weights (--no-save-model)"
+            )
             print(
-                f"{name}: checkpoint written at step {done} to {cfg.out}",
+                f"done: {cfg.steps} steps; {cfg.out}/metrics.jsonl, config.json{saved}",
                 file=sys.stderr,
             )
-            raise SystemExit(128 + int(signalled))
-        if paused:
-            return rows if info.main else []
-    if cfg.save_model:
-        save_model(run)
-    dist.barrier()
-    if info.main:
-        saved = ", checkpoint.pt, model/" if cfg.save_model else ", no weights (--no-save-model)"
-        print(
-            f"done: {cfg.steps} steps; {cfg.out}/metrics.jsonl, config.json{saved}", file=sys.stderr
-        )
-    return rows if info.main else []
 
 
 #: How ``python -m llm.train`` (and ``llm.ensemble``) resume: the same command plus ``--resume``

@@ -15,8 +15,8 @@ the rollout (verifier, advantages, objective, aggregation) is unchanged. The eng
   ``load_weights`` (TRL's path). LoRA adapters are merged on the fly (``W + delta``, nothing in the
   trainer's model changes); FSDP2 shards are gathered with ``full_tensor``;
 - samples with plain softmax sampling (``top_k=0``, ``top_p=1``, no penalties), EOS as the only stop
-  token, and one request per prompt with ``n = G`` and a seed derived from ``(seed, step, global
-  prompt index)``, so, as with the Hugging Face backend, a prompt's completions do not depend on
+  token, and one request per prompt with ``n = G`` and a seed derived from ``seed_keys`` (``(seed,
+  stream, step)``, :class:`llm.streams.Stream`) and the global prompt index, so, as with the Hugging Face backend, a prompt's completions do not depend on
   the number of processes (up to batch-dependent kernel numerics);
 - returns the same tensors as :func:`llm.rollout.generate`, with ``rollout_logp`` (the sampler's
   per-token log-probs) for :mod:`sandbox.correction` (``--rollout-is``).
@@ -46,7 +46,8 @@ from torch import Tensor
 
 from llm import dist
 from llm.model import TINY
-from llm.rollout import derive_seed, pad_right, rollout_batch, stack_left_padded
+from llm.rollout import pad_right, rollout_batch, stack_left_padded
+from llm.streams import derive_seed
 
 
 def _free_port() -> int:

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -219,6 +225,15 @@ def test_batched_logp_equals_each_member_alone(tok, attention):
 # --------------------------------------------------------------------------------------------------
 
 TIMING = ("tokens_per_s", "step_time")
+# a step's columns from its rollout (before the update): the same completions give the same values
+ROLLOUT_COLUMNS = (
+    "reward",
+    "pass_rate",
+    "reward_std",
+    "completion_len",
+    "truncated_frac",
+    "zero_var_frac",
+)
 RUN = dict(
     model="tiny",
     task="parity",
@@ -238,8 +253,19 @@ RUN = dict(
 @pytest.mark.parametrize(
     "members",
     [
-        # two seeds of one rule; mu = 2 x 2 in 2 micro-batches each
-        [dict(seed=0, minibatches=2, grad_accum=2), dict(seed=1, minibatches=2, grad_accum=2)],
+        # two seeds of one rule; mu = 2 x 2 in 2 micro-batches each; evaluated before the first
+        # step and after each, a checkpoint every step
+        [
+            dict(
+                seed=s,
+                minibatches=2,
+                grad_accum=2,
+                eval_every=1,
+                eval_prompts=4,
+                checkpoint_every=1,
+            )
+            for s in (0, 1)
+        ],
         # three runs, two rules (one stochastic), dynamic sampling: the runs keep unequal numbers
         # of rows (stand-in rows pad them), and a run may keep none in a step (seed 0, step 2)
         [
@@ -257,11 +283,23 @@ RUN = dict(
         ],
     ],
 )
-def test_train_ensemble_equals_separate_runs(tmp_path, members):
+def test_train_ensemble_equals_separate_runs(tmp_path, monkeypatch, members):
+    """K runs through the one loop (``llm.train.loop``: K = 1 for each run alone, K for the
+    ensemble) give the same rows: the same columns in the same order, the rollout, evaluation
+    and lr columns equal, the update's columns equal to the batched forward's rounding."""
+    import llm.train
     from llm.checkpoint import model_state
     from llm.config import TrainConfig
     from llm.ensemble import train_ensemble
     from llm.train import train
+
+    loops, real_loop = [], llm.train.loop
+
+    def counted(runs, *args):
+        loops.append(len(runs))
+        return real_loop(runs, *args)
+
+    monkeypatch.setattr(llm.train, "loop", counted)
 
     def cfgs(tag):
         return [
@@ -270,14 +308,23 @@ def test_train_ensemble_equals_separate_runs(tmp_path, members):
 
     alone = [train(c) for c in cfgs("alone")]
     together = train_ensemble(cfgs("ens"))
+    assert loops == [1] * len(members) + [len(members)]
+    exact = (*ROLLOUT_COLUMNS, "step", "lr", "eval_pass@1", "eval_pass@4")
     for k, (rows_a, rows_e) in enumerate(zip(alone, together, strict=True)):
-        assert len(rows_a) == len(rows_e) == 2
+        evaluated = "eval_every" in members[k]
+        assert [r["step"] for r in rows_e] == [0, 1, 2][not evaluated :]
         for ra, re_ in zip(rows_a, rows_e, strict=True):
-            assert set(ra) == set(re_)
+            assert list(ra) == list(re_)
+            assert ("eval_pass@1" in re_) == evaluated
             for key in ra:
                 if key in TIMING:
                     continue
+                if key in exact:
+                    assert re_[key] == ra[key], (k, key)
                 assert re_[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-6), (k, key)
+        for tag, rows in (("alone", rows_a), ("ens", rows_e)):  # what each run logged
+            logged = (tmp_path / f"{tag}{k}" / "metrics.jsonl").read_text().splitlines()
+            assert [json.loads(line) for line in logged] == rows
         state_a = model_state(str(tmp_path / f"alone{k}"))
         state_e = model_state(str(tmp_path / f"ens{k}"))
         init = tiny_model(len(tok_global()), members[k]["seed"]).state_dict()
@@ -289,8 +336,6 @@ def test_train_ensemble_equals_separate_runs(tmp_path, members):
             torch.testing.assert_close(
                 state_e[name], p, atol=1e-5, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
             )
-        metrics = (tmp_path / f"ens{k}" / "metrics.jsonl").read_text().splitlines()
-        assert len(metrics) == 2
 
 
 def tok_global():
@@ -354,3 +399,44 @@ def test_cli_runs_one_ensemble_per_seed(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith("error: --seeds must be distinct comma-separated integers")
+
+
+def test_ctrl_c_checkpoints_every_member_and_resume_continues(tmp_path):
+    """The ensemble command under Ctrl-C (a real SIGINT to a real process): the one loop
+    finishes the step, writes every member's checkpoint at that step, says so in one line and
+    how to resume, and exits 130; ``--resume`` continues every member from there."""
+    from llm.ensemble import main
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    argv = ["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--lr", "1e-2",
+            "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
+            "--no-progress", "--no-save-model", "--device", "cpu", "--out", str(tmp_path)]  # fmt: skip
+    cmd = [sys.executable, "-m", "llm.ensemble", "--seeds", "0,1", *argv]
+    proc = subprocess.Popen([*cmd, "--steps", "10000"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    logs = [tmp_path / f"seed{s}" / "metrics.jsonl" for s in (0, 1)]
+    deadline = time.monotonic() + 300
+    while not all(p.exists() and p.read_text().count("\n") for p in logs):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no step logged (exit {proc.returncode}): {proc.communicate()}")
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    steps = [len(p.read_text().splitlines()) for p in logs]
+    done = steps[0]
+    assert steps == [done, done] and done >= 1
+    outs = f"{tmp_path / 'seed0'}, {tmp_path / 'seed1'}"
+    assert f"SIGINT: checkpoints written at step {done} to {outs}" in err
+    assert "run the same command again with --resume to resume" in err and "Traceback" not in err
+    for s in (0, 1):
+        state = torch.load(tmp_path / f"seed{s}" / "checkpoint.pt", weights_only=True)
+        assert state["step"] == done and {"model", "optimizer"} <= set(state)
+    main(["--seeds", "0,1", *argv, "--steps", str(done + 1), "--resume"])
+    for p in logs:
+        assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == list(
+            range(1, done + 2)
+        )
