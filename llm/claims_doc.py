@@ -105,7 +105,7 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame, title: str = "") -
     supported or reversed row says whether it survives Holm's adjustment."""
 
     def named(row: pd.Series) -> str:
-        if row["verdict"] in (evidence.SUPPORTED, evidence.REVERSED) and row.get("holm"):
+        if row.get("holm") in ("survives", "does not survive"):
             return f"{row['claim']} ({'survives Holm' if row['holm'] == 'survives' else 'not after Holm'})"
         return row["claim"]
 
