@@ -133,7 +133,7 @@ def test_holm_runs_per_rung_and_reading():
     # rung x primary: {0.01, 0.04} (no headroom is no test): 0.02, 0.04; y alone: 0.03;
     # x secondary alone: 0.02
     np.testing.assert_allclose(out["p_holm"], [0.02, 0.04, np.nan, 0.03, 0.02])
-    assert out["holm"].tolist() == ["survives", "survives", "n/a", "survives", "survives"]
+    assert out["holm"].tolist() == ["survives", "survives", "no decision", "survives", "survives"]
     out = cl.holm_by_rung(table.assign(p=[0.03, 0.04, 0.001, 0.03, 0.02]))
     # x primary {0.03, 0.04}: 2 x 0.03 = 0.06, then max(0.06, 0.04) = 0.06: neither survives
     np.testing.assert_allclose(out["p_holm"][:2], [0.06, 0.06])

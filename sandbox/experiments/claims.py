@@ -390,7 +390,7 @@ def holm_by_rung(table: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     out["holm"] = np.where(
         decided & out["p_holm"].notna(),
         np.where(out["p_holm"] < 1 - level, "survives", "does not survive"),
-        "n/a",  # no decision to adjust (always text, so the CSV column reads back as text)
+        "no decision",  # always text (pandas would read "n/a" back as NaN)
     )
     return out
 
