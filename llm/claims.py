@@ -2,7 +2,7 @@
 every rung, calibrated and paired by seed (:mod:`sandbox.experiments.study`), with the ``llm``
 rung added here (``sandbox`` never imports ``llm``).
 
-Profiles: ``quick`` (CI-sized smoke: seconds, the tiny Llama on the llm rung), ``cpu`` (the toy
+Profiles: ``quick`` (CI-sized smoke: 23 s on the project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the toy
 rungs at full power: 16 paired seeds per rule), ``gpu`` (adds the llm rung on SmolLM2-135M,
 8 paired seeds per rule). Flags override a profile's values.
 
@@ -29,7 +29,7 @@ While it runs, ``llm_scratch/`` holds the llm runs in progress (checkpoints ever
 by a time limit, e.g. ``timeout 570 python -m llm.claims --profile gpu ...`` on a machine with
 10-minute commands, continues each cut run mid-way when run again::
 
-    python -m llm.claims --quick                                   # smoke, seconds
+    python -m llm.claims --quick                                   # smoke, ~25 s on 2 cores
     python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
     python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md

@@ -52,7 +52,7 @@ git commit of each run that computed parts, and of the last command that changed
 
 Run (from a checkout: ``PYTHONPATH=. python -m llm.transfer ...``)::
 
-    python -m llm.transfer --quick                      # a smoke test, seconds, tiny models
+    python -m llm.transfer --quick                      # a smoke test, ~10 s on 2 cores, tiny models
     python -m llm.transfer                              # CPU: <= 90 min on 2 cores (see PROFILES)
     python -m llm.transfer --profile gpu --device cuda  # all rules x 3 seeds on one GPU
     python -m llm.transfer --tables-only --out results/transfer   # the committed tables
@@ -185,7 +185,7 @@ class TransferConfig:
 
 
 #: Named settings. ``cpu``: the real model fits 90 min on 2 cores (4 rules x 2 seeds on the llm
-#: rung); ``gpu``: every rule x 3 seeds, bigger batches; ``quick``: a smoke test in seconds.
+#: rung); ``gpu``: every rule x 3 seeds, bigger batches; ``quick``: a smoke test (~10 s on 2 cores).
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {"llm_rules": ["dapo", "gspo", "nsr_dapo", "dgpo"]},
     "gpu": {
