@@ -26,8 +26,13 @@ PEERS = [("gpg", {}), ("dro", {"dro_beta": 0.3}), ("dppo_tv", {}), ("dppo_kl", {
 def test_sandbox_peer_rule_equals_verls_own(name, policy_loss, mode, weights):
     # DPPO: bounds 0.05 / 0.08 in probability (TV) or nats (KL), cap 1.5, so that the masks and
     # the truncation both act on this data
-    cfg = actor_config(policy_loss=PolicyLossConfig(**policy_loss), clip_ratio=0.2,
-                       clip_ratio_low=0.05, clip_ratio_high=0.08, clip_ratio_c=1.5)  # fmt: skip
+    cfg = actor_config(
+        policy_loss=PolicyLossConfig(**policy_loss),
+        clip_ratio=0.2,
+        clip_ratio_low=0.05,
+        clip_ratio_high=0.08,
+        clip_ratio_c=1.5,
+    )
     data = make_data(noise=0.5)
     if name.startswith("dppo"):
         out = get_objective(name, delta_low=0.05, delta_high=0.08, tis_cap=1.5)(*data[:4])
@@ -101,9 +106,14 @@ def test_gpg_and_dro_by_hand():
 
 @pytest.mark.parametrize(
     ("name", "bad"),
-    [("dro", {"beta": 0.0}), ("dro", {"beta": -1.0}), ("dppo_tv", {"delta_low": 0.0}),
-     ("dppo_kl", {"delta_high": -0.1}), ("dppo_tv", {"tis_cap": 0.0})],
-)  # fmt: skip
+    [
+        ("dro", {"beta": 0.0}),
+        ("dro", {"beta": -1.0}),
+        ("dppo_tv", {"delta_low": 0.0}),
+        ("dppo_kl", {"delta_high": -0.1}),
+        ("dppo_tv", {"tis_cap": 0.0}),
+    ],
+)
 def test_bad_peer_parameters_name_themselves(name, bad):
     with pytest.raises(ValueError, match=f"{next(iter(bad))} must lie in"):
         get_objective(name, **bad)

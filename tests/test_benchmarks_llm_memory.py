@@ -46,8 +46,11 @@ def test_script_runs_tiny_for_llm_train():
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--tiny", "--trainers", "llm", "--threads", "1"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = next(line for line in proc.stdout.splitlines() if line.startswith("llm.train"))
     baseline, peak, state, activations, _ = map(float, row.split()[1:])

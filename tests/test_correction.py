@@ -167,8 +167,9 @@ def test_matches_trl(level, mode, cmin, cmax):
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize(("mode", "cmin", "threshold"), [("truncate", 0.0, 2.0),
-                                                          ("mask", 0.5, "0.5_2.0")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "cmin", "threshold"), [("truncate", 0.0, 2.0), ("mask", 0.5, "0.5_2.0")]
+)
 def test_matches_verl(level, mode, cmin, threshold):
     helper = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
     g = torch.Generator().manual_seed(1)

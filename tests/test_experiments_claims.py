@@ -49,11 +49,21 @@ def _scores() -> pd.DataFrame:
     seeds = [0, 1, 2, 3]
     base = np.array([0.3, 0.5, 0.4, 0.6])
     rows = []
-    for rule, shift in (("dapo", [0, 0, 0, 0]), ("nsr_dapo", [0.1, 0.2, 0.1, 0.2]),
-                        ("nsr_decay_dapo", [0.0, 0.3, 0.0, 0.3])):  # fmt: skip
+    for rule, shift in (
+        ("dapo", [0, 0, 0, 0]),
+        ("nsr_dapo", [0.1, 0.2, 0.1, 0.2]),
+        ("nsr_decay_dapo", [0.0, 0.3, 0.0, 0.3]),
+    ):
         for s, b, d in zip(seeds, base, shift, strict=True):
-            rows.append({"rung": "toy", "rule": rule, "seed": s, "final_pass": b + d,
-                         "clip_frac": 0.05 if rule == "dapo" else 0.02})  # fmt: skip
+            rows.append(
+                {
+                    "rung": "toy",
+                    "rule": rule,
+                    "seed": s,
+                    "final_pass": b + d,
+                    "clip_frac": 0.05 if rule == "dapo" else 0.02,
+                }
+            )
     return pd.DataFrame(rows)
 
 

@@ -33,10 +33,14 @@ FIELDS += ("cpu_count", "os", "git_commit", "git_dirty")
 
 
 def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")  # fmt: skip
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -198,14 +202,31 @@ def _check_entry(entry: dict, command: str) -> None:
     assert entry["python"] == ".".join(map(str, sys.version_info[:3]))
     assert isinstance(entry["torch_threads"], int) and entry["torch_threads"] >= 1
     assert entry["cpu_model"] == R.cpu_model() and entry["cpu_model"] != R.NOT_RECORDED
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     assert entry["git_commit"] == (commit or R.NOT_RECORDED)
 
 
 def test_a_compare_run_records_its_provenance_which_is_not_a_setting(tmp_path):
-    base = ["-m", "sandbox.cli", "compare", "--out", str(tmp_path), "--name", "x", "--settings",
-            "easy", "--objectives", "grpo", "--seeds", "2", "--workers", "1", "--no-progress"]  # fmt: skip
+    base = [
+        "-m",
+        "sandbox.cli",
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "x",
+        "--settings",
+        "easy",
+        "--objectives",
+        "grpo",
+        "--seeds",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     out = tmp_path / "x"
     first = _run(*base, "--steps", "3")
     assert first.returncode == 0, first.stderr

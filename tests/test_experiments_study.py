@@ -82,8 +82,13 @@ def test_mu_grids_read_an_int_as_a_grid_of_one_and_name_a_bad_value():
 def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
     from sandbox.experiments.study import calibration_jobs, job_part, job_spec
 
-    config = StudyConfig(rungs=["bandit_sampled", "tiny_tf"], bandit_lrs=[1.0], epochs=[2],
-                         tf_lrs=[1e-3, 3e-3], tf_epochs=[4, 8])  # fmt: skip
+    config = StudyConfig(
+        rungs=["bandit_sampled", "tiny_tf"],
+        bandit_lrs=[1.0],
+        epochs=[2],
+        tf_lrs=[1e-3, 3e-3],
+        tf_epochs=[4, 8],
+    )
     jobs = calibration_jobs(config)
     assert [(j[1], j[3], j[4]) for j in jobs] == [
         ("bandit_sampled", 1.0, 2),

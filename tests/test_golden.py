@@ -207,10 +207,25 @@ def test_float64_fixtures_hold_on_other_cpu_kernels():
         "sweep_bandit)"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         __file__, "-k", cases],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            __file__,
+            "-k",
+            cases,
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "2 passed" in proc.stdout
 

@@ -62,8 +62,14 @@ def test_bandit_trainer_on_cuda_learns():
 def test_sequence_trainer_on_cuda_learns():
     from sandbox.train import SequenceTrainConfig, train_sequence
 
-    cfg = SequenceTrainConfig(task="bits", task_knobs={"op": "parity", "length": 2},
-                              objective="grpo", seeds=4, steps=40, device="cuda")  # fmt: skip
+    cfg = SequenceTrainConfig(
+        task="bits",
+        task_knobs={"op": "parity", "length": 2},
+        objective="grpo",
+        seeds=4,
+        steps=40,
+        device="cuda",
+    )
     df = train_sequence(cfg)
     first = df[df["step"] < 5]["pass_rate"].mean()
     last = df[df["step"] >= 35]["pass_rate"].mean()
@@ -78,10 +84,24 @@ def test_llm_train_tiny_learns_parity(tmp_path, device):
     the CPU: 0.13 -> 0.61)."""
     from llm.train import TrainConfig, train
 
-    rows = train(TrainConfig(model="tiny", task="parity", task_knobs={"length": 2}, lr=1e-2,
-                             prompts_per_step=8, group_size=8, max_new_tokens=4, steps=30,
-                             epochs=2, minibatches=2, progress=False, save_model=False,
-                             device=device, out=str(tmp_path / "run")))  # fmt: skip
+    rows = train(
+        TrainConfig(
+            model="tiny",
+            task="parity",
+            task_knobs={"length": 2},
+            lr=1e-2,
+            prompts_per_step=8,
+            group_size=8,
+            max_new_tokens=4,
+            steps=30,
+            epochs=2,
+            minibatches=2,
+            progress=False,
+            save_model=False,
+            device=device,
+            out=str(tmp_path / "run"),
+        )
+    )
     assert all(math.isfinite(r["loss"]) for r in rows)
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-10:]) / 10

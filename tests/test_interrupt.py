@@ -25,24 +25,53 @@ from sandbox.experiments import CompareConfig, run_compare
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVES = ["grpo", "dapo", "gspo", "sapo", "dgpo", "gppo", "cispo_trl", "nsr_dapo"]
-SMALL = dict(objectives=OBJECTIVES, settings=["needle"], seeds=4, steps=40, prompts_per_step=2,
-             minibatches=2)  # fmt: skip
+SMALL = dict(
+    objectives=OBJECTIVES, settings=["needle"], seeds=4, steps=40, prompts_per_step=2, minibatches=2
+)
 RUNS = 2 * len(OBJECTIVES)  # a sampled and an exact part each
 
 
 def _argv(out: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "sandbox.cli", "compare", "--out", str(out), "--name", name,
-            "--objectives", *OBJECTIVES, "--settings", "needle", "--seeds", "4", "--steps", "40",
-            "--prompts-per-step", "2", "--minibatches", "2", "--workers", "2",
-            "--no-progress"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "sandbox.cli",
+        "compare",
+        "--out",
+        str(out),
+        "--name",
+        name,
+        "--objectives",
+        *OBJECTIVES,
+        "--settings",
+        "needle",
+        "--seeds",
+        "4",
+        "--steps",
+        "40",
+        "--prompts-per-step",
+        "2",
+        "--minibatches",
+        "2",
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
 
 
 def _start(argv: list[str], parts: Path) -> tuple[subprocess.Popen, list[psutil.Process]]:
     """Start the CLI; return it and its descendants once a first part is on disk."""
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path}  # the checkout first, then what the caller had
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not any(parts.glob("*.parquet")):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -87,8 +116,9 @@ def test_sigterm_stops_compare_without_orphans_and_resume_finishes_only_the_rest
     assert 1 <= len(stamps) < RUNS
     assert f"{len(stamps)} of {RUNS} runs finished" in err and "run the same command" in err
     # resume (in this process): the finished parts are kept, only the missing ones computed
-    results, _ = run_compare(CompareConfig(**SMALL), tmp_path / "t", workers=1, progress=False,
-                             figures=False)  # fmt: skip
+    results, _ = run_compare(
+        CompareConfig(**SMALL), tmp_path / "t", workers=1, progress=False, figures=False
+    )
     assert all(path.stat().st_mtime_ns == stamp for path, stamp in stamps.items())
     assert len(list(parts.glob("*.parquet"))) == RUNS
     assert len(results) == len(OBJECTIVES) * (4 * 40 + 40)
@@ -113,8 +143,18 @@ def test_sigterm_stops_a_sweep_without_orphans(tmp_path):
         'objective = ["grpo", "dapo", "gspo", "sapo"]\n'
     )
     parts = tmp_path / "out" / "s" / "parts"
-    argv = [sys.executable, "-m", "sandbox.cli", "sweep", str(sweep), "--out", str(tmp_path / "out"),
-            "--workers", "2", "--no-progress"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "sandbox.cli",
+        "sweep",
+        str(sweep),
+        "--out",
+        str(tmp_path / "out"),
+        "--workers",
+        "2",
+        "--no-progress",
+    ]
     proc, children = _start(argv, parts)
     proc.send_signal(signal.SIGTERM)
     code, err = _finish(proc, children)
@@ -134,8 +174,14 @@ def test_pool_never_forks_the_driver_even_after_autograd_ran(tmp_path):
     assert pool._context().get_start_method() == "forkserver"
     x = torch.ones(3, requires_grad=True)
     (x * 2).sum().backward()  # autograd has run in the driver
-    config = CompareConfig(objectives=["dapo", "gspo"], settings=["needle"], seeds=2, steps=3,
-                           prompts_per_step=2, minibatches=2)  # fmt: skip
+    config = CompareConfig(
+        objectives=["dapo", "gspo"],
+        settings=["needle"],
+        seeds=2,
+        steps=3,
+        prompts_per_step=2,
+        minibatches=2,
+    )
     pooled, _ = run_compare(config, tmp_path / "p", workers=2, progress=False, figures=False)
     alone, _ = run_compare(config, tmp_path / "a", workers=1, progress=False, figures=False)
     pd.testing.assert_frame_equal(pooled, alone)
@@ -149,9 +195,15 @@ def test_an_early_ctrl_c_is_one_message_from_the_driver(tmp_path, delay):
     argv = _argv(tmp_path, "early")
     argv[argv.index("40")] = "400"  # far longer than any delay here
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(delay)
     os.killpg(proc.pid, signal.SIGINT)  # the whole process group, as a terminal's Ctrl-C
     try:

@@ -53,8 +53,9 @@ def test_resume_checks_the_config(tmp_path):
     # more steps, other reporting: the same experiment, accepted
     rows = train(config(tmp_path, steps=2, resume=True, objective="dapo", eval_every=2))
     assert [r["step"] for r in rows] == [2]
-    rows = train(config(tmp_path, steps=3, resume=True, objective="cispo",
-                        allow_config_change=True))  # fmt: skip
+    rows = train(
+        config(tmp_path, steps=3, resume=True, objective="cispo", allow_config_change=True)
+    )
     assert [r["step"] for r in rows] == [3]
     # with --data, turning eval on holds rows out of training: that is a different run
     data = tmp_path / "rows.jsonl"
@@ -75,17 +76,43 @@ def test_resume_without_a_checkpoint_or_with_nothing_left_fails(tmp_path, capsys
     with pytest.raises(ValueError, match=r"is at step 2, not before --steps 1: nothing to do"):
         train(config(tmp_path, steps=1, resume=True))
     with pytest.raises(SystemExit) as exc:  # and from the command line: exit status 2
-        main(["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--steps", "2",
-              "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "8",
-              "--prompts-per-call", "1", "--lr", "1e-2", "--no-save-model", "--no-progress",
-              "--device", "cpu", "--out", str(tmp_path / "run"), "--resume"])  # fmt: skip
+        main(
+            [
+                "--model",
+                "tiny",
+                "--task",
+                "parity",
+                "--task-knobs",
+                "length=2",
+                "--steps",
+                "2",
+                "--prompts-per-step",
+                "4",
+                "--group-size",
+                "4",
+                "--max-new-tokens",
+                "8",
+                "--prompts-per-call",
+                "1",
+                "--lr",
+                "1e-2",
+                "--no-save-model",
+                "--no-progress",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "run"),
+                "--resume",
+            ]
+        )
     assert exc.value.code == 2 and "nothing to do" in capsys.readouterr().err
 
 
 def test_resume_accepts_a_task_knob_given_at_its_default(tmp_path):
     train(config(tmp_path, steps=1, task="mod_arith", task_knobs={}))
-    rows = train(config(tmp_path, steps=2, resume=True, task="mod_arith",
-                        task_knobs={"modulus": 7}))  # fmt: skip
+    rows = train(
+        config(tmp_path, steps=2, resume=True, task="mod_arith", task_knobs={"modulus": 7})
+    )
     assert [r["step"] for r in rows] == [2]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["task_knobs"]["modulus"] == 7 and saved["steps"] == 2
@@ -99,9 +126,28 @@ def test_resume_accepts_a_task_knob_given_at_its_default(tmp_path):
 def test_sigterm_writes_a_checkpoint(tmp_path):
     out = tmp_path / "sig"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "llm.train", "--model", "tiny", "--steps", "10000", "--lr", "1e-3",
-           "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
-           "--no-progress", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "llm.train",
+        "--model",
+        "tiny",
+        "--steps",
+        "10000",
+        "--lr",
+        "1e-3",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     metrics, deadline = out / "metrics.jsonl", time.time() + 60
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n")):
@@ -116,9 +162,29 @@ def test_sigterm_writes_a_checkpoint(tmp_path):
 
 def _start_and_wait_for_a_step(out, extra=()):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "llm.train", "--model", "tiny", "--steps", "10000", "--lr", "1e-3",
-           "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
-           "--no-progress", "--device", "cpu", "--out", str(out), *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "llm.train",
+        "--model",
+        "tiny",
+        "--steps",
+        "10000",
+        "--lr",
+        "1e-3",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     metrics, deadline = out / "metrics.jsonl", time.time() + 60
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n")):
@@ -138,17 +204,30 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
     assert "run the same command again with --resume to resume" in err.decode()
     steps = len(metrics.read_text().splitlines())
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == steps >= 1
-    rows = train(TrainConfig(model="tiny", steps=steps + 1, lr=1e-3, prompts_per_step=2,
-                             group_size=2, max_new_tokens=4, progress=False, device="cpu",
-                             save_model=False, out=str(out), resume=True))  # fmt: skip
+    rows = train(
+        TrainConfig(
+            model="tiny",
+            steps=steps + 1,
+            lr=1e-3,
+            prompts_per_step=2,
+            group_size=2,
+            max_new_tokens=4,
+            progress=False,
+            device="cpu",
+            save_model=False,
+            out=str(out),
+            resume=True,
+        )
+    )
     assert [r["step"] for r in rows] == [steps + 1]
 
 
 def test_second_ctrl_c_aborts_at_once(tmp_path):
     """Two Ctrl-C: the second raises KeyboardInterrupt in the middle of the step (no waiting)."""
     out = tmp_path / "int2"
-    proc, _ = _start_and_wait_for_a_step(out, ["--prompts-per-step", "64", "--group-size", "8",
-                                               "--max-new-tokens", "32"])  # fmt: skip
+    proc, _ = _start_and_wait_for_a_step(
+        out, ["--prompts-per-step", "64", "--group-size", "8", "--max-new-tokens", "32"]
+    )
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)

@@ -26,9 +26,25 @@ from llm.train import main, parse_args, train
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = (".safetensors", ".pt", ".bin", ".pth")
 FEW_KB = 16_000  # the weights-free record: ~3 KB (its settings as JSON); full: ~400 KB
-RUN = ["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--lr", "1e-2",
-       "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
-       "--no-progress", "--device", "cpu"]  # fmt: skip
+RUN = [
+    "--model",
+    "tiny",
+    "--task",
+    "parity",
+    "--task-knobs",
+    "length=2",
+    "--lr",
+    "1e-2",
+    "--prompts-per-step",
+    "2",
+    "--group-size",
+    "2",
+    "--max-new-tokens",
+    "4",
+    "--no-progress",
+    "--device",
+    "cpu",
+]
 
 
 def command(module: str, *argv: str) -> list[str]:
@@ -36,8 +52,12 @@ def command(module: str, *argv: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def weight_files(out: Path) -> dict[str, int]:
@@ -60,9 +80,22 @@ def assert_no_weights(out: Path, step: int) -> None:
 def test_a_finished_run_keeps_no_weights_and_cannot_be_resumed_past_its_end(tmp_path, capsys):
     out = tmp_path / "run"
     # --checkpoint-every 1: a full checkpoint at step 1, replaced by the record at step 2
-    proc = subprocess.run(command("llm.train", "--steps", "2", "--checkpoint-every", "1",
-                                  "--no-save-model", "--out", str(out)),
-                          env=env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        command(
+            "llm.train",
+            "--steps",
+            "2",
+            "--checkpoint-every",
+            "1",
+            "--no-save-model",
+            "--out",
+            str(out),
+        ),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no weights (--no-save-model)" in proc.stderr
     assert_no_weights(out, step=2)
@@ -83,9 +116,13 @@ def test_a_finished_run_keeps_no_weights_and_cannot_be_resumed_past_its_end(tmp_
 
 def test_sigterm_leaves_a_resume_checkpoint_and_the_resumed_run_leaves_no_weights(tmp_path):
     out = tmp_path / "cut"
-    proc = subprocess.Popen(command("llm.train", "--steps", "10000", "--no-save-model",
-                                    "--out", str(out)),
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        command("llm.train", "--steps", "10000", "--no-save-model", "--out", str(out)),
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics, deadline = out / "metrics.jsonl", time.monotonic() + 300
     while not (metrics.exists() and metrics.read_text().count("\n")):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -100,17 +137,26 @@ def test_sigterm_leaves_a_resume_checkpoint_and_the_resumed_run_leaves_no_weight
     assert state["step"] == done >= 1 and {"model", "optimizer"} <= set(state)
     assert weight_files(out)["checkpoint.pt"] > FEW_KB
     # resume to the end: the run continues from the checkpoint, then keeps no weights
-    rows = train(parse_args([*RUN, "--steps", str(done + 1), "--no-save-model", "--resume",
-                             "--out", str(out)]))  # fmt: skip
+    rows = train(
+        parse_args(
+            [*RUN, "--steps", str(done + 1), "--no-save-model", "--resume", "--out", str(out)]
+        )
+    )
     assert [r["step"] for r in rows] == [done + 1]
     assert_no_weights(out, step=done + 1)
 
 
 def test_a_finished_ensemble_keeps_no_weights(tmp_path):
     out = tmp_path / "ens"
-    proc = subprocess.run(command("llm.ensemble", "--seeds", "0,1", "--steps", "1",
-                                  "--no-save-model", "--out", str(out)),
-                          env=env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        command(
+            "llm.ensemble", "--seeds", "0,1", "--steps", "1", "--no-save-model", "--out", str(out)
+        ),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for seed in (0, 1):
         assert_no_weights(out / f"seed{seed}", step=1)

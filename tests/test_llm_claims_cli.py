@@ -35,8 +35,14 @@ def _env() -> dict[str, str]:
 
 def claims(*argv: str, script: list[str] | None = None, **env: str) -> subprocess.CompletedProcess:
     command = script or ["-m", "llm.claims"]
-    return subprocess.run([sys.executable, *command, *argv], cwd=ROOT, env={**_env(), **env},
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, *command, *argv],
+        cwd=ROOT,
+        env={**_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -173,8 +179,9 @@ def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path):
 
 def test_a_claim_of_your_own_gets_a_verdict_on_every_rung(tmp_path):
     out = tmp_path / "mine"
-    proc = claims(*FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo:reward_auc:0.01",
-                  "--out", str(out))  # fmt: skip
+    proc = claims(
+        *FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo:reward_auc:0.01", "--out", str(out)
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "empty ledger" not in proc.stdout and "mine" in proc.stdout
     ledger = pd.read_csv(out / "ledger.csv").set_index(["claim", "rung"])
@@ -271,8 +278,22 @@ sys.exit(main(sys.argv[1:]))
 
 def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path):
     out = tmp_path / "study"
-    argv = ["--quick", "--rungs", "llm", "--rules", "dapo", "nsr_dapo", "--no-progress",
-            "--workers", "1", "--llm", "seeds=1", "steps=2", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--quick",
+        "--rungs",
+        "llm",
+        "--rules",
+        "dapo",
+        "nsr_dapo",
+        "--no-progress",
+        "--workers",
+        "1",
+        "--llm",
+        "seeds=1",
+        "steps=2",
+        "--out",
+        str(out),
+    ]
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     cut = claims(*argv, script=[str(script)], CUT_AT="study__llm__dapo__")
@@ -296,8 +317,15 @@ def test_sigterm_between_runs_prints_the_resume_line(tmp_path):
     out = tmp_path / "study"
     script = tmp_path / "driver.py"
     script.write_text(DRIVER.replace("signal.SIGINT", "signal.SIGTERM"))
-    cut = claims(*FAST, "--workers", "1", "--out", str(out), script=[str(script)],
-                 CUT_AT="study__bandit_exact__")  # fmt: skip
+    cut = claims(
+        *FAST,
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+        script=[str(script)],
+        CUT_AT="study__bandit_exact__",
+    )
     assert cut.returncode == 128 + signal.SIGTERM, cut.stderr[-3000:]
     assert "interrupted (SIGTERM)" in cut.stderr and "run the same command again" in cut.stderr
     again = claims(*FAST, "--workers", "1", "--out", str(out))

@@ -31,10 +31,20 @@ def test_the_commands_are_found():
 
 @pytest.mark.parametrize("module", commands())
 def test_help_prints_the_usage_and_exits_0(module):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"usage: python -m {module}"), proc.stdout[:500]
     assert "--help" in proc.stdout and "Traceback" not in proc.stderr

@@ -34,8 +34,11 @@ def test_config_file_and_flags(tmp_path, capsys):
     toml_file.write_text('objective = "nsr_dapo"\nsteps = 3\nobjective_params = {sigma = 0.2}\n')
     cfg = parse_args(["--config", str(toml_file)])
     assert (cfg.objective, cfg.steps, cfg.objective_params) == ("nsr_dapo", 3, {"sigma": 0.2})
-    for text, match in [("stepz: 3\n", "unknown setting 'stepz'"),
-                        ("steps: three\n", "steps must be int"), ("- 1\n", "mapping")]:  # fmt: skip
+    for text, match in [
+        ("stepz: 3\n", "unknown setting 'stepz'"),
+        ("steps: three\n", "steps must be int"),
+        ("- 1\n", "mapping"),
+    ]:
         yaml_file.write_text(text)
         with pytest.raises(ValueError, match=match):
             parse_args(["--config", str(yaml_file)])
@@ -65,24 +68,76 @@ def test_cli_flags_and_one_line_per_step(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     help_text = capsys.readouterr().out
-    for flag in ("--model", "--task", "--data", "--verifier", "--objective", "--objective-params",
-                 "--steps", "--out", "--resume", "--fsdp", "--lora-r", "--kl-coef"):  # fmt: skip
+    for flag in (
+        "--model",
+        "--task",
+        "--data",
+        "--verifier",
+        "--objective",
+        "--objective-params",
+        "--steps",
+        "--out",
+        "--resume",
+        "--fsdp",
+        "--lora-r",
+        "--kl-coef",
+    ):
         assert flag in help_text
-    cfg = parse_args(["--objective", "nsr", "--objective-params", "noise=band", "sigma=0.1",
-                      "--task-knobs", "steps=1", "--report-to"])  # fmt: skip
+    cfg = parse_args(
+        [
+            "--objective",
+            "nsr",
+            "--objective-params",
+            "noise=band",
+            "sigma=0.1",
+            "--task-knobs",
+            "steps=1",
+            "--report-to",
+        ]
+    )
     assert cfg.objective_params == {"noise": "band", "sigma": 0.1}
     assert cfg.task_knobs == {"steps": 1} and cfg.report_to == []
     out = tmp_path / "cli"
-    main(["--model", "tiny", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
-          "--max-new-tokens", "4", "--no-progress", "--no-save-model", "--out", str(out)])  # fmt: skip
+    main(
+        [
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--group-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--no-progress",
+            "--no-save-model",
+            "--out",
+            str(out),
+        ]
+    )
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
 
 
 def test_rollout_is_flags_and_errors(tmp_path, capsys):
-    cfg = parse_args(["--rollout-is", "mask", "--rollout-is-level", "sequence",
-                      "--rollout-is-min", "0.5", "--rollout-is-max", "3"])  # fmt: skip
+    cfg = parse_args(
+        [
+            "--rollout-is",
+            "mask",
+            "--rollout-is-level",
+            "sequence",
+            "--rollout-is-min",
+            "0.5",
+            "--rollout-is-max",
+            "3",
+        ]
+    )
     assert (cfg.rollout_is, cfg.rollout_is_level, cfg.rollout_is_min, cfg.rollout_is_max) == (
-        "mask", "sequence", 0.5, 3.0)  # fmt: skip
+        "mask",
+        "sequence",
+        0.5,
+        3.0,
+    )
     assert parse_args([]).rollout_is == "none"
     with pytest.raises(ValueError, match=r"--rollout-is-min 3\.0 and --rollout-is-max 2\.0"):
         config(tmp_path, rollout_is="truncate", rollout_is_min=3.0).validate()
@@ -109,11 +164,13 @@ def _bad(tmp_path, capsys, args, pattern):
     [
         (["--fsdp"], "--fsdp shards over several processes: launch with torchrun"),
         (["--eval-data", "x.jsonl"], "--eval-data is only read with --eval-every"),
-        (["--prompts-per-step", "2", "--group-size", "2", "--minibatches", "3"],
-         "--minibatches 3 must divide the step's 4 completions"),
+        (
+            ["--prompts-per-step", "2", "--group-size", "2", "--minibatches", "3"],
+            "--minibatches 3 must divide the step's 4 completions",
+        ),
         (["--report-to", "wandb"], None),
     ],
-)  # fmt: skip
+)
 def test_flags_that_would_be_ignored_are_refused(tmp_path, capsys, monkeypatch, args, match):
     if match is None:  # a missing tracker names the extra that installs it
         monkeypatch.setitem(sys.modules, "wandb", None)
@@ -145,11 +202,19 @@ def test_bad_input_is_one_line_on_stderr_before_any_compute(tmp_path, capsys, mo
     _bad(tmp_path, capsys, ["--data", str(tmp_path / "missing.jsonl")], "does not exist")
     long = tmp_path / "long.jsonl"
     long.write_text(json.dumps({"prompt": "1" * 600, "answer": "1"}) + "\n")
-    _bad(tmp_path, capsys, ["--data", str(long), "--chat-template", "off"],
-         r"a prompt has 60\d tokens, more than the \d+ allowed")  # fmt: skip
-    _bad(tmp_path, capsys, ["--model", "no-such-org/no-such-model-xyz"],
-         r"--model 'no-such-org/no-such-model-xyz' is not in the local Hugging Face cache and this "
-         r"run is offline")  # fmt: skip
+    _bad(
+        tmp_path,
+        capsys,
+        ["--data", str(long), "--chat-template", "off"],
+        r"a prompt has 60\d tokens, more than the \d+ allowed",
+    )
+    _bad(
+        tmp_path,
+        capsys,
+        ["--model", "no-such-org/no-such-model-xyz"],
+        r"--model 'no-such-org/no-such-model-xyz' is not in the local Hugging Face cache and this "
+        r"run is offline",
+    )
     nopad = tmp_path / "nopad"
     tok = tiny_tokenizer()
     tiny_model(len(tok), 0).save_pretrained(nopad)
@@ -161,10 +226,22 @@ def test_bad_input_is_one_line_on_stderr_before_any_compute(tmp_path, capsys, mo
 
 def test_vllm_backend_flags_and_errors(tmp_path, monkeypatch):
     # the engine itself is tested in test_llm_vllm.py where vLLM is installed
-    cfg = parse_args(["--rollout-backend", "vllm", "--vllm-gpu-memory-utilization", "0.5",
-                      "--vllm-sleep", "--vllm-enforce-eager"])  # fmt: skip
-    assert (cfg.rollout_backend, cfg.vllm_gpu_memory_utilization, cfg.vllm_sleep,
-            cfg.vllm_enforce_eager) == ("vllm", 0.5, True, True)  # fmt: skip
+    cfg = parse_args(
+        [
+            "--rollout-backend",
+            "vllm",
+            "--vllm-gpu-memory-utilization",
+            "0.5",
+            "--vllm-sleep",
+            "--vllm-enforce-eager",
+        ]
+    )
+    assert (
+        cfg.rollout_backend,
+        cfg.vllm_gpu_memory_utilization,
+        cfg.vllm_sleep,
+        cfg.vllm_enforce_eager,
+    ) == ("vllm", 0.5, True, True)
     assert parse_args([]).rollout_backend == "hf"
     with pytest.raises(ValueError, match="--rollout-backend must be one of"):
         config(tmp_path, rollout_backend="sglang").validate()

@@ -35,14 +35,32 @@ def test_jsonl_parquet_and_local_model(tmp_path):
     rows = [{"prompt": f"{a}+{b}=", "answer": a + b} for a in range(4) for b in range(3)]
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows))
-    out = train(config(tmp_path, "j", task=None, data=str(jsonl), eval_every=1, eval_prompts=2,
-                       save_model=True, steps=1))  # fmt: skip
+    out = train(
+        config(
+            tmp_path,
+            "j",
+            task=None,
+            data=str(jsonl),
+            eval_every=1,
+            eval_prompts=2,
+            save_model=True,
+            steps=1,
+        )
+    )
     assert "eval_pass@4" in out[0]
     pd = pytest.importorskip("pandas")
     parquet = tmp_path / "d.parquet"
     pd.DataFrame(rows).to_parquet(parquet)
     assert read_rows(str(parquet)) == read_rows(str(jsonl))
     # the saved model loads back as a local directory
-    local = train(config(tmp_path, "local", model=str(tmp_path / "j" / "model"), task=None,
-                         data=str(parquet), steps=1))  # fmt: skip
+    local = train(
+        config(
+            tmp_path,
+            "local",
+            model=str(tmp_path / "j" / "model"),
+            task=None,
+            data=str(parquet),
+            steps=1,
+        )
+    )
     assert math.isfinite(local[0]["grad_norm"])

@@ -23,12 +23,33 @@ from llm.model import tiny_model, tiny_tokenizer
 pytest.importorskip("transformers")
 
 ARGS = [
-    "--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--steps", "2", "--lr", "1e-2",
-    "--prompts-per-step", "4", "--group-size", "4", "--epochs", "2", "--minibatches", "2",
-    "--max-new-tokens", "16", "--no-progress", "--device", "cpu",  # the model saved: the final
+    "--model",
+    "tiny",
+    "--task",
+    "parity",
+    "--task-knobs",
+    "length=2",
+    "--steps",
+    "2",
+    "--lr",
+    "1e-2",
+    "--prompts-per-step",
+    "4",
+    "--group-size",
+    "4",
+    "--epochs",
+    "2",
+    "--minibatches",
+    "2",
+    "--max-new-tokens",
+    "16",
+    "--no-progress",
+    "--device",
+    "cpu",  # the model saved: the final
     # checkpoint, which the tests compare, keeps its weights
-    "--prompts-per-call", "1",  # a prompt's samples independent of the world size
-]  # fmt: skip
+    "--prompts-per-call",
+    "1",  # a prompt's samples independent of the world size
+]
 
 
 def free_port() -> int:
@@ -43,16 +64,31 @@ def run(args: list[str], nproc: int | None = None, backend: str = "gloo") -> Non
     if nproc is None:
         cmd = [sys.executable, "-m", "llm.train", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               "-m", "llm.train", *args, "--backend", backend]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "llm.train",
+            *args,
+            "--backend",
+            backend,
+        ]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     except subprocess.TimeoutExpired:
         pytest.skip("distributed run timed out (no usable port / gloo here?)")
     if proc.returncode != 0:
-        if nproc and ("Address already in use" in proc.stderr or ("gloo" in proc.stderr.lower()
-                      and "connect" in proc.stderr.lower())):  # fmt: skip
+        if nproc and (
+            "Address already in use" in proc.stderr
+            or ("gloo" in proc.stderr.lower() and "connect" in proc.stderr.lower())
+        ):
             pytest.skip(f"cannot initialise torch.distributed here: {proc.stderr[-500:]}")
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
 

@@ -408,14 +408,42 @@ def test_ctrl_c_checkpoints_every_member_and_resume_continues(tmp_path):
     from llm.ensemble import main
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    argv = ["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--lr", "1e-2",
-            "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
-            "--no-progress", "--no-save-model", "--device", "cpu", "--out", str(tmp_path)]  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = [
+        "--model",
+        "tiny",
+        "--task",
+        "parity",
+        "--task-knobs",
+        "length=2",
+        "--lr",
+        "1e-2",
+        "--prompts-per-step",
+        "2",
+        "--group-size",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--no-progress",
+        "--no-save-model",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+    ]
     cmd = [sys.executable, "-m", "llm.ensemble", "--seeds", "0,1", *argv]
-    proc = subprocess.Popen([*cmd, "--steps", "10000"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*cmd, "--steps", "10000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     logs = [tmp_path / f"seed{s}" / "metrics.jsonl" for s in (0, 1)]
     deadline = time.monotonic() + 300
     while not all(p.exists() and p.read_text().count("\n") for p in logs):

@@ -27,16 +27,22 @@ from llm.logprobs import ChunkedLogProb, completion_logp, default_chunk_size
 V = 60  # vocabulary of the test models (small, so every check is fast)
 
 
-def full_logits_logp(model, prompt, prompt_mask, completion, completion_mask, temperature, *,
-                     entropy=None):  # fmt: skip
+def full_logits_logp(
+    model, prompt, prompt_mask, completion, completion_mask, temperature, *, entropy=None
+):
     """The reference: the full ``[B, Tc, V]`` logits in float32 (or the model's float64), as
     ``llm.rollout.completion_logp`` computed them before chunking."""
     input_ids = torch.cat([prompt, completion], 1)
     attention = torch.cat([prompt_mask, completion_mask], 1)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     Tc = completion.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                   logits_to_keep=Tc + 1, use_cache=False).logits[:, :-1]  # fmt: skip
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention,
+        position_ids=positions,
+        logits_to_keep=Tc + 1,
+        use_cache=False,
+    ).logits[:, :-1]
     logits = (logits if logits.dtype == torch.float64 else logits.float()) / temperature
     logz = torch.logsumexp(logits, -1)
     logp = logits.gather(-1, completion.unsqueeze(-1)).squeeze(-1) - logz
@@ -50,10 +56,18 @@ def full_logits_logp(model, prompt, prompt_mask, completion, completion_mask, te
 def llama(tied: bool, seed: int = 0, dtype=torch.float64) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                         max_position_embeddings=64, pad_token_id=0,
-                         tie_word_embeddings=tied)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        tie_word_embeddings=tied,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(dtype)
@@ -289,9 +303,19 @@ def test_ddp_and_fsdp2_two_processes(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(DIST_WORKER.format(tests=os.path.dirname(__file__)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
-           str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(script),
+        str(tmp_path),
+    ]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:

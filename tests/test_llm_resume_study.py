@@ -113,11 +113,16 @@ def test_ensemble_members_must_resume_from_one_step(tmp_path):
     train(config(tmp_path, "b", seed=1, steps=2))  # at step 2
     a, b = tmp_path / "a", tmp_path / "b"
     with pytest.raises(ValueError, match=rf"one step, got {a}: step 1, {b}: step 2$"):
-        check_members([config(tmp_path, "a", steps=3, resume=True),
-                       config(tmp_path, "b", seed=1, steps=3, resume=True)])  # fmt: skip
+        check_members(
+            [
+                config(tmp_path, "a", steps=3, resume=True),
+                config(tmp_path, "b", seed=1, steps=3, resume=True),
+            ]
+        )
     with pytest.raises(ValueError, match=rf"{a}: step 1, {tmp_path / 'c'}: step 0$"):
-        check_members([config(tmp_path, "a", steps=3, resume=True),
-                       config(tmp_path, "c", seed=1, steps=3)])  # fmt: skip
+        check_members(
+            [config(tmp_path, "a", steps=3, resume=True), config(tmp_path, "c", seed=1, steps=3)]
+        )
 
 
 # ------------------------------------------------------------------------------------------
@@ -198,10 +203,20 @@ QUICK = ["--quick", "--rungs", "llm", "--rules", "dapo", "nsr_dapo", "--no-progr
 def _cut(argv: list[str], scratch: Path, after: int) -> list[Path]:
     """Run ``python -m llm.claims argv`` until a scratch run logged step ``after``, SIGTERM it;
     return the scratch folders."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "llm.claims", *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llm.claims", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def logged() -> int:
         steps = [0]
@@ -254,8 +269,17 @@ def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps)
 def test_a_study_llm_ensemble_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps):
     # the study's 2 seeds of dapo as one ensemble of 8 steps, cut (then nsr_dapo's 2 seeds, one
     # ensemble); calibration: 1 step
-    argv = [*QUICK, "--calib-steps", "1", "--llm-ensemble", "2",
-            "--llm", "steps=8", "seeds=2", "checkpoint_every=100"]  # fmt: skip
+    argv = [
+        *QUICK,
+        "--calib-steps",
+        "1",
+        "--llm-ensemble",
+        "2",
+        "--llm",
+        "steps=8",
+        "seeds=2",
+        "checkpoint_every=100",
+    ]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     # in the pool (the default on a GPU machine): the driver's SIGTERM reaches the workers,
     # which run the two rules' ensembles side by side

@@ -89,10 +89,22 @@ def test_one_grpo_step_on_cpu(tmp_path) -> None:
         [{"role": "user", "content": "1+1?"}], add_generation_prompt=True, tokenize=False
     )
     cfg = TrainConfig(
-        model=ALIAS, task="addition", task_knobs={"digits": 2}, objective="grpo", steps=1,
-        prompts_per_step=2, group_size=2, max_new_tokens=4, epochs=1, minibatches=1, lr=1e-7,
-        offline=True, device="cpu", progress=False, out=str(tmp_path / "run"),
-    )  # fmt: skip
+        model=ALIAS,
+        task="addition",
+        task_knobs={"digits": 2},
+        objective="grpo",
+        steps=1,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=4,
+        epochs=1,
+        minibatches=1,
+        lr=1e-7,
+        offline=True,
+        device="cpu",
+        progress=False,
+        out=str(tmp_path / "run"),
+    )
     (row,) = train(cfg)
     assert row["step"] == 1
     assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])

@@ -12,10 +12,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train(*argv: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "llm.train", "--steps", "1", *argv], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "llm.train", "--steps", "1", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize(
@@ -43,9 +53,14 @@ def test_bad_llm_train_arguments_are_one_line_before_any_work(tmp_path, flags, n
 def test_model_help_names_every_built_in_model():
     from llm.model import available_models
 
-    out = subprocess.run([sys.executable, "-m", "llm.train", "--help"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT))).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "llm.train", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    ).stdout
     flat = " ".join(out.split())
     assert all(name in flat for name in available_models())
     assert "smollm2-135m" in flat

@@ -35,9 +35,19 @@ TIMING = ("tokens_per_s", "step_time")
 # prompts_per_call=1: a prompt's samples do not depend on how prompts are batched, so the seeds
 # these tests pick (and the 1-vs-2-process comparisons) keep their meaning. save_model: a finished
 # run keeps its weights (the final checkpoint, which these tests read) only with the model saved
-BASE = dict(model="tiny", task="parity", task_knobs={"length": 2}, lr=1e-2, prompts_per_step=4,
-            group_size=4, prompts_per_call=1,
-            max_new_tokens=8, progress=False, save_model=True, device="cpu")  # fmt: skip
+BASE = dict(
+    model="tiny",
+    task="parity",
+    task_knobs={"length": 2},
+    lr=1e-2,
+    prompts_per_step=4,
+    group_size=4,
+    prompts_per_call=1,
+    max_new_tokens=8,
+    progress=False,
+    save_model=True,
+    device="cpu",
+)
 
 
 def config(tmp_path: pathlib.Path, name: str = "run", **kw) -> TrainConfig:
@@ -128,10 +138,25 @@ def test_default_rollout_is_one_batched_generate(tmp_path, monkeypatch):
 
 
 def test_reference_kl_entropy_and_filters(tmp_path):
-    rows = train(config(tmp_path, objective="grpo", kl_coef=0.1, entropy_coef=0.01, epochs=2,
-                        drop_zero_variance=True, mask_truncated=True, warmup_steps=1,
-                        lr_schedule="linear", gradient_checkpointing=True, chat_template="off",
-                        eval_every=1, eval_prompts=2, eval_k=3, steps=2))  # fmt: skip
+    rows = train(
+        config(
+            tmp_path,
+            objective="grpo",
+            kl_coef=0.1,
+            entropy_coef=0.01,
+            epochs=2,
+            drop_zero_variance=True,
+            mask_truncated=True,
+            warmup_steps=1,
+            lr_schedule="linear",
+            gradient_checkpointing=True,
+            chat_template="off",
+            eval_every=1,
+            eval_prompts=2,
+            eval_k=3,
+            steps=2,
+        )
+    )
     assert rows[0]["step"] == 0 and set(rows[0]) == {"step", "eval_pass@1", "eval_pass@3"}
     rows = rows[1:]  # the evaluation before training, then one row per step
     for row in rows:
@@ -143,15 +168,21 @@ def test_reference_kl_entropy_and_filters(tmp_path):
 
 def test_lora_trains_only_the_adapter(tmp_path):
     pytest.importorskip("peft")
-    rows = train(config(tmp_path, objective="dapo", lora_r=4, kl_coef=0.1, epochs=2, steps=2,
-                        save_model=True))  # fmt: skip
+    rows = train(
+        config(
+            tmp_path, objective="dapo", lora_r=4, kl_coef=0.1, epochs=2, steps=2, save_model=True
+        )
+    )
     assert all(math.isfinite(v) for r in rows for v in r.values())
     state = model_state(str(tmp_path / "run"))
     lora = [k for k in state if "lora_" in k]
     assert lora and "kl_ref_k3" in rows[-1]
     init = initial_params()
-    base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
-            for k, v in state.items() if "lora_" not in k}  # fmt: skip
+    base = {
+        k.replace("base_model.model.", "").replace(".base_layer", ""): v
+        for k, v in state.items()
+        if "lora_" not in k
+    }
     assert all(torch.equal(base[k], init[k]) for k in init)
     assert any(state[k].abs().sum() > 0 for k in lora if "lora_B" in k)
     assert (tmp_path / "run" / "model" / "adapter_config.json").exists()
@@ -170,8 +201,9 @@ def test_rollout_is_on_policy_weights_are_one(tmp_path):
         assert abs(row["rollout_is_mean"] - 1) < 1e-3  # CPU fp32: sampler == trainer to ~1e-6
         assert row["rollout_is_clip_frac"] == 0.0 and 0 <= row["rollout_kl_k3"] < 1e-6
     seq = train(config(tmp_path, "seq", rollout_is="mask", rollout_is_level="sequence"))
-    assert all(abs(r["rollout_is_mean"] - 1) < 1e-3 and r["rollout_is_masked_frac"] == 0
-               for r in seq)  # fmt: skip
+    assert all(
+        abs(r["rollout_is_mean"] - 1) < 1e-3 and r["rollout_is_masked_frac"] == 0 for r in seq
+    )
 
 
 def test_rollout_is_forced_mismatch_scales_the_loss(tmp_path, monkeypatch):
@@ -203,8 +235,9 @@ def test_rollout_is_forced_mismatch_scales_the_loss(tmp_path, monkeypatch):
         k3 = 1.5 - 1 - math.log(1.5)
         assert row["rollout_kl_k3"] == pytest.approx(k3, rel=1e-4)
     # sequence level: the product over a completion's tokens, truncated at 2 for any length >= 2
-    row = train(config(tmp_path, "seq", steps=1, seed=2, rollout_is="truncate",
-                       rollout_is_level="sequence"))[0]  # fmt: skip
+    row = train(
+        config(tmp_path, "seq", steps=1, seed=2, rollout_is="truncate", rollout_is_level="sequence")
+    )[0]
     assert row["rollout_is_mean"] > 1.5 and row["rollout_is_clip_frac"] > 0
 
 

@@ -14,10 +14,32 @@ pytest.importorskip("transformers")
 
 from llm.train import main, needs_sampler_logp, parse_args, train
 
-BASE = ["--model", "tiny", "--task", "parity", "--task-knobs", "length=2", "--lr", "1e-2",
-        "--prompts-per-step", "4", "--group-size", "4", "--prompts-per-call", "1",
-        "--max-new-tokens", "8", "--no-progress", "--no-save-model", "--device", "cpu",
-        "--steps", "2", "--epochs", "2"]  # fmt: skip
+BASE = [
+    "--model",
+    "tiny",
+    "--task",
+    "parity",
+    "--task-knobs",
+    "length=2",
+    "--lr",
+    "1e-2",
+    "--prompts-per-step",
+    "4",
+    "--group-size",
+    "4",
+    "--prompts-per-call",
+    "1",
+    "--max-new-tokens",
+    "8",
+    "--no-progress",
+    "--no-save-model",
+    "--device",
+    "cpu",
+    "--steps",
+    "2",
+    "--epochs",
+    "2",
+]
 
 
 def rows_of(out) -> list[dict]:

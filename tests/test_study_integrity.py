@@ -19,10 +19,15 @@ FAST = ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "--no-progress"]
 
 
 def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")  # fmt: skip
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _one_line_error(proc: subprocess.CompletedProcess, needle: str) -> None:
@@ -57,8 +62,16 @@ def test_a_study_folder_made_with_other_settings_is_refused_then_forced(tmp_path
 
 
 def test_a_single_rung_study_reports_no_rank_agreement_instead_of_crashing(tmp_path):
-    proc = _run("-m", "llm.transfer", "--quick", "--rungs", "bandit_exact", "--no-progress",
-                "--out", str(tmp_path / "one"))  # fmt: skip
+    proc = _run(
+        "-m",
+        "llm.transfer",
+        "--quick",
+        "--rungs",
+        "bandit_exact",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "one"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no rank agreement" in proc.stdout
     assert len(pd.read_csv(tmp_path / "one" / "agreement.csv")) == 0
@@ -116,8 +129,24 @@ def test_rebuilding_the_committed_study_reproduces_its_tables(tmp_path):
 
 
 def test_a_compare_run_of_a_subset_adds_to_the_tables_and_says_what_was_done(tmp_path):
-    base = ["-m", "sandbox.cli", "compare", "--out", str(tmp_path), "--name", "x", "--settings",
-            "easy", "--seeds", "2", "--steps", "3", "--workers", "1", "--no-progress"]  # fmt: skip
+    base = [
+        "-m",
+        "sandbox.cli",
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "x",
+        "--settings",
+        "easy",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert _run(*base, "--objectives", "grpo", "dapo", "sapo").returncode == 0
     subset = _run(*base, "--objectives", "grpo", "dapo")
     assert subset.returncode == 0, subset.stderr
@@ -202,8 +231,21 @@ def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path):
 
 
 def test_a_sweep_resume_says_what_was_already_done(tmp_path):
-    base = ["-m", "sandbox.cli", "sweep", str(ROOT / "sweeps" / "clip_higher.toml"), "--seeds", "2",
-            "--steps", "2", "--workers", "1", "--no-progress", "--out", str(tmp_path)]  # fmt: skip
+    base = [
+        "-m",
+        "sandbox.cli",
+        "sweep",
+        str(ROOT / "sweeps" / "clip_higher.toml"),
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+    ]
     assert _run(*base).returncode == 0
     again = _run(*base)
     assert again.returncode == 0, again.stderr

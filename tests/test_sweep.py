@@ -113,18 +113,24 @@ def test_toml_and_yaml_give_the_same_plan(tmp_path):
 
 def test_grid_expands_to_runs_with_stable_ids(tmp_path):
     spec = {
-        "name": "grid", "settings": ["needle", "mixed"], "seed": [0, 3],
+        "name": "grid",
+        "settings": ["needle", "mixed"],
+        "seed": [0, 3],
         "grid": [
             {"objective": "nsr", "params": {"sigma": [0.05, 0.1], "noise": ["uniform", "band"]}},
             {"objective": ["dapo", "grpo"]},
         ],
-    }  # fmt: skip
+    }
     plan = parse_sweep(spec)
     labels = [s.label for s in plan.runs()[:12:2]]  # the first setting, the first base seed
     assert labels == [
-        "nsr[noise=uniform,sigma=0.05]", "nsr[noise=band,sigma=0.05]",
-        "nsr[noise=uniform,sigma=0.1]", "nsr[noise=band,sigma=0.1]", "dapo", "grpo",
-    ]  # fmt: skip
+        "nsr[noise=uniform,sigma=0.05]",
+        "nsr[noise=band,sigma=0.05]",
+        "nsr[noise=uniform,sigma=0.1]",
+        "nsr[noise=band,sigma=0.1]",
+        "dapo",
+        "grpo",
+    ]
     runs = plan.runs()
     assert len(runs) == 6 * 2 * 2  # variants x settings x base seeds
     assert run_id(runs[0]) == "needle__nsr__noise=uniform__sigma=0.05__seed0"
@@ -135,8 +141,13 @@ def test_grid_expands_to_runs_with_stable_ids(tmp_path):
     spec["grid"][0]["params"] = {"noise": ["uniform", "band"], "sigma": [0.05, 0.1]}
     assert {run_id(r) for r in parse_sweep(spec).runs()} == {run_id(r) for r in runs}
     # a long parameter list is hashed into a short, stable id
-    params = {"eps_low": 0.123456789, "eps_high": 0.28123456789, "beta1": 0.55555555555,
-              "beta2": 1.11111111111, "clip_c": 9.5}  # fmt: skip
+    params = {
+        "eps_low": 0.123456789,
+        "eps_high": 0.28123456789,
+        "beta1": 0.55555555555,
+        "beta2": 1.11111111111,
+        "clip_c": 9.5,
+    }
     long = run_id(RunSpec.make("bandit_sampled", "easy", "ce_gppo", params=params))
     assert long.startswith("easy__ce_gppo__p") and len(long) < 40
     reordered = dict(reversed(params.items()))
@@ -156,14 +167,23 @@ BASE = {"name": "v", "settings": ["easy"], "grid": [{"objective": "dapo"}]}
         ({"steps": 0}, r"steps"),
         ({"seed": [0, -1]}, r"^seed: base seeds are integers >= 0, got -1"),
         ({"grid": []}, r"^grid: needs at least one"),
-        ({"grid": [{"objective": "dapo"}, {"objective": "ppo"}]},
-         r"^grid\[1\]\.objective: unknown objective 'ppo'"),
-        ({"grid": [{"objective": "nsr", "params": {"sigmaa": [0.1]}}]},
-         r"^grid\[0\]\.params\.sigmaa: .*sigmaa"),
-        ({"grid": [{"objective": "nsr", "params": {"sigma": [0.1, 2.0]}}]},
-         r"^grid\[0\]\.params\.sigma: nsr with \{'sigma': 2\.0\}: .*sigma"),
+        (
+            {"grid": [{"objective": "dapo"}, {"objective": "ppo"}]},
+            r"^grid\[1\]\.objective: unknown objective 'ppo'",
+        ),
+        (
+            {"grid": [{"objective": "nsr", "params": {"sigmaa": [0.1]}}]},
+            r"^grid\[0\]\.params\.sigmaa: .*sigmaa",
+        ),
+        (
+            {"grid": [{"objective": "nsr", "params": {"sigma": [0.1, 2.0]}}]},
+            r"^grid\[0\]\.params\.sigma: nsr with \{'sigma': 2\.0\}: .*sigma",
+        ),
         ({"grid": [{"objective": "dgpo", "params": {"n": []}}]}, r"^grid\[0\]\.params\.n: needs"),
-        ({"grid": [{"objective": "dapo", "param": {}}]}, r"^grid\[0\]: unknown key\(s\) \['param'\]"),
+        (
+            {"grid": [{"objective": "dapo", "param": {}}]},
+            r"^grid\[0\]: unknown key\(s\) \['param'\]",
+        ),
         ({"grid": [{"objective": "dapo"}, {"objective": ["dapo"]}]}, r"variant dapo appears twice"),
         ({"train": {"advantage": "nope"}}, r"^dapo on easy: .*advantage"),
         ({"train": {"colour": 1}}, r"^train\.colour: not a field of BanditTrainConfig"),
@@ -172,17 +192,23 @@ BASE = {"name": "v", "settings": ["easy"], "grid": [{"objective": "dapo"}]}
         ({"envs": {"easy": {"env": "sandbox/SoftmaxBandit-v0"}}}, r"^envs\.easy: shadows"),
         ({"envs": {"e": {"reward": "needle"}}}, r"^envs\.e\.env: missing"),
     ],
-)  # fmt: skip
+)
 def test_validation_errors_name_the_field(change, message):
     with pytest.raises(ValueError, match=message):
         parse_sweep({**BASE, **change})
 
 
 def test_reasoning_validation_and_custom_settings(tmp_path):
-    spec = {"name": "r", "suite": "reasoning", "settings": ["bits-reverse-2"],
-            "tasks": {"bits-reverse-2": {"task": "bits", "op": "reverse", "length": 2}},
-            "seeds": 2, "steps": 2, "train": {"d_model": 16},
-            "grid": [{"objective": "nsr", "params": {"level": ["token", "sequence"]}}]}  # fmt: skip
+    spec = {
+        "name": "r",
+        "suite": "reasoning",
+        "settings": ["bits-reverse-2"],
+        "tasks": {"bits-reverse-2": {"task": "bits", "op": "reverse", "length": 2}},
+        "seeds": 2,
+        "steps": 2,
+        "train": {"d_model": 16},
+        "grid": [{"objective": "nsr", "params": {"level": ["token", "sequence"]}}],
+    }
     plan = parse_sweep(spec)
     assert plan.config.optimizer == "adam" and plan.setting_defs["bits-reverse-2"]["task"] == "bits"
     assert trainer_config(plan.runs()[1]).objective_params == {"level": "sequence"}
@@ -214,10 +240,21 @@ def test_example_sweeps_validate_and_one_run_each_works(path):
 
 
 def test_run_variant_columns_and_custom_env(tiny):
-    spec = {"name": "c", "settings": ["needle-10"], "seeds": 3, "steps": 2,
-            "envs": {"needle-10": {"env": "sandbox/SoftmaxBandit-v0", "reward": "needle",
-                                   "num_arms": 10, "num_correct": 1}},
-            "grid": [{"objective": "nsr", "params": {"sigma": 0.2, "seed": 7}}]}  # fmt: skip
+    spec = {
+        "name": "c",
+        "settings": ["needle-10"],
+        "seeds": 3,
+        "steps": 2,
+        "envs": {
+            "needle-10": {
+                "env": "sandbox/SoftmaxBandit-v0",
+                "reward": "needle",
+                "num_arms": 10,
+                "num_correct": 1,
+            }
+        },
+        "grid": [{"objective": "nsr", "params": {"sigma": 0.2, "seed": 7}}],
+    }
     plan = parse_sweep(spec)
     run = plan.runs()[0]
     [frame] = sweep._execute(run, plan.suite)  # one frame per part of the run
@@ -360,8 +397,21 @@ def test_seeds_and_steps_overrides_for_a_smoke_run(tiny, tmp_path, capsys):
     with pytest.raises(ValueError, match="steps must be an integer >= 1"):
         sweep.with_overrides(tiny, steps=0)
     path = _write(tmp_path, "tiny.toml", TINY_TOML)
-    argv = ["sweep", str(path), "--out", str(tmp_path), "--name", "smoke", "--seeds", "2",
-            "--steps", "2", "--workers", "1", "--no-progress"]  # fmt: skip
+    argv = [
+        "sweep",
+        str(path),
+        "--out",
+        str(tmp_path),
+        "--name",
+        "smoke",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert cli(argv) == 0
     results = pd.read_parquet(tmp_path / "smoke" / "results.parquet")
     sampled = results[results["kind"] == "sampled"]
@@ -401,8 +451,9 @@ def test_ray_backend_matches_the_local_one(tiny, tmp_path):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     try:
-        results, scores = run_sweep(tiny, tmp_path / "ray", backend="ray", progress=False,
-                                    figures=False)  # fmt: skip
+        results, scores = run_sweep(
+            tiny, tmp_path / "ray", backend="ray", progress=False, figures=False
+        )
         assert ray.is_initialized()  # an instance the caller started is left running
     finally:
         ray.shutdown()

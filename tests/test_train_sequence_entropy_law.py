@@ -10,8 +10,16 @@ import torch
 
 from sandbox.train import SequenceTrainConfig, SequenceTrainer, train_sequence
 
-SMALL = dict(task="bits", task_knobs={"op": "parity", "length": 2}, seeds=3, prompts_per_step=4,
-             group_size=4, d_model=16, n_heads=2, entropy_law=True)  # fmt: skip
+SMALL = dict(
+    task="bits",
+    task_knobs={"op": "parity", "length": 2},
+    seeds=3,
+    prompts_per_step=4,
+    group_size=4,
+    d_model=16,
+    n_heads=2,
+    entropy_law=True,
+)
 LAW = ["entropy_change", "entropy_change_pred"]
 
 
