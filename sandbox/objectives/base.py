@@ -718,6 +718,24 @@ def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(own, method.__self__)
 
 
+def _broadcast_shape(a: torch.Size, b: torch.Size) -> tuple[int, ...] | None:
+    """The broadcast of two shapes, or ``None`` if they do not broadcast: what
+    ``torch.broadcast_shapes`` gives for two concrete shapes, in plain Python (torch's goes
+    through its symbolic-shape machinery, ~70 us a call: most of a closed form's cost on small
+    tensors in :mod:`sandbox.exact`'s loops)."""
+    if a == b:
+        return tuple(a)
+    ndim = max(len(a), len(b))
+    a = (1,) * (ndim - len(a)) + tuple(a)
+    b = (1,) * (ndim - len(b)) + tuple(b)
+    shape = []
+    for x, y in zip(a, b, strict=True):
+        if x != y and x != 1 and y != 1:
+            return None
+        shape.append(y if x == 1 else x)
+    return tuple(shape)
+
+
 def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, Tensor]:
     """Broadcast ``ratio`` and ``adv`` (numbers or tensors) to tensors of a common float dtype."""
     for name, x in (("ratio", ratio), ("adv", adv)):
@@ -727,16 +745,22 @@ def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, 
     ratio = ratio if isinstance(ratio, Tensor) else torch.tensor(ratio, dtype=torch.float64)
     adv = adv if isinstance(adv, Tensor) else torch.tensor(adv, dtype=torch.float64)
     dtype = torch.promote_types(torch.promote_types(ratio.dtype, adv.dtype), torch.float32)
-    try:
-        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
-    except RuntimeError:
+    shape = _broadcast_shape(ratio.shape, adv.shape)
+    if shape is None:
         raise ValueError(
             f"ratio {tuple(ratio.shape)} and adv {tuple(adv.shape)} must have broadcastable shapes"
-        ) from None
-    ratio = ratio.to(dtype).expand(shape)
-    adv = adv.to(device=ratio.device, dtype=dtype).expand(shape)
-    if bool((ratio <= 0).any()):
+        )
+    # Each step only where it changes something (the exact flows call this in their loops).
+    if ratio.dtype != dtype:
+        ratio = ratio.to(dtype)
+    if adv.dtype != dtype or adv.device != ratio.device:
+        adv = adv.to(device=ratio.device, dtype=dtype)
+    if bool((ratio <= 0).any()):  # before the expansion: the same values, fewer of them
         raise ValueError("ratio must be positive")
+    if ratio.shape != shape:
+        ratio = ratio.expand(shape)
+    if adv.shape != shape:
+        adv = adv.expand(shape)
     return ratio, adv
 
 
