@@ -17,6 +17,8 @@ Sequences with no valid token are not counted in ``N_seqs``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -88,22 +90,28 @@ def aggregate(
     masked = torch.where(mask, loss, 0.0)  # also keeps NaN/inf on padding out of the gradient
     masked, mask = masked.view(G, -1, loss.shape[1]), mask.view(G, -1, loss.shape[1])
 
-    def count(given: Tensor | float | None, default: Tensor) -> Tensor:
+    def count(given: Tensor | float | None, default: Callable[[], Tensor]) -> Tensor:
+        """The denominator ``max(count, 1)`` of each block, ``[G]``: ``default()`` counts it."""
         if given is None:
-            return default.to(loss.dtype)
-        return torch.as_tensor(given, dtype=loss.dtype, device=loss.device).expand(G)
+            return default().to(loss.dtype).clamp(min=1)
+        if isinstance(given, Tensor):
+            n = torch.as_tensor(given, dtype=loss.dtype, device=loss.device)
+            return n.expand(G).clamp(min=1)
+        # a number: max(given, 1) then rounded equals rounded then clamped (rounding is monotone
+        # and keeps 1), one tensor op fewer
+        return torch.as_tensor(max(given, 1), dtype=loss.dtype, device=loss.device).expand(G)
 
     if mode == "token-mean":
-        n = count(num_tokens, torch.count_nonzero(mask, dim=(1, 2)))
-        return (masked.sum((1, 2)) / n.clamp(min=1)).sum()
+        n = count(num_tokens, lambda: torch.count_nonzero(mask, dim=(1, 2)))
+        return (masked.sum((1, 2)) / n).sum()
     lengths = torch.count_nonzero(mask, dim=-1).to(loss.dtype)  # [G, B / G]
     per_seq = masked.sum(-1)
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / lengths.clamp(min=1)
     elif mode == "seq-mean-token-sum-norm":
         per_seq = per_seq / (loss.shape[-1] if max_len is None else max_len)
-    n = count(num_seqs, torch.count_nonzero(lengths, dim=-1))
-    return (per_seq.sum(-1) / n.clamp(min=1)).sum()
+    n = count(num_seqs, lambda: torch.count_nonzero(lengths, dim=-1))
+    return (per_seq.sum(-1) / n).sum()
 
 
 def _check_count(name: str, value: Tensor | float | None, groups: int) -> Tensor | None:

@@ -134,6 +134,36 @@ def test_expected_coef_shapes_must_broadcast(name):
     assert obj.expected_coef(torch.ones(3, 1), torch.ones(2)).shape == (3, 2)
 
 
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((), ()),
+        ((3,), ()),
+        ((3, 1), (2,)),
+        ((1, 4), (5, 1)),
+        ((2, 0), (1,)),
+        ((0,), (1, 1)),
+        ((2, 3), (4, 3)),
+        ((0,), (3,)),
+        ((2, 1, 3), (4, 1)),
+    ],
+)
+def test_expected_coef_broadcasts_as_torch_does(a, b):
+    """The closed forms' own shape broadcast (plain Python, for the exact flows' loops) agrees
+    with ``torch.broadcast_shapes``: the same shape, or the same refusal."""
+    try:
+        want = tuple(torch.broadcast_shapes(a, b))
+    except RuntimeError:
+        want = None
+    obj = get_objective("ppo_clip")
+    ratio, adv = torch.full(a, 1.1, dtype=torch.float64), torch.ones(b, dtype=torch.float64)
+    if want is None:
+        with pytest.raises(ValueError, match="must have broadcastable shapes"):
+            obj.expected_coef(ratio, adv)
+    else:
+        assert obj.expected_coef(ratio, adv).shape == want
+
+
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_adv_of_shape_b_is_adv_of_shape_b_1(name):
     """One advantage per sequence may be given as ``[B]``; it is read as ``[B, 1]``."""

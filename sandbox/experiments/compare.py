@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -378,7 +379,10 @@ def run_compare(
             labels = [config.label(o) for o in config.objectives]
             highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
             highlight += [label for label in labels if label not in highlight]
-            render_all(results, out_dir, highlight[:12], scores)
+            # drawn in the pool's processes too (two groups of figures at once), unless the
+            # runs were made here
+            drawers = workers or min(os.cpu_count() or 1, 4)
+            render_all(results, out_dir, highlight[:12], scores, workers=drawers)
     return results, scores
 
 

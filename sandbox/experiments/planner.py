@@ -120,12 +120,14 @@ class RunFolder:
         address: str | None = None,
         error: type[Exception] = RuntimeError,
         written: Callable[[Job], None] | None = None,
+        threads: int | None = 1,
     ) -> None:
         """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
         ``written(job)`` runs once all of a job's parts are on disk (a run's clean-up that must
         not happen before, e.g. removing the checkpoint a resumed run would read). ``backend``
         is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any run
-        starts)."""
+        starts). ``threads``: torch's intra-op threads while jobs run in this process (restored
+        afterwards; ``None`` keeps the process's count); pool workers always use 1."""
         from tqdm import tqdm
 
         if backend not in BACKENDS:
@@ -142,7 +144,9 @@ class RunFolder:
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
         count = 0  # parts written by this call
         try:
-            with contextlib.closing(_stream(fn, jobs, workers, backend, address, error)) as stream:
+            with contextlib.closing(
+                _stream(fn, jobs, workers, backend, address, error, threads)
+            ) as stream:
                 for job, frames in stream:
                     for part, frame in zip(job.parts, frames, strict=True):
                         write_parquet_atomic(frame, self.parts / part)
@@ -160,10 +164,10 @@ class RunFolder:
                 self._fresh = False
 
 
-def _stream(fn, jobs, workers, backend, address, error) -> Iterator[tuple[Job, Any]]:
+def _stream(fn, jobs, workers, backend, address, error, threads) -> Iterator[tuple[Job, Any]]:
     """``(job, fn(*job.args))`` as jobs finish: here, in the forkserver pool, or on Ray."""
     if not jobs:
-        return _here(fn, jobs, error)
+        return _here(fn, jobs, error, None)
     if backend == "ray":
         return _ray(fn, jobs, workers, address, error)
     workers = min(workers or min(os.cpu_count() or 1, 4), len(jobs))
@@ -171,16 +175,37 @@ def _stream(fn, jobs, workers, backend, address, error) -> Iterator[tuple[Job, A
         from .pool import imap_unordered
 
         return imap_unordered(fn, [(job, job.args) for job in jobs], workers, error)
-    return _here(fn, jobs, error)
+    return _here(fn, jobs, error, threads)
 
 
-def _here(fn, jobs, error) -> Iterator[tuple[Job, Any]]:
-    for job in jobs:
-        try:
-            frames = fn(*job.args)
-        except Exception as exc:
-            raise error(f"run {job.key} failed: {exc!r}") from exc
-        yield job, frames
+def _here(fn, jobs, error, threads) -> Iterator[tuple[Job, Any]]:
+    with _torch_threads(threads):
+        for job in jobs:
+            try:
+                frames = fn(*job.args)
+            except Exception as exc:
+                raise error(f"run {job.key} failed: {exc!r}") from exc
+            yield job, frames
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch on ``threads`` intra-op threads (1: as in a pool worker, :mod:`.pool`) while the jobs
+    run here, and the caller's count back afterwards; ``None`` changes nothing. The toy runs are
+    many tiny ops: on a busy machine, intra-op threads only wait for each other (a bandit
+    setting of ``compare`` ran 4x slower on 2 threads than on 1 at a load of 2 on 2 cores).
+    Results do not depend on it: tensors this small never reach torch's parallel grain size."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _ray(fn, jobs, workers, address, error) -> Iterator[tuple[Job, Any]]:

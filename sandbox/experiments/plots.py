@@ -8,7 +8,9 @@ expected-gradient flow, ``seed = -1``). Optional columns: ``clip_low_frac``, ``c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -367,22 +369,57 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
 
 
 def render_all(
-    results: pd.DataFrame, out_dir: str | Path, highlight=None, scores: pd.DataFrame | None = None
+    results: pd.DataFrame,
+    out_dir: str | Path,
+    highlight=None,
+    scores: pd.DataFrame | None = None,
+    workers: int = 1,
 ) -> list[Path]:
     """Every standard figure into ``out_dir``; ``highlight`` limits the line plots' objectives;
-    ``scores``: :func:`final_scores` of ``results`` where the caller has them already."""
+    ``scores``: :func:`final_scores` of ``results`` where the caller has them already.
+    ``workers`` > 1: the figures are drawn in two processes of the forkserver pool
+    (:mod:`.pool`), in two groups of about equal cost (drawing is serial matplotlib work,
+    seconds per figure); the files are the same bytes as drawn here."""
     out_dir = Path(out_dir)
     scores = final_scores(results) if scores is None else scores
+    figures = _figures(results, out_dir, highlight, scores)
+    if workers < 2:
+        return [fn(*args) for fn, args in figures]
+    from .pool import imap_unordered
+
+    jobs = [(group, ([figures[i] for i in group],)) for group in FIGURE_GROUPS]
+    paths: dict[int, Path] = {}
+    for group, drawn in imap_unordered(_draw, jobs, min(workers, len(jobs))):
+        paths.update(zip(group, drawn, strict=True))
+    return [paths[i] for i in range(len(figures))]
+
+
+#: One figure to draw: a function of this module and its positional arguments.
+_Figure = tuple[Callable[..., Path], tuple[Any, ...]]
+
+#: :func:`render_all`'s figures (by index in :func:`_figures`) in two groups of about equal
+#: drawing time: a curve plot and the fraction bars; the other curve plot, exact vs sampled and
+#: the scores. Each group's worker receives the results once.
+FIGURE_GROUPS = ((0, 2), (1, 3, 4))
+
+
+def _figures(
+    results: pd.DataFrame, out_dir: Path, highlight, scores: pd.DataFrame
+) -> list[_Figure]:
+    """The five standard figures, in :func:`render_all`'s order."""
+    title = f"{reward_name(results)} (mean over seeds, 95% band)"
     return [
-        plot_curves(
-            results,
-            "expected_reward",
-            out_dir / "reward_vs_step.png",
-            highlight,
-            title=f"{reward_name(results)} (mean over seeds, 95% band)",
+        (
+            plot_curves,
+            (results, "expected_reward", out_dir / "reward_vs_step.png", highlight, title),
         ),
-        plot_curves(results, "entropy", out_dir / "entropy_vs_step.png", highlight),
-        plot_fractions(results, out_dir / "clip_fractions.png"),
-        plot_exact_vs_sampled(results, out_dir / "exact_vs_sampled.png", highlight),
-        plot_final_scores(scores, out_dir / "final_scores.png"),
+        (plot_curves, (results, "entropy", out_dir / "entropy_vs_step.png", highlight)),
+        (plot_fractions, (results, out_dir / "clip_fractions.png")),
+        (plot_exact_vs_sampled, (results, out_dir / "exact_vs_sampled.png", highlight)),
+        (plot_final_scores, (scores, out_dir / "final_scores.png")),
     ]
+
+
+def _draw(figures: list[_Figure]) -> list[Path]:
+    """Draw ``figures`` in order (a pool worker's job in :func:`render_all`)."""
+    return [fn(*args) for fn, args in figures]

@@ -178,6 +178,22 @@ class lazy(Generic[_T]):
         return value
 
 
+#: The compute dtype (``>= float32``: bf16 inputs are computed in float32) of common input dtypes,
+#: without a call to ``torch.promote_types`` per objective call.
+_COMPUTE_DTYPE = {torch.float32: torch.float32, torch.float64: torch.float64}
+
+
+def _cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)``, without the call where it would return ``x`` (the objectives' hot path
+    makes several per call)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _detached(x: Tensor) -> Tensor:
+    """``x.detach()``, without the call for a tensor that records no graph."""
+    return x.detach() if x.requires_grad else x
+
+
 class Batch:
     """The inputs in the compute dtype (``>= float32``), with masked positions neutralised.
 
@@ -201,15 +217,15 @@ class Batch:
         mask: Tensor | None,
         groups: int | None = None,
     ) -> None:
-        dtype = torch.promote_types(logp.dtype, torch.float32)  # compute in >= fp32 (bf16 inputs)
+        dtype = _COMPUTE_DTYPE.get(logp.dtype) or torch.promote_types(logp.dtype, torch.float32)
         if mask is None:
             mask = torch.ones_like(logp, dtype=torch.bool)
         elif mask.dtype != torch.bool:
             mask = mask != 0
-        logp, logp_old = logp.to(dtype), logp_old.detach().to(dtype)
+        logp, logp_old = _cast(logp, dtype), _cast(_detached(logp_old), dtype)
         self._logp_in, self._logp_old_in = logp, logp_old
         self.raw_lr = torch.where(mask, logp - logp_old, 0.0)  # [B, T], 0 where masked, graph
-        self.adv = torch.where(mask, adv.detach().to(dtype), 0.0)  # [B, T], broadcast from [B, 1]
+        self.adv = torch.where(mask, _cast(_detached(adv), dtype), 0.0)  # [B, T], from [B, 1]
         self.mask = mask  # [B, T] bool
         self.groups = groups
         self.n_valid = self.count(mask).to(dtype)  # 0-d (or [G]), no int64 copy
@@ -422,30 +438,31 @@ def ratio_metrics(
     """Statistics of the ratio the rule acts on (``lr`` and ``r = exp(lr)``: token or sequence
     level) over valid tokens, and ``kl_k3 = mean(r - 1 - log r)`` of the token ratio (``token_lr``,
     default ``lr``; 0 on padding), which estimates KL(pi_old || pi). ``[G]`` each with groups."""
-    with torch.no_grad():
-        lr, r = lr.detach(), r.detach()
-        n = b.n
-        n_pad = b.group_numel - b.n_valid
-        if token_lr is None:  # token level: lr = 0 and r = 1 on padding, plain sums suffice
-            ratio_sum = token_ratio_sum = b.total(r) - n_pad
-            lr_sum = token_lr_sum = b.total(lr)  # one pass, for the mean and for k3
-        else:
-            ratio_sum = b.total(r * b.maskf)
-            token_ratio_sum = b.total(token_lr.detach().exp()) - n_pad
-            lr_sum, token_lr_sum = b.total(lr * b.maskf), b.total(token_lr.detach())
-        lr_mean = lr_sum / n
-        # One pass for both extremes: padding takes the valid mean, which lies between them.
-        filled = torch.where(b.mask, lr, b.spread(lr_mean))
-        if b.groups is None:
-            lo, hi = torch.aminmax(filled)
-        else:
-            lo, hi = torch.aminmax(filled.reshape(b.groups, -1), dim=-1)
-        return {
-            "ratio_mean": ratio_sum / n,
-            "ratio_max": hi.exp(),
-            "ratio_min": lo.exp(),
-            "kl_k3": (token_ratio_sum - token_lr_sum) / n - 1,
-        }
+    # every input detached (n_valid and the mask carry no graph): nothing here is recorded
+    lr, r = _detached(lr), _detached(r)
+    n = b.n
+    n_pad = b.group_numel - b.n_valid
+    if token_lr is None:  # token level: lr = 0 and r = 1 on padding, plain sums suffice
+        ratio_sum = token_ratio_sum = b.total(r) - n_pad
+        lr_sum = token_lr_sum = b.total(lr)  # one pass, for the mean and for k3
+    else:
+        token_lr = _detached(token_lr)
+        ratio_sum = b.total(r * b.maskf)
+        token_ratio_sum = b.total(token_lr.exp()) - n_pad
+        lr_sum, token_lr_sum = b.total(lr * b.maskf), b.total(token_lr)
+    lr_mean = lr_sum / n
+    # One pass for both extremes: padding takes the valid mean, which lies between them.
+    filled = torch.where(b.mask, lr, b.spread(lr_mean))
+    if b.groups is None:
+        lo, hi = torch.aminmax(filled)
+    else:
+        lo, hi = torch.aminmax(filled.reshape(b.groups, -1), dim=-1)
+    return {
+        "ratio_mean": ratio_sum / n,
+        "ratio_max": hi.exp(),
+        "ratio_min": lo.exp(),
+        "kl_k3": (token_ratio_sum - token_lr_sum) / n - 1,
+    }
 
 
 def clip_metrics(z_lo: Tensor, z_hi: Tensor, b: Batch) -> dict[str, Tensor]:
@@ -718,6 +735,24 @@ def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(own, method.__self__)
 
 
+def _broadcast_shape(a: torch.Size, b: torch.Size) -> tuple[int, ...] | None:
+    """The broadcast of two shapes, or ``None`` if they do not broadcast: what
+    ``torch.broadcast_shapes`` gives for two concrete shapes, in plain Python (torch's goes
+    through its symbolic-shape machinery, ~70 us a call: most of a closed form's cost on small
+    tensors in :mod:`sandbox.exact`'s loops)."""
+    if a == b:
+        return tuple(a)
+    ndim = max(len(a), len(b))
+    a = (1,) * (ndim - len(a)) + tuple(a)
+    b = (1,) * (ndim - len(b)) + tuple(b)
+    shape = []
+    for x, y in zip(a, b, strict=True):
+        if x != y and x != 1 and y != 1:
+            return None
+        shape.append(y if x == 1 else x)
+    return tuple(shape)
+
+
 def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, Tensor]:
     """Broadcast ``ratio`` and ``adv`` (numbers or tensors) to tensors of a common float dtype."""
     for name, x in (("ratio", ratio), ("adv", adv)):
@@ -727,16 +762,22 @@ def as_tensor_pair(ratio: Tensor | float, adv: Tensor | float) -> tuple[Tensor, 
     ratio = ratio if isinstance(ratio, Tensor) else torch.tensor(ratio, dtype=torch.float64)
     adv = adv if isinstance(adv, Tensor) else torch.tensor(adv, dtype=torch.float64)
     dtype = torch.promote_types(torch.promote_types(ratio.dtype, adv.dtype), torch.float32)
-    try:
-        shape = torch.broadcast_shapes(ratio.shape, adv.shape)
-    except RuntimeError:
+    shape = _broadcast_shape(ratio.shape, adv.shape)
+    if shape is None:
         raise ValueError(
             f"ratio {tuple(ratio.shape)} and adv {tuple(adv.shape)} must have broadcastable shapes"
-        ) from None
-    ratio = ratio.to(dtype).expand(shape)
-    adv = adv.to(device=ratio.device, dtype=dtype).expand(shape)
-    if bool((ratio <= 0).any()):
+        )
+    # Each step only where it changes something (the exact flows call this in their loops).
+    if ratio.dtype != dtype:
+        ratio = ratio.to(dtype)
+    if adv.dtype != dtype or adv.device != ratio.device:
+        adv = adv.to(device=ratio.device, dtype=dtype)
+    if bool((ratio <= 0).any()):  # before the expansion: the same values, fewer of them
         raise ValueError("ratio must be positive")
+    if ratio.shape != shape:
+        ratio = ratio.expand(shape)
+    if adv.shape != shape:
+        adv = adv.expand(shape)
     return ratio, adv
 
 
@@ -790,10 +831,10 @@ class RatioObjective(Objective):
             z = (b.adv_neg & (rd < bounds[0]), b.adv_pos & (rd > bounds[1]))
         loss, coef, extra = self.realise(r, rd, b, z, noise)
         if self.through_ratio and not sequence:
-            realised, raw = coef, b.raw_lr.detach()
+            realised = coef
 
             def coef() -> Tensor:  # the clamp passes gradient only where it did not bind
-                return torch.where(self.clamp_passes(raw), realised(), 0.0)
+                return torch.where(self.clamp_passes(b.raw_lr.detach()), realised(), 0.0)
 
         metrics = ratio_metrics(lr, rd, b, token_lr if sequence else None)
         if z is not None:
