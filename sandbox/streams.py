@@ -5,8 +5,10 @@ objective noise and evaluation draw from separate streams, each seeded from the 
 the stream and the position of the draw (step, epoch, minibatch, ...), never from a shared
 running state. So a rule that draws extra numbers (NSR's rescue noise, Clip-Cov's pick) shifts
 no other stream: two rules run with one base seed sample their step-t rollouts from the same
-uniforms, and where their policies agree they draw the same completions (the samplers turn a
-fixed uniform per (seed, step, row, position) into a token by inverse CDF, :func:`inverse_cdf`).
+uniforms, and where their policies agree they draw the same completions (the samplers turn
+uniforms fixed per (seed, step, row, position, token) into a token by the exponential race,
+:func:`gumbel_max`; draws from a fixed distribution, such as a contextual bandit's prompts, use
+:func:`inverse_cdf`).
 
 The toy trainers (:mod:`sandbox.train`) and the llm runs (:mod:`llm.streams`, which re-exports
 :class:`Stream` and :func:`derive_seed`) use the same names. The numbers are part of every
@@ -108,6 +110,22 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     # argmax: the first index where the cumulative sum reaches its total (float cumsum of
     # non-negative terms never decreases), the last category of positive probability
     return torch.minimum(draws, cdf.argmax(-1, keepdim=True))
+
+
+def gumbel_max(probs: Tensor, u: Tensor) -> Tensor:
+    """Categorical draws by the exponential race (Gumbel-max): for rows ``probs [..., K]``
+    (unnormalised, >= 0) and uniforms ``u [..., n, K]`` in [0, 1), one per category and draw,
+    ``argmax_k probs_k / E_k`` with ``E_k = -log u_k`` i.i.d. Exp(1) (the smallest of independent
+    Exp(probs_k) arrival times ``E_k / probs_k``, which is category k with probability
+    ``probs_k / sum probs``). ``[..., n]`` long. A category of probability 0 is never drawn
+    (``0 / E = 0`` loses to any positive ``probs_k / E_k``; ``u = 0`` gives ``E = inf``, 0).
+
+    The same ``u`` under two close policies gives the same draw unless the race's winner
+    changes: the two draws differ with probability at most about twice the total-variation
+    distance of the policies, whatever K (inverse CDF: up to K - 1 times it), so runs that
+    share their uniforms (common random numbers) draw the same samples while their policies
+    agree. This is the coupling ``torch.multinomial`` makes for one sample per row."""
+    return (probs.unsqueeze(-2) / -torch.log(u)).argmax(-1)
 
 
 def with_rng(settings: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sandbox.streams import inverse_cdf
+from sandbox.streams import gumbel_max
 
 
 @dataclass(frozen=True)
@@ -249,14 +249,14 @@ class TinyTransformer(nn.Module):
         temperature: float = 1.0,
         allowed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Sample completions with a KV cache, by inverse CDF from fixed noise.
+        """Sample completions with a KV cache, by the exponential race from fixed noise.
 
-        ``generator`` draws one uniform per (model, row, position) up front, ``[S, B,
-        max_new_tokens]`` whatever the policy, and position t's token is the inverse CDF of the
-        next-token distribution at row's uniform t (:func:`sandbox.streams.inverse_cdf`): two
-        models given one generator state draw the same completions where their distributions
-        agree (common random numbers), and a sequence's tokens never depend on how long the
-        other rows run.
+        ``generator`` draws one uniform per (model, row, position, token) up front, ``[S, B,
+        max_new_tokens, V]`` whatever the policy, and position t's token wins the race of the
+        next-token distribution on the row's uniforms at t (Gumbel-max,
+        :func:`sandbox.streams.gumbel_max`): two models given one generator state draw the same
+        completions where their distributions agree (common random numbers), and a sequence's
+        tokens never depend on how long the other rows run.
 
         Returns ``(completion [S, B, Tc], completion_mask [S, B, Tc])``: the mask is 1 up to and
         including the first EOS; after it the ids are ``pad_id``. ``Tc <= max_new_tokens`` (the
@@ -275,8 +275,9 @@ class TinyTransformer(nn.Module):
             )
         logits, cache = self(prompt, prompt_mask)
         dtype = torch.promote_types(logits.dtype, torch.float32)  # >= fp32, as the scores
+        V = self.config.vocab_size
         noise = torch.rand(
-            (S, B, max_new_tokens), generator=generator, device=prompt.device, dtype=dtype
+            (S, B, max_new_tokens, V), generator=generator, device=prompt.device, dtype=dtype
         )
         key_mask = prompt_mask
         position = prompt_mask.long().sum(-1, keepdim=True)  # next position per sequence
@@ -286,7 +287,7 @@ class TinyTransformer(nn.Module):
         for t in range(max_new_tokens):
             scaled = self._restrict(next_logits.to(dtype) / temperature, allowed)
             probs = torch.softmax(scaled, -1)  # [S, B, V]
-            tok = inverse_cdf(probs, noise[:, :, t, None])[..., 0]
+            tok = gumbel_max(probs, noise[:, :, t, None])[..., 0]
             alive = ~done
             tok = torch.where(alive, tok, pad_id)
             tokens.append(tok)

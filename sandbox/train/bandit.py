@@ -44,9 +44,9 @@ from ``(seed, ROLLOUT, step)``, each epoch's minibatch permutation from ``(seed,
 step, epoch)``, the objective's own draws (NSR's rescue noise, Clip-Cov's pick) from ``(seed,
 OBJECTIVE, step, epoch, minibatch)``. A run is a deterministic function of its config, and a
 rule that draws extra numbers shifts no other stream: two rules with one base seed sample step
-t from the same uniforms, one per (seed index, prompt slot, sample), arms by inverse CDF
-(:func:`sandbox.streams.inverse_cdf`), so where their policies agree they draw the same arms
-and rewards (a paired seed stays paired after the first update). The column ``seed`` is the
+t from the same uniforms, fixed per (seed index, prompt slot, sample, arm), the arms by the
+exponential race (Gumbel-max, :func:`sandbox.streams.gumbel_max`), so where their policies
+agree they draw the same arms and rewards (a paired seed stays paired after the first update). The column ``seed`` is the
 index ``s`` in ``[0, S)``: replicate ``s`` takes row ``s`` of each draw, so seed 2 of a 4-seed
 run is *not* the same trajectory as a 1-seed run with ``config.seed + 2``. What holds exactly is
 independence: the update of seed ``s`` depends only on seed ``s``'s logits and batch (see
@@ -141,7 +141,7 @@ from sandbox.grad_noise import (
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective
-from sandbox.streams import Stream, StreamGenerators, inverse_cdf
+from sandbox.streams import Stream, StreamGenerators, gumbel_max, inverse_cdf
 
 __all__ = [
     "BanditRun",
@@ -377,20 +377,26 @@ class Rollout:
 
 
 def _sample_categorical(
-    probs: Tensor, num_samples: int, generator: torch.Generator, replicas: int = 1
+    probs: Tensor,
+    num_samples: int,
+    generator: torch.Generator,
+    replicas: int = 1,
+    race: bool = False,
 ) -> Tensor:
-    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` by inverse CDF, one uniform each
-    (:func:`sandbox.streams.inverse_cdf`): the uniforms have a fixed shape, whatever the policy.
+    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` from uniforms of a fixed shape,
+    whatever the probabilities: by inverse CDF, one uniform per draw
+    (:func:`sandbox.streams.inverse_cdf`), or with ``race`` by the exponential race, one per
+    draw and category (:func:`sandbox.streams.gumbel_max`: the tighter coupling of two close
+    policies, for the policy's own samples).
 
     ``replicas``: the rows are that many equal blocks that share one block's uniforms (each block
     gets the draws a call with its rows alone would make)."""
-    u = torch.rand(
-        (probs.shape[0] // replicas, *probs.shape[1:-1], num_samples),
-        generator=generator,
-        device=probs.device,
-        dtype=probs.dtype,
-    )
-    return inverse_cdf(probs, _replicate(u, replicas))
+    shape = (probs.shape[0] // replicas, *probs.shape[1:-1], num_samples)
+    if race:
+        shape = (*shape, probs.shape[-1])
+    u = torch.rand(shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    u = _replicate(u, replicas)
+    return gumbel_max(probs, u) if race else inverse_cdf(probs, u)
 
 
 def _replicate(x: Tensor, replicas: int) -> Tensor:
@@ -434,7 +440,7 @@ def sample_rollout(
             _sample_categorical(prompt_probs, prompts_per_step, generator), replicas
         )
     pi_prompt = pi.gather(1, prompts[:, :, None].expand(-1, -1, K))  # [S, P', K]
-    arms = _sample_categorical(pi_prompt, G, generator, replicas)  # [S, P', G]
+    arms = _sample_categorical(pi_prompt, G, generator, replicas, race=True)  # [S, P', G]
     index = (prompts[:, :, None] * K + arms).view(S, -1)  # [S, N]
 
     shape = (seeds, index.shape[1])
