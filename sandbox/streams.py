@@ -117,15 +117,16 @@ def gumbel_max(probs: Tensor, u: Tensor) -> Tensor:
     (unnormalised, >= 0) and uniforms ``u [..., n, K]`` in [0, 1), one per category and draw,
     ``argmax_k probs_k / E_k`` with ``E_k = -log u_k`` i.i.d. Exp(1) (the smallest of independent
     Exp(probs_k) arrival times ``E_k / probs_k``, which is category k with probability
-    ``probs_k / sum probs``). ``[..., n]`` long. A category of probability 0 is never drawn
-    (``0 / E = 0`` loses to any positive ``probs_k / E_k``; ``u = 0`` gives ``E = inf``, 0).
+    ``probs_k / sum probs``). ``[..., n]`` long. A category of probability 0 is never drawn: it
+    ranks below every positive one, even one whose ratio is 0 (``u = 0`` gives ``E = inf``).
 
     The same ``u`` under two close policies gives the same draw unless the race's winner
     changes: the two draws differ with probability at most about twice the total-variation
     distance of the policies, whatever K (inverse CDF: up to K - 1 times it), so runs that
     share their uniforms (common random numbers) draw the same samples while their policies
     agree. This is the coupling ``torch.multinomial`` makes for one sample per row."""
-    return (probs.unsqueeze(-2) / -torch.log(u)).argmax(-1)
+    p = probs.unsqueeze(-2)
+    return torch.where(p > 0, p / -torch.log(u), -1.0).argmax(-1)
 
 
 def with_rng(settings: dict[str, Any]) -> dict[str, Any]:
