@@ -16,7 +16,10 @@ resumable parts, progress bar, the refusal of a folder made with other settings)
 Pairing: a seed fixes the prompts, the held-out set and the initial model for every rule on a rung.
 On the toy rungs the ``seeds`` paired seeds are the replicates of one vectorised run (replicate
 ``s`` of every rule starts from the same weights and sees the same prompt stream and the same first
-rollout: ``tests/test_experiments_study.py`` checks it); the exact flow is deterministic (one
+rollout: ``tests/test_experiments_study.py`` checks it; every later rollout comes from the same
+fixed noise, :mod:`sandbox.streams`, so pairs stay paired while the policies agree; on tiny_tf
+replicate ``s`` of every rule scores the same held-out set, each replicate its own, and a study
+records the scheme as ``rng``); the exact flow is deterministic (one
 "seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed, and one
 job runs up to :attr:`Rung.members` of one rule's seeds (``llm``: as one ensemble), each seed
 still its own part (``study__<rung>__<rule>__lr=<lr>__s<seed>``), so parts made either way are

@@ -38,6 +38,17 @@ seed, before clipping, mean over the step's updates), ``zero_var_frac`` and the 
 (pooled over seeds, mean over updates), with ``off_policy_masked_frac`` (share of sequences
 dropped) and ``entropy_masked_frac`` (share of tokens masked) when those masks are on.
 
+Randomness (common random numbers, :mod:`sandbox.streams`): the prompts come from a numpy
+generator of their own (``config.seed``; no policy changes its draws), every torch draw from a
+named stream keyed by the base seed and the draw's position, stateless: the step's completions
+from ``(seed, ROLLOUT, step)``, each epoch's minibatch order from ``(seed, MINIBATCH, step,
+epoch)``, the objective's noise from ``(seed, OBJECTIVE, step, epoch, minibatch)``, the held-out
+completions from ``(seed, EVAL, steps done)``. Tokens are sampled by the exponential race from
+uniforms fixed per (seed index, row, position, token) (:meth:`TinyTransformer.generate`), so two
+rules with one base seed draw the same completions while their models agree, whatever extra
+numbers one objective draws. Replicate s scores its own held-out set
+(:func:`held_out_problems` of the base seed and s), the same for every rule.
+
 With ``entropy_law`` (mechanism check (a), arXiv 2505.22617), per step and seed, over the visited
 prefixes of the step's own rollout (every completion position under the completion mask, the
 same token mean as ``entropy``), with z the next-token logits over the allowed tokens (the
