@@ -118,15 +118,16 @@ def gumbel_max(probs: Tensor, u: Tensor) -> Tensor:
     ``argmax_k probs_k / E_k`` with ``E_k = -log u_k`` i.i.d. Exp(1) (the smallest of independent
     Exp(probs_k) arrival times ``E_k / probs_k``, which is category k with probability
     ``probs_k / sum probs``). ``[..., n]`` long. A category of probability 0 is never drawn: it
-    ranks below every positive one, even one whose ratio is 0 (``u = 0`` gives ``E = inf``).
+    ranks below every positive one (its ratio is negative; ``u`` is floored at the smallest
+    normal number, so every ``E`` is finite and a positive category's ratio is >= 0).
 
     The same ``u`` under two close policies gives the same draw unless the race's winner
     changes: the two draws differ with probability at most about twice the total-variation
     distance of the policies, whatever K (inverse CDF: up to K - 1 times it), so runs that
     share their uniforms (common random numbers) draw the same samples while their policies
     agree. This is the coupling ``torch.multinomial`` makes for one sample per row."""
-    p = probs.unsqueeze(-2)
-    return torch.where(p > 0, p / -torch.log(u), -1.0).argmax(-1)
+    p = torch.where(probs > 0, probs, -1.0).unsqueeze(-2)
+    return (p / -torch.log(u.clamp_min(torch.finfo(u.dtype).tiny))).argmax(-1)
 
 
 def with_rng(settings: dict[str, Any]) -> dict[str, Any]:

@@ -391,12 +391,16 @@ def _sample_categorical(
 
     ``replicas``: the rows are that many equal blocks that share one block's uniforms (each block
     gets the draws a call with its rows alone would make)."""
-    shape = (probs.shape[0] // replicas, *probs.shape[1:-1], num_samples)
-    if race:
-        shape = (*shape, probs.shape[-1])
+    rows = probs.shape[0] // replicas
+    shape = (rows, *probs.shape[1:-1], num_samples)
+    if race:  # the blocks broadcast against one block's uniforms (no copy of them)
+        u = torch.rand(
+            (*shape, probs.shape[-1]), generator=generator, device=probs.device, dtype=probs.dtype
+        )
+        blocks = probs.view(replicas, rows, *probs.shape[1:])
+        return gumbel_max(blocks, u).view(probs.shape[0], *shape[1:])
     u = torch.rand(shape, generator=generator, device=probs.device, dtype=probs.dtype)
-    u = _replicate(u, replicas)
-    return gumbel_max(probs, u) if race else inverse_cdf(probs, u)
+    return inverse_cdf(probs, _replicate(u, replicas))
 
 
 def _replicate(x: Tensor, replicas: int) -> Tensor:
@@ -553,11 +557,13 @@ def _at_step(streams: StreamGenerators, step: int) -> Draw:
 
 @dataclass(frozen=True)
 class _Rule:
-    """One rule of a batched update: its loss and which base seed's streams it draws from (an
-    index into the update's ``streams``)."""
+    """One rule of a batched update: its loss, which base seed's streams it draws from (an
+    index into the update's ``streams``) and whether its objective draws at all (one that does
+    not is handed no generator: nothing to reseed)."""
 
     loss_fn: PolicyLoss
     stream: int = 0
+    draws: bool = True
 
 
 def bandit_update(
@@ -701,7 +707,7 @@ def _update_rules(
                     lp,
                     (lpo, a),
                     mask,
-                    streams[rule.stream][0](Stream.OBJECTIVE, epoch, mb),
+                    streams[rule.stream][0](Stream.OBJECTIVE, epoch, mb) if rule.draws else None,
                     validate,
                 )
                 for lp, lpo, a, rule in blocks
@@ -958,6 +964,7 @@ def _train(
                 grad_mass=config.grad_mass,
             ),
             g,
+            type(objectives[i]).draw is not Objective.draw,  # NSR's noise, Clip-Cov's pick
         )
         for g, group in enumerate(groups)
         for i in group
