@@ -366,7 +366,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
         help="claims of your own from a .toml/.yaml file: a list 'claims' of records (name, "
         "rule_a, rule_b, direction, metric; margin, source, where, statement optional)",
     )
-    add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra", "claims"))
+    add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra", "claims", "rng"))
     args = parser.parse_args(argv)
     settings = profile_settings(args, StudyConfig, PROFILES, "claims")
     given = typed_llm_settings(key_values(args.llm, "--llm"), "--llm")  # over the profile's

@@ -15,6 +15,7 @@ from sandbox.experiments import evidence
 from sandbox.experiments.claims import CLAIMS
 from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
 from sandbox.experiments.study import MARGINS, NEVER_BINDS, RUNGS, STEP_SIZE_RULE, fmt_interval
+from sandbox.streams import RNG
 
 GPU_COMMAND = (
     "python -m llm.claims --profile gpu --device cuda --llm-ensemble 8 --workers 1 "
@@ -434,8 +435,23 @@ def write_doc(out: Path, path: Path) -> None:
         calib_seeds=config.get("calib_seeds", "?"),
         exact_mu_command=f"`{EXACT_MU_COMMAND}`",
         calib_steps=config.get("calib_steps", "?"),
+        **scheme_notes(config.get("rng")),
     )
     write_text(text, path)
+
+
+def scheme_notes(rng: str | None) -> dict[str, str]:
+    """What the page adds where the run's random-number scheme (its ``config.json``'s ``rng``)
+    is not this code's (:data:`sandbox.streams.RNG`): the run predates it."""
+    if rng == RNG:
+        return {"pairing_note": "", "held_out_note": ""}
+    return {
+        "pairing_note": " The committed run predates these streams (one generator per run, so a "
+        "rule that draws extra numbers, NSR or Clip-Cov, fell out of step with the others after "
+        "the first update).",
+        "held_out_note": " (the committed run predates per-replicate held-out sets: there every "
+        "replicate and every rule scored one set of 512)",
+    }
 
 
 #: The exact flow's calibration over mu (the page cites its folder).
@@ -515,11 +531,15 @@ rebuilt from them by the second command. Settings of the committed run (`config.
 - **Pairing.** A seed fixes the prompts, the held-out set and the initial model for every rule on a
   rung. The toy rungs' 16 paired seeds are the 16 replicates of one vectorised run per rule;
   replicate *s* of every rule starts from the same weights and draws the same first rollout
-  (`tests/test_experiments_study.py::test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule`).
+  (`tests/test_experiments_study.py::test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule`),
+  and every later one from the same fixed noise (common random numbers: rollouts, minibatch order,
+  objective noise and evaluation from separate streams keyed by step, `sandbox/streams.py`), so
+  two rules draw the same samples while their policies agree (`tests/test_streams.py`).{pairing_note}
 - **Metrics.** `final_pass`: bandits — the exact expected reward of the last logged policy (the
   policy before the last update); tiny_tf — held-out pass@1 of the final model on 512 problems,
-  2 samples each (temperature 1); the problems are drawn from the run's base seed, so every
-  replicate and every rule scores the same 512 (per-replicate held-out sets need a rerun). `reward_auc`: the mean per-step
+  2 samples each (temperature 1); the problems are drawn from the run's base seed and the
+  replicate, so replicate *s* of every rule scores the same 512 and each replicate a set of its
+  own{held_out_note}. `reward_auc`: the mean per-step
   training reward. `final_entropy`: policy entropy at the last step (nats).
 - **Margins** (the smallest effect of interest, pre-registered in each claim record; the power
   lines, the margin classes and the headroom rule): {margins}.

@@ -10,8 +10,10 @@ result: a stream's value never changes (a new stream takes a new number).
 
 Two families, both ``numpy.random.SeedSequence`` entropy, told apart by their lengths:
 
-- :class:`Stream`: the torch draws of the loop, stateless, ``derive_seed(seed, Stream.X, *position)``
-  seeds a generator (or ``torch.manual_seed`` inside ``fork_rng``) for that one draw;
+- :class:`Stream`: the torch draws of the loop, stateless, ``derive_seed(seed, Stream.X,
+  *position)`` seeds a generator (or ``torch.manual_seed`` inside ``fork_rng``) for that one
+  draw. Defined with :func:`derive_seed` in :mod:`sandbox.streams` (the toy trainers use the
+  same names) and re-exported here;
 - :class:`PromptStream`: the numpy generators of the prompts, ``prompt_rng(seed, PromptStream.X)``
   (the training prompts' generator is stateful, saved in the checkpoint).
 """
@@ -22,22 +24,9 @@ from enum import IntEnum
 
 import numpy as np
 
+from sandbox.streams import Stream, derive_seed
+
 __all__ = ["PromptStream", "Stream", "derive_seed", "prompt_rng"]
-
-
-class Stream(IntEnum):
-    """The torch draws of a step, keyed ``(seed, stream, *position)`` (:func:`derive_seed`)."""
-
-    #: completions of the step's prompts: ``(seed, ROLLOUT, step, first prompt index)`` per
-    #: ``generate`` call or vLLM request (:mod:`llm.rollout`, :mod:`llm.vllm_rollout`)
-    ROLLOUT = 0
-    #: minibatch order: ``(seed, MINIBATCH, step, epoch)`` permutes the step's kept rows
-    MINIBATCH = 1
-    #: a stochastic objective's noise: ``(seed, OBJECTIVE, step, epoch, minibatch, micro-batch)``
-    OBJECTIVE = 2
-    #: completions of the held-out prompts: ``(seed, EVAL, step, first prompt index)``
-    #: (``llm.train``'s evaluation, and ``llm.pilot``'s as step 0)
-    EVAL = 3
 
 
 class PromptStream(IntEnum):
@@ -49,14 +38,6 @@ class PromptStream(IntEnum):
     EVAL = 1
     #: the probe prompts whose lengths are checked against the context before training
     PROBE = 2
-
-
-def derive_seed(*keys: int) -> int:
-    """A 63-bit seed from integer keys (``numpy.random.SeedSequence``; stateless)."""
-    return int(
-        np.random.SeedSequence([int(k) & (2**63 - 1) for k in keys]).generate_state(1, np.uint64)[0]
-        >> 1
-    )
 
 
 def prompt_rng(seed: int, stream: PromptStream) -> np.random.Generator:

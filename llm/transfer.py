@@ -98,6 +98,7 @@ from sandbox.experiments.results import (
     write_parquet_if_changed,
 )
 from sandbox.experiments.runs import objective_of, run_specs
+from sandbox.streams import with_rng
 
 RULES = ("grpo", "dapo", "gspo", "nsr_dapo", "dgpo", "cispo_trl", "sapo")
 RUNGS = ("bandit_exact", "bandit_sampled", "tiny_tf", "llm")
@@ -179,9 +180,11 @@ class TransferConfig:
 
     def training_fields(self) -> dict[str, Any]:
         """What every finished part depends on besides its (rung, rule, seed), which its file
-        name records: a folder's parts are reused only while these are unchanged."""
+        name records: a folder's parts are reused only while these are unchanged. With them
+        the toy trainers' random-number scheme (``rng``, :data:`sandbox.streams.RNG`): a folder
+        made with another is refused."""
         skip = ("rules", "rungs", "seeds", "llm_rules")
-        return {k: v for k, v in asdict(self).items() if k not in skip}
+        return with_rng({k: v for k, v in asdict(self).items() if k not in skip})
 
 
 #: Named settings. ``cpu``: the real model fits 90 min on 2 cores (4 rules x 2 seeds on the llm
@@ -337,7 +340,11 @@ def run_study(
     parts were made with other settings is refused (``force``: its parts are deleted first)."""
     config.validate()
     folder = RunFolder(
-        out, config.training_fields(), contents=asdict(config), force=force, device=config.device
+        out,
+        config.training_fields(),
+        contents=with_rng(asdict(config)),
+        force=force,
+        device=config.device,
     )
     parts = {job: part_name(job[0], job[1], f"s{job[2]}") for job in jobs(config)}
     todo = [

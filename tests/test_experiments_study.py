@@ -156,7 +156,9 @@ def test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule(kind):
         assert not torch.equal(first[0].index[0], first[0].index[1])  # replicates differ
 
 
-def test_the_held_out_set_is_fixed_by_the_seed_and_vectorised_evaluation_is_per_seed():
+def test_held_out_sets_are_per_replicate_the_same_for_every_rule_and_evaluation_is_per_seed():
+    """Replicate s scores its own held-out set, fixed by (base seed, s): every rule the same one
+    (pairs stay pairs), the replicates distinct ones; seed s's model is scored on set s."""
     cfg = SequenceTrainConfig(
         task="bits",
         task_knobs={"op": "reverse", "length": 3},
@@ -167,16 +169,30 @@ def test_the_held_out_set_is_fixed_by_the_seed_and_vectorised_evaluation_is_per_
         seed=3,
     )
     t = SequenceTrainer(cfg)
-    other = SequenceTrainer(dataclasses.replace(cfg, objective="grpo"))
-    assert t.held_out() == other.held_out()
-    assert t.held_out() != SequenceTrainer(dataclasses.replace(cfg, seed=4)).held_out()
-    before = t.generator.get_state()
+    sets = t.held_out()
+    assert len(sets) == 2 and all(len(prompts) == 16 for prompts, _ in sets)
+    assert sets[0] != sets[1]  # the replicates score distinct sets
+    assert SequenceTrainer(dataclasses.replace(cfg, objective="nsr_dapo")).held_out() == sets
+    assert SequenceTrainer(dataclasses.replace(cfg, seed=4)).held_out() != sets
+    # fixed by (base seed, s), not by how many replicates run
+    assert SequenceTrainer(dataclasses.replace(cfg, seeds=3)).held_out()[:2] == sets
+    scored, rewards = [], t._rewards
+
+    def recording(completion, completion_mask, answers):  # the real scoring, its answers kept
+        scored.append(answers)
+        return rewards(completion, completion_mask, answers)
+
+    t._rewards = recording
     score = t.evaluate()
     assert score.shape == (2,)
-    assert torch.equal(t.generator.get_state(), before)  # the training stream is untouched
+    assert scored == [[a for _, answers in sets for a in answers for _ in range(2)]]
     # each value is a share of 16 x 2 verifier calls
     assert torch.all((score * 32).round() == score * 32) and torch.all((score >= 0) & (score <= 1))
-    assert torch.equal(score, t.evaluate())  # its own generator: the same draw every time
+    assert torch.equal(score, t.evaluate())  # its own stream: the same draw every time
+    # evaluating leaves the training streams untouched: the next step is the one without it
+    fresh = SequenceTrainer(cfg)
+    after, plain = t.step(), fresh.step()
+    assert all(torch.equal(after[k], plain[k]) for k in plain)
 
 
 # -- gradient-mass shares ---------------------------------------------------------------------

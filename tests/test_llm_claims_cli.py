@@ -248,7 +248,12 @@ def test_a_subset_of_rules_in_a_study_folder_adds_to_it_instead_of_shrinking_it(
     config = json.loads((out / "config.json").read_text())
     assert config["rules"] == ["dapo", "nsr_dapo", "grpo", "gspo"]  # the folder's, not 1 rule
     after = pd.read_csv(out / "ledger.csv")
-    pd.testing.assert_frame_equal(after[after["claim"] != "mine"].reset_index(drop=True), before)
+    kept = after[after["claim"] != "mine"].reset_index(drop=True)
+    # the folder's claims keep their rows; Holm's adjustment alone may grow, where the new
+    # claim joins their family with a decision of its own (a larger family, a larger p_holm)
+    holm = ["p_holm", "holm"]
+    pd.testing.assert_frame_equal(kept.drop(columns=holm), before.drop(columns=holm))
+    assert (kept["p_holm"].fillna(0) >= before["p_holm"].fillna(0)).all()
     assert len(after[after["claim"] == "mine"]) == 2
     assert set(pd.read_csv(out / "summary.csv")["rule"]) == {"dapo", "nsr_dapo", "grpo", "gspo"}
 

@@ -1,6 +1,7 @@
-"""The random streams of an llm run are named once (:mod:`llm.streams`): no module of the ``llm``
-package passes a bare stream number, and the names keep the numbers every committed result was
-drawn with (so a run, a resumed run and an ensemble member stay bit-identical to before)."""
+"""The random streams of an llm run are named once (:mod:`llm.streams`, which re-exports the
+project's :mod:`sandbox.streams`): no module of the ``llm`` package passes a bare stream
+number, and the names keep the numbers every committed result was drawn with (so a run, a
+resumed run and an ensemble member stay bit-identical to before)."""
 
 from __future__ import annotations
 
@@ -72,19 +73,28 @@ def test_no_bare_stream_id_in_the_llm_package():
 
 
 def test_derive_seed_and_the_streams_are_defined_once():
+    """Stream and derive_seed are the project's (sandbox.streams, the toy trainers' names too),
+    re-exported by llm.streams; the prompt streams are llm's own."""
+    import sandbox.streams
+
+    trees = sources() + [
+        (str(f.relative_to(LLM.parent)), ast.parse(f.read_text()))
+        for f in sorted((LLM.parent / "sandbox").rglob("*.py"))
+    ]
     defined = [
         (path, node.name)
-        for path, tree in sources()
+        for path, tree in trees
         for node in ast.walk(tree)
         if isinstance(node, ast.FunctionDef | ast.ClassDef)
         and node.name in ("derive_seed", "prompt_rng", "Stream", "PromptStream")
     ]
     assert sorted(defined) == [
         ("llm/streams.py", "PromptStream"),
-        ("llm/streams.py", "Stream"),
-        ("llm/streams.py", "derive_seed"),
         ("llm/streams.py", "prompt_rng"),
+        ("sandbox/streams.py", "Stream"),
+        ("sandbox/streams.py", "derive_seed"),
     ]
+    assert Stream is sandbox.streams.Stream and derive_seed is sandbox.streams.derive_seed
 
 
 def test_the_numbers_stay_those_of_the_committed_results():

@@ -329,10 +329,11 @@ def test_bad_off_policy_mask_raises_naming_it(value):
 
 @pytest.mark.parametrize("setting", ["needle", "mixed"])
 def test_rules_trained_together_equal_their_own_runs_bit_for_bit(setting):
-    """run_bandits keeps each run's random stream: deterministic rules with one seed share a
-    generator, nsr_dapo (rescue noise) and clip_cov (ranking keys, per-seed metrics) keep their
-    own, grpo with seed 1 has another; minibatches and epochs make the streams' shuffles differ.
-    Every frame and final logits equal the config's own run_bandit exactly."""
+    """run_bandits keeps each run's random streams: the rules of base seed 0 share its rollout
+    and minibatch streams, nsr_dapo (rescue noise) and clip_cov (ranking keys, per-seed metrics)
+    draw their objective noise at their own keys, grpo with seed 1 has streams of its own;
+    minibatches and epochs make the seeds' shuffles differ. Every frame and final logits equal
+    the config's own run_bandit exactly."""
     from sandbox.train.bandit import run_bandit, run_bandits
 
     rules = [("dapo", 0), ("nsr_dapo", 0), ("clip_cov", 0), ("grpo", 1), ("gspo", 0)]

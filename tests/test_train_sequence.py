@@ -43,12 +43,10 @@ def test_seeds_are_independent():
     batch = trainer.rollout()
     model_state = copy.deepcopy(trainer.model.state_dict())
     opt_state = copy.deepcopy(trainer.optimizer.state_dict())
-    gen_state = trainer.generator.get_state()
     results = []
     for perturb in (False, True):
         trainer.model.load_state_dict(model_state)
-        trainer.optimizer.load_state_dict(opt_state)
-        trainer.generator.set_state(gen_state)
+        trainer.optimizer.load_state_dict(opt_state)  # the streams are keyed by the step
         if perturb:
             batch.adv[0] = -batch.adv[0] + 0.5
         trainer.update(batch)

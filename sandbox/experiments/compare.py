@@ -44,6 +44,7 @@ import pandas as pd
 from envs import make_bandit_suite
 from sandbox.configs import arg, check_int, literal
 from sandbox.objectives import available_objectives, available_presets
+from sandbox.streams import with_rng
 
 from .planner import Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
@@ -226,9 +227,12 @@ class CompareConfig:
 
     def training_fields(self) -> dict[str, Any]:
         """What every finished part depends on besides its (setting, objective, parameters),
-        which its file name records: a part is reused only while these are unchanged."""
+        which its file name records: a part is reused only while these are unchanged. With them
+        the trainers' random-number scheme (``rng``, :data:`sandbox.streams.RNG`): a folder made
+        with another is refused."""
         skip = ("objectives", "settings", "objective_params")
-        return json.loads(json.dumps({k: v for k, v in asdict(self).items() if k not in skip}))
+        fields = {k: v for k, v in asdict(self).items() if k not in skip}
+        return json.loads(json.dumps(with_rng(fields)))
 
 
 def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) -> RunSpec:
@@ -356,7 +360,7 @@ def run_compare(
     folder = RunFolder(
         out_dir,
         config.training_fields(),
-        contents=asdict(config),
+        contents=with_rng(asdict(config)),
         force=force,
         hint="run the same command as before to resume, or use another --name, or --force to "
         "recompute",

@@ -16,7 +16,10 @@ resumable parts, progress bar, the refusal of a folder made with other settings)
 Pairing: a seed fixes the prompts, the held-out set and the initial model for every rule on a rung.
 On the toy rungs the ``seeds`` paired seeds are the replicates of one vectorised run (replicate
 ``s`` of every rule starts from the same weights and sees the same prompt stream and the same first
-rollout: ``tests/test_experiments_study.py`` checks it); the exact flow is deterministic (one
+rollout: ``tests/test_experiments_study.py`` checks it; every later rollout comes from the same
+fixed noise, :mod:`sandbox.streams`, so pairs stay paired while the policies agree; on tiny_tf
+replicate ``s`` of every rule scores the same held-out set, each replicate its own, and a study
+records the scheme as ``rng``); the exact flow is deterministic (one
 "seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed, and one
 job runs up to :attr:`Rung.members` of one rule's seeds (``llm``: as one ensemble), each seed
 still its own part (``study__<rung>__<rule>__lr=<lr>__s<seed>``), so parts made either way are
@@ -55,6 +58,7 @@ import pandas as pd
 
 from sandbox.configs import arg, check_device, check_int
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
+from sandbox.streams import HELD_OUT, RNG
 
 from . import evidence
 from .claims import (
@@ -157,6 +161,12 @@ class StudyConfig:
     tf_eval_prompts: int = arg(512, "tiny_tf held-out problems (fixed by the seed)")
     tf_eval_k: int = arg(2, "tiny_tf samples per held-out problem")
     extra: dict[str, Any] = arg({}, "settings of rungs registered elsewhere (llm.claims)")
+    rng: str | None = arg(
+        RNG,
+        "the toy trainers' random-number scheme (sandbox.streams.RNG; recorded, not a flag): a "
+        "folder recorded with another, or None (made before it was recorded), is refused; "
+        "--tables-only rebuilds its tables as they were made",
+    )
     device: str = arg("cpu", "cpu | cuda")
     claims: list[dict[str, Any]] = arg(
         [], "claims of your own besides the papers' (records of sandbox.experiments.claims.Claim)"
@@ -197,6 +207,11 @@ class StudyConfig:
         """``ValueError`` naming the first bad field: every setting is checked here, before
         anything runs or a folder's ``config.json`` is written."""
         self.check_claims()  # first: a claim's unknown rule is named with its claim
+        if self.rng != RNG:
+            raise ValueError(
+                f"rng: this code trains with the random-number scheme {RNG!r}, got {self.rng!r} "
+                "(a record of an earlier run: --tables-only rebuilds its tables)"
+            )
         for name in self.rules:
             objective_of(name)  # ValueError listing the valid names
         if REFERENCE not in self.rules:
@@ -275,7 +290,8 @@ class StudyConfig:
 
     def fields_of_parts(self) -> dict[str, Any]:
         """What every part depends on besides its name (rung, rule, step size, base seed): a
-        folder's parts are reused only while these are unchanged (:func:`part_fields`)."""
+        folder's parts are reused only while these are unchanged (:func:`part_fields`; ``rng``
+        among them)."""
         return part_fields(asdict(self))
 
 
@@ -439,12 +455,16 @@ def task_bounds(task: Any, answer_sets: Sequence[Sequence[str]]) -> Bounds:
 
 
 def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
-    """The held-out set every replicate of the tiny_tf runs scores (base seed 0)."""
+    """The answer baselines of the held-out sets the tiny_tf replicates score (base seed 0,
+    replicate s scores its own set, every rule the same one): their mean over the replicates."""
     from envs.reasoning import make_task
     from sandbox.train.sequence import held_out_problems
 
     task = make_task(config.tf_task, **config.tf_knobs)
-    return task_bounds(task, [held_out_problems(task, 0, config.tf_eval_prompts)[1]])
+    n = config.tf_eval_prompts
+    if config.rng is None:  # a run made before per-replicate sets: all scored base seed 0's one
+        return task_bounds(task, [task.sample_batch(np.random.default_rng([0, HELD_OUT]), n)[1]])
+    return task_bounds(task, [held_out_problems(task, 0, n, s)[1] for s in range(config.seeds)])
 
 
 register_rung(
@@ -617,13 +637,15 @@ CALIBRATED = "calibrated"
 
 def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, int]] | None]:
     """A study folder's ``config.json``: its settings and, once calibrated, each rung's
-    calibrated (step size, epochs)."""
+    calibrated (step size, epochs). A record without ``rng`` was made with the toy trainers'
+    earlier random-number scheme: its config's ``rng`` is ``None``."""
     path = Path(out) / "config.json"
     try:
         values = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable study record ({exc})") from None
     point = values.pop(CALIBRATED, None)
+    values.setdefault("rng", None)
     try:
         config = StudyConfig(**values)
     except TypeError as exc:
@@ -634,7 +656,10 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
 
 def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
     """Write ``config.json`` with the calibrated point of every rung (atomically)."""
-    record = {**asdict(config), CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
+    values = asdict(config)
+    if values["rng"] is None:  # a record made before rng was recorded stays without it
+        del values["rng"]
+    record = {**values, CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
     tmp = out / "config.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, default=str))
     tmp.replace(out / "config.json")

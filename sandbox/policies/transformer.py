@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sandbox.streams import gumbel_max
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -247,7 +249,14 @@ class TinyTransformer(nn.Module):
         temperature: float = 1.0,
         allowed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Sample completions with a KV cache.
+        """Sample completions with a KV cache, by the exponential race from fixed noise.
+
+        ``generator`` draws one uniform per (model, row, position, token) up front, ``[S, B,
+        max_new_tokens, V]`` whatever the policy, and position t's token wins the race of the
+        next-token distribution on the row's uniforms at t (Gumbel-max,
+        :func:`sandbox.streams.gumbel_max`): two models given one generator state draw the same
+        completions where their distributions agree (common random numbers), and a sequence's
+        tokens never depend on how long the other rows run.
 
         Returns ``(completion [S, B, Tc], completion_mask [S, B, Tc])``: the mask is 1 up to and
         including the first EOS; after it the ids are ``pad_id``. ``Tc <= max_new_tokens`` (the
@@ -265,16 +274,20 @@ class TinyTransformer(nn.Module):
                 f"model's max_len={self.config.max_len}"
             )
         logits, cache = self(prompt, prompt_mask)
+        dtype = torch.promote_types(logits.dtype, torch.float32)  # >= fp32, as the scores
+        V = self.config.vocab_size
+        noise = torch.rand(
+            (S, B, max_new_tokens, V), generator=generator, device=prompt.device, dtype=dtype
+        )
         key_mask = prompt_mask
         position = prompt_mask.long().sum(-1, keepdim=True)  # next position per sequence
         done = torch.zeros(S, B, dtype=torch.bool, device=prompt.device)
         tokens, masks = [], []
         next_logits = logits[:, :, -1]
         for t in range(max_new_tokens):
-            scaled = next_logits.to(torch.promote_types(next_logits.dtype, torch.float32))
-            scaled = self._restrict(scaled / temperature, allowed)  # >= fp32, as the scores
-            probs = torch.softmax(scaled, -1).view(S * B, -1)
-            tok = torch.multinomial(probs, 1, generator=generator).view(S, B)
+            scaled = self._restrict(next_logits.to(dtype) / temperature, allowed)
+            probs = torch.softmax(scaled, -1)  # [S, B, V]
+            tok = gumbel_max(probs, noise[:, :, t, None])[..., 0]
             alive = ~done
             tok = torch.where(alive, tok, pad_id)
             tokens.append(tok)

@@ -38,11 +38,17 @@ How to run (CPU; ``device="cuda"`` runs the same code on one GPU)::
 
 Seeds and randomness
 --------------------
-All randomness (prompts, arms, rewards, minibatch shuffles, the objective's own draws such as
-NSR's rescue noise) comes from one ``torch.Generator`` seeded with ``config.seed``. A run is a
-deterministic function of its config. The column ``seed`` is the index ``s`` in ``[0, S)``: the
-random stream of seed ``s`` depends on ``(config.seed, S)``, so seed 2 of a 4-seed run is *not*
-the same trajectory as a 1-seed run with ``config.seed + 2``. What holds exactly is
+Every draw comes from a named stream of :mod:`sandbox.streams` (common random numbers), keyed by
+``config.seed`` and the draw's position, stateless: the step's rollout (prompts, arms, rewards)
+from ``(seed, ROLLOUT, step)``, each epoch's minibatch permutation from ``(seed, MINIBATCH,
+step, epoch)``, the objective's own draws (NSR's rescue noise, Clip-Cov's pick) from ``(seed,
+OBJECTIVE, step, epoch, minibatch)``. A run is a deterministic function of its config, and a
+rule that draws extra numbers shifts no other stream: two rules with one base seed sample step
+t from the same uniforms, fixed per (seed index, prompt slot, sample, arm), the arms by the
+exponential race (Gumbel-max, :func:`sandbox.streams.gumbel_max`), so where their policies
+agree they draw the same arms and rewards (a paired seed stays paired after the first update). The column ``seed`` is the
+index ``s`` in ``[0, S)``: replicate ``s`` takes row ``s`` of each draw, so seed 2 of a 4-seed
+run is *not* the same trajectory as a 1-seed run with ``config.seed + 2``. What holds exactly is
 independence: the update of seed ``s`` depends only on seed ``s``'s logits and batch (see
 :func:`bandit_update`; tested by perturbing one seed and checking the others' updates are
 bit-identical), so the S seeds are i.i.d. replicates.
@@ -60,11 +66,11 @@ per-seed aggregates is one call), SGD and Adam act elementwise, and
 Several rules at once (:func:`run_bandits`): configs that differ only in objective, its
 parameters and seed train as R blocks of one ``[R * S, P, K]`` logits tensor (one softmax, one
 backward, one optimizer step; each rule's objective called on its own block), and each block's
-histories equal that config's own :func:`run_bandit` bit for bit. Its random stream stays its
-own: configs with one seed whose objectives draw nothing make identical draws, so they share one
-generator (its uniforms broadcast over their blocks); a rule that draws keeps a generator of its
-own; prompt-weighted means are taken per block (a matrix-vector product may round differently
-with more rows). ``clip-sandbox compare`` trains a setting's rules this way.
+histories equal that config's own :func:`run_bandit` bit for bit. The configs of one base seed
+share its streams: one rollout's uniforms broadcast over their blocks, one permutation per
+epoch, and each rule's objective draws from the objective stream reseeded at its key, as it
+would alone; prompt-weighted means are taken per block (a matrix-vector product may round
+differently with more rows). ``clip-sandbox compare`` trains a setting's rules this way.
 
 Logged metrics (one row per ``(step, seed)``; :meth:`BanditRun.to_frame`)
 ------------------------------------------------------------------------
@@ -135,6 +141,7 @@ from sandbox.grad_noise import (
 from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask
 from sandbox.objectives import Objective
+from sandbox.streams import Stream, StreamGenerators, gumbel_max, inverse_cdf
 
 __all__ = [
     "BanditRun",
@@ -370,22 +377,30 @@ class Rollout:
 
 
 def _sample_categorical(
-    probs: Tensor, num_samples: int, generator: torch.Generator, replicas: int = 1
+    probs: Tensor,
+    num_samples: int,
+    generator: torch.Generator,
+    replicas: int = 1,
+    race: bool = False,
 ) -> Tensor:
-    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` by inverse CDF (one uniform each).
+    """``num_samples`` i.i.d. draws per row of ``probs [..., K]`` from uniforms of a fixed shape,
+    whatever the probabilities: by inverse CDF, one uniform per draw
+    (:func:`sandbox.streams.inverse_cdf`), or with ``race`` by the exponential race, one per
+    draw and category (:func:`sandbox.streams.gumbel_max`: the tighter coupling of two close
+    policies, for the policy's own samples).
 
     ``replicas``: the rows are that many equal blocks that share one block's uniforms (each block
     gets the draws a call with its rows alone would make)."""
-    cdf = probs.cumsum(-1)
-    u = torch.rand(
-        (probs.shape[0] // replicas, *probs.shape[1:-1], num_samples),
-        generator=generator,
-        device=probs.device,
-        dtype=probs.dtype,
-    )
-    u = _replicate(u, replicas)
-    draws = torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # first arm with cdf > u
-    return draws.clamp_(max=probs.shape[-1] - 1)
+    rows = probs.shape[0] // replicas
+    shape = (rows, *probs.shape[1:-1], num_samples)
+    if race:  # the blocks broadcast against one block's uniforms (no copy of them)
+        u = torch.rand(
+            (*shape, probs.shape[-1]), generator=generator, device=probs.device, dtype=probs.dtype
+        )
+        blocks = probs.view(replicas, rows, *probs.shape[1:])
+        return gumbel_max(blocks, u).view(probs.shape[0], *shape[1:])
+    u = torch.rand(shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    return inverse_cdf(probs, _replicate(u, replicas))
 
 
 def _replicate(x: Tensor, replicas: int) -> Tensor:
@@ -429,7 +444,7 @@ def sample_rollout(
             _sample_categorical(prompt_probs, prompts_per_step, generator), replicas
         )
     pi_prompt = pi.gather(1, prompts[:, :, None].expand(-1, -1, K))  # [S, P', K]
-    arms = _sample_categorical(pi_prompt, G, generator, replicas)  # [S, P', G]
+    arms = _sample_categorical(pi_prompt, G, generator, replicas, race=True)  # [S, P', G]
     index = (prompts[:, :, None] * K + arms).view(S, -1)  # [S, N]
 
     shape = (seeds, index.shape[1])
@@ -529,12 +544,26 @@ def _grad_noise(
     return grad_noise(forward, [logits], [logits.grad], half, S)
 
 
+#: The generators of one base seed at one step: ``draw(Stream.X, *position)`` is stream X's
+#: generator seeded at ``(seed, X, step, *position)`` (:func:`_at_step`), or one generator for
+#: every purpose (:func:`bandit_update` given a generator).
+Draw = Callable[..., torch.Generator]
+
+
+def _at_step(streams: StreamGenerators, step: int) -> Draw:
+    """``streams`` with the step bound: ``draw(stream, *position)``."""
+    return lambda stream, *position: streams(stream, step, *position)
+
+
 @dataclass(frozen=True)
 class _Rule:
-    """One rule of a batched update: its loss and the random stream its draws come from."""
+    """One rule of a batched update: its loss, which base seed's streams it draws from (an
+    index into the update's ``streams``) and whether its objective draws at all (one that does
+    not is handed no generator: nothing to reseed)."""
 
     loss_fn: PolicyLoss
-    generator: torch.Generator
+    stream: int = 0
+    draws: bool = True
 
 
 def bandit_update(
@@ -568,7 +597,8 @@ def bandit_update(
         aggregation: a mode of :func:`sandbox.aggregate.aggregate`.
         epochs: mu.
         minibatches: optimizer steps per epoch (must divide N).
-        generator: for shuffles and the objective's own randomness.
+        generator: for shuffles and the objective's own randomness (one generator, drawn in
+            turn; :func:`run_bandit` keeps them apart, each from its own stream).
         validate: let the objective check its inputs (finite values; one device->host read per
             call). :func:`run_bandit` validates the first step only.
         off_policy_mask: ``None`` or delta > 0: :class:`sandbox.loss.PolicyLoss`'s off-policy
@@ -581,13 +611,16 @@ def bandit_update(
     loss_fn = PolicyLoss(
         objective, aggregation, off_policy_mask=off_policy_mask, grad_mass=grad_mass
     )
-    rule = _Rule(loss_fn, generator)
+
+    def draw(stream: Stream, *position: int) -> torch.Generator:
+        return generator
+
     return _update_rules(
         logits,
         optimizer,
-        [rule],
+        [_Rule(loss_fn)],
         rollout,
-        [(generator, 1)],
+        [(draw, 1)],
         epochs=epochs,
         minibatches=minibatches,
         validate=validate,
@@ -597,7 +630,7 @@ def bandit_update(
 
 def _minibatch_rows(
     perms: list[Tensor | None],
-    streams: list[tuple[torch.Generator, int]],
+    streams: list[tuple[Draw, int]],
     seeds: int,
     mb: int,
     n: int,
@@ -618,7 +651,7 @@ def _update_rules(
     optimizer: torch.optim.Optimizer,
     rules: list[_Rule],
     rollout: Rollout,
-    streams: list[tuple[torch.Generator, int]],
+    streams: list[tuple[Draw, int]],
     *,
     epochs: int,
     minibatches: int,
@@ -628,10 +661,11 @@ def _update_rules(
     """:func:`bandit_update` of R rules trained together: ``logits`` ``[R * S, P, K]`` holds R
     blocks of S seeds (rule r's block is rows ``r * S`` to ``(r + 1) * S``), each rule's loss is
     its own call on its own block, and one backward and one optimizer step serve all of them.
-    ``streams`` lists ``(generator, number of rules)`` in block order: a stream's rules share its
-    minibatch permutations (drawn at each epoch's start, as one rule alone draws them); each
-    rule's objective draws from ``rule.generator``. The optimizer acts elementwise, so each
-    block's update equals what :func:`bandit_update` gives that rule alone."""
+    ``streams`` lists ``(draw, number of rules)`` per base seed, in block order: a base seed's
+    rules share its minibatch permutation of each epoch (``draw(MINIBATCH, epoch)``); each
+    rule's objective draws from its seed's ``draw(OBJECTIVE, epoch, minibatch)``, reseeded for
+    it, as it is alone. The optimizer acts elementwise, so each block's update equals what
+    :func:`bandit_update` gives that rule alone."""
     RS, P, K = logits.shape
     R = len(rules)
     S = RS // R
@@ -647,10 +681,13 @@ def _update_rules(
     grad_norm = torch.zeros(RS, dtype=logits.dtype, device=logits.device)
     det_fn = counterpart_loss(rules[0].loss_fn) if grad_noise else None
     noise = torch.zeros(3, S, dtype=logits.dtype, device=logits.device) if grad_noise else None
-    for _epoch in range(epochs):
+    for epoch in range(epochs):
         perms: list[Tensor | None] = [None] * len(streams)
         if minibatches > 1:
-            perms = [torch.randperm(N, generator=g, device=logits.device) for g, _ in streams]
+            perms = [
+                torch.randperm(N, generator=draw(Stream.MINIBATCH, epoch), device=logits.device)
+                for draw, _ in streams
+            ]
         for mb in range(minibatches):
             index, logp_old, adv = rollout.index, rollout.logp_old, rollout.adv
             rows = _minibatch_rows(perms, streams, S, mb, n)
@@ -665,7 +702,14 @@ def _update_rules(
                 strict=True,
             )
             outs = [
-                _objective_loss(rule.loss_fn, lp, (lpo, a), mask, rule.generator, validate)
+                _objective_loss(
+                    rule.loss_fn,
+                    lp,
+                    (lpo, a),
+                    mask,
+                    streams[rule.stream][0](Stream.OBJECTIVE, epoch, mb) if rule.draws else None,
+                    validate,
+                )
                 for lp, lpo, a, rule in blocks
             ]
             optimizer.zero_grad(set_to_none=False)
@@ -759,18 +803,12 @@ def _check_together(configs: list[BanditTrainConfig]) -> None:
         raise ValueError("configs: grad_noise is measured one config per call, got several")
 
 
-def _streams(configs: list[BanditTrainConfig], objectives: list[Objective]) -> list[list[int]]:
-    """The configs that share one random stream, in the order their blocks are laid out.
-
-    A run's draws are its rollouts, its minibatch permutations and its objective's own draws,
-    all from one generator seeded with ``config.seed``. Runs with one seed whose objectives draw
-    nothing (no :meth:`~sandbox.objectives.Objective.draw`) make the same draws, in the same
-    order and shapes, so they share one generator; a rule that draws (NSR's noise, Clip-Cov's
-    keys) interleaves its own draws and keeps a generator of its own."""
-    groups: dict[tuple[int, int], list[int]] = {}
-    for i, (config, objective) in enumerate(zip(configs, objectives, strict=True)):
-        draws = type(objective).draw is not Objective.draw
-        groups.setdefault((config.seed, i if draws else -1), []).append(i)
+def _seed_groups(configs: list[BanditTrainConfig]) -> list[list[int]]:
+    """The configs of each base seed, in the order their blocks are laid out: they share that
+    seed's streams (one rollout, one permutation per epoch; :mod:`sandbox.streams`)."""
+    groups: dict[int, list[int]] = {}
+    for i, config in enumerate(configs):
+        groups.setdefault(config.seed, []).append(i)
     return list(groups.values())
 
 
@@ -778,12 +816,13 @@ def _sample_streams(
     log_pi: Tensor,
     task: BanditTask,
     config: BanditTrainConfig,
-    streams: list[tuple[torch.Generator, int]],
+    streams: list[tuple[Draw, int]],
 ) -> Rollout:
-    """One step's rollout of every block: each stream samples its blocks with its generator."""
+    """One step's rollout of every block: each base seed's rollout stream samples its blocks
+    (``streams``: ``(draw, number of blocks)`` per base seed, in block order)."""
     seeds = log_pi.shape[0] // sum(count for _, count in streams)
     parts, start = [], 0
-    for generator, count in streams:
+    for draw, count in streams:
         parts.append(
             sample_rollout(
                 log_pi[start * seeds : (start + count) * seeds],
@@ -791,7 +830,7 @@ def _sample_streams(
                 prompts_per_step=config.prompts_per_step,
                 group_size=config.group_size,
                 advantage=config.advantage,
-                generator=generator,
+                generator=draw(Stream.ROLLOUT),
                 replicas=count,
             )
         )
@@ -888,9 +927,9 @@ def run_bandits(
 
     The R runs' logits are R blocks of one ``[R * S, P, K]`` tensor: the softmax, the sampling
     arithmetic, the backward, the optimizer step and the logging act on all blocks at once; each
-    rule's objective is called on its own block. Random streams stay each run's own: runs whose
-    objectives draw nothing share one generator per seed (they would make the same draws), a rule
-    that draws keeps its own (:func:`_streams`). Not with ``grad_noise`` (one config per call).
+    rule's objective is called on its own block. The runs of one base seed share its streams
+    (:func:`_seed_groups`); each draw is keyed by its position, so a rule's objective noise is
+    what it draws alone. Not with ``grad_noise`` (one config per call).
     """
     return _train(model, list(configs), progress=progress, callback=None)
 
@@ -910,10 +949,9 @@ def _train(
     device, dtype = torch.device(config.device), DTYPES[config.dtype]
     task = BanditTask.from_model(model, device, dtype)
     objectives = [c.build_objective() for c in configs]
-    groups = _streams(configs, objectives)
+    groups = _seed_groups(configs)
     order = [i for group in groups for i in group]  # block -> config index
-    gens = [torch.Generator(device=device).manual_seed(configs[g[0]].seed) for g in groups]
-    streams = [(gen, len(group)) for gen, group in zip(gens, groups, strict=True)]
+    seeds = [StreamGenerators(configs[g[0]].seed, device) for g in groups]
     aggregations = [
         c.aggregation or o.aggregation for c, o in zip(configs, objectives, strict=True)
     ]
@@ -925,9 +963,10 @@ def _train(
                 off_policy_mask=config.off_policy_mask,
                 grad_mass=config.grad_mass,
             ),
-            gen,
+            g,
+            type(objectives[i]).draw is not Objective.draw,  # NSR's noise, Clip-Cov's pick
         )
-        for gen, group in zip(gens, groups, strict=True)
+        for g, group in enumerate(groups)
         for i in group
     ]
     R, S, P, K = len(configs), config.seeds, task.num_prompts, task.num_arms
@@ -943,6 +982,9 @@ def _train(
             pi = log_pi.exp()
             expected_reward = _prompt_mean((pi * task.mean_rewards).sum(-1), task, R)  # [R * S]
             entropy = _prompt_mean(-(pi * log_pi).sum(-1), task, R)  # [R * S]
+            streams = [
+                (_at_step(gens, step), len(g)) for gens, g in zip(seeds, groups, strict=True)
+            ]
             rollout = _sample_streams(log_pi, task, config, streams)
 
         # 3. mu epochs x minibatches of objective -> aggregate -> optimizer step

@@ -38,6 +38,17 @@ seed, before clipping, mean over the step's updates), ``zero_var_frac`` and the 
 (pooled over seeds, mean over updates), with ``off_policy_masked_frac`` (share of sequences
 dropped) and ``entropy_masked_frac`` (share of tokens masked) when those masks are on.
 
+Randomness (common random numbers, :mod:`sandbox.streams`): the prompts come from a numpy
+generator of their own (``config.seed``; no policy changes its draws), every torch draw from a
+named stream keyed by the base seed and the draw's position, stateless: the step's completions
+from ``(seed, ROLLOUT, step)``, each epoch's minibatch order from ``(seed, MINIBATCH, step,
+epoch)``, the objective's noise from ``(seed, OBJECTIVE, step, epoch, minibatch)``, the held-out
+completions from ``(seed, EVAL, steps done)``. Tokens are sampled by the exponential race from
+uniforms fixed per (seed index, row, position, token) (:meth:`TinyTransformer.generate`), so two
+rules with one base seed draw the same completions while their models agree, whatever extra
+numbers one objective draws. Replicate s scores its own held-out set
+(:func:`held_out_problems` of the base seed and s), the same for every rule.
+
 With ``entropy_law`` (mechanism check (a), arXiv 2505.22617), per step and seed, over the visited
 prefixes of the step's own rollout (every completion position under the completion mask, the
 same token mean as ``entropy``), with z the next-token logits over the allowed tokens (the
@@ -85,6 +96,7 @@ from sandbox.loss import LossOutput, PolicyLoss
 from sandbox.masks import check_off_policy_mask, check_top_entropy_quantile
 from sandbox.objectives import Objective
 from sandbox.policies import TinyTransformer, TransformerConfig, clip_grad_norm_per_model
+from sandbox.streams import HELD_OUT, Stream, StreamGenerators
 
 from .bandit import DTYPES
 
@@ -219,15 +231,20 @@ class SequenceBatch:
     entropy: Tensor  # [S, N, Tc]
 
 
-def held_out_problems(task: ReasoningTask, seed: int, n: int) -> tuple[list[str], list[str]]:
-    """The ``n`` held-out (prompt, answer) pairs of a run with base seed ``seed``: their own
-    random stream, fixed by ``seed`` alone, so every rule, every replicate of the run and every
-    step count sees the same set (the study's answer baselines are computed on it too)."""
-    return task.sample_batch(np.random.default_rng([seed, 7919]), n)
+def held_out_problems(
+    task: ReasoningTask, seed: int, n: int, replicate: int
+) -> tuple[list[str], list[str]]:
+    """The ``n`` held-out (prompt, answer) pairs of replicate ``replicate`` (seed index s in
+    ``[0, S)``) of a run with base seed ``seed``: their own random stream
+    (:data:`sandbox.streams.HELD_OUT`), fixed by ``(seed, replicate)`` alone, so every rule and
+    every step count sees the same set for a replicate (pairs stay pairs) while the replicates
+    score distinct sets (the study's answer baselines are computed on them too)."""
+    return task.sample_batch(np.random.default_rng([seed, HELD_OUT, replicate]), n)
 
 
 class SequenceTrainer:
-    """The state of a run: the models, the optimizer, the generators; :meth:`step` is one step."""
+    """The state of a run: the models, the optimizer, the random streams; :meth:`step` is one
+    step."""
 
     def __init__(self, config: SequenceTrainConfig) -> None:
         config.validate()
@@ -257,7 +274,9 @@ class SequenceTrainer:
             self.reference.to(self.device).requires_grad_(False)
         # fused: one kernel for every parameter (elementwise, so seeds stay independent)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, fused=True)
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        # torch draws from named streams keyed (seed, stream, step, ...) (sandbox.streams);
+        # the prompts from a numpy generator of their own, whose draws no policy changes
+        self.streams = StreamGenerators(config.seed, self.device)
         self.rng = np.random.default_rng(config.seed)
         tok = self.task.tokenizer
         # the allowed ids as an index and as a mask, both built on the host (no nonzero() sync)
@@ -292,20 +311,26 @@ class SequenceTrainer:
         ids, mask = self._encode(prompts, G)
         return ids, mask, [a for a in answers for _ in range(G)]
 
-    def held_out(self) -> tuple[list[str], list[str]]:
-        """The held-out problems (:func:`held_out_problems` of the run's base seed)."""
-        return held_out_problems(self.task, self.config.seed, self.config.eval_prompts)
+    def held_out(self) -> list[tuple[list[str], list[str]]]:
+        """The held-out problems of each replicate s (:func:`held_out_problems` of the run's
+        base seed and s)."""
+        cfg = self.config
+        return [
+            held_out_problems(self.task, cfg.seed, cfg.eval_prompts, s) for s in range(cfg.seeds)
+        ]
 
     @torch.no_grad()
     def evaluate(self) -> Tensor:
-        """Held-out pass@1 per seed ``[S]``: every seed's model samples ``eval_k`` completions
-        (temperature 1, the training sampler) for each held-out problem, in one batched call;
-        the share the verifier accepts. Sampling uses a generator of its own (seeded by
-        ``seed``), so evaluating leaves the training stream untouched."""
+        """Held-out pass@1 per seed ``[S]``: seed s's model samples ``eval_k`` completions
+        (the training sampler) for each of replicate s's held-out problems, all seeds in one
+        batched call; the share the verifier accepts. Sampling draws from the evaluation stream
+        ``(seed, EVAL, steps done)``, so evaluating leaves the training streams untouched and
+        draws the same every time."""
         cfg, tok = self.config, self.task.tokenizer
-        prompts, answers = self.held_out()
-        ids, mask = self._encode(prompts * cfg.seeds, cfg.eval_k)
-        generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 7919)
+        sets = self.held_out()
+        prompts = [p for ps, _ in sets for p in ps]
+        ids, mask = self._encode(prompts, cfg.eval_k)
+        generator = self.streams(Stream.EVAL, self.steps_done)
         completion, completion_mask = self.model.generate(
             ids,
             mask,
@@ -316,7 +341,7 @@ class SequenceTrainer:
             temperature=cfg.temperature,
             allowed=self.allowed,
         )
-        rows = [a for _ in range(cfg.seeds) for a in answers for _ in range(cfg.eval_k)]
+        rows = [a for _, answers in sets for a in answers for _ in range(cfg.eval_k)]
         return self._rewards(completion, completion_mask, rows).mean(-1)
 
     def _rewards(self, completion: Tensor, completion_mask: Tensor, answers: list[str]) -> Tensor:
@@ -341,7 +366,7 @@ class SequenceTrainer:
             max_new_tokens=self.max_new_tokens,
             eos_id=self.task.tokenizer.eos_id,
             pad_id=self.task.tokenizer.pad_id,
-            generator=self.generator,
+            generator=self.streams(Stream.ROLLOUT, self.steps_done),
             temperature=cfg.temperature,
             allowed=self.allowed,
         )
@@ -373,11 +398,14 @@ class SequenceTrainer:
         """The loss reads the update's entropies: the bonus, or the entropy mask."""
         return self.config.entropy_coef > 0 or self.config.top_entropy_quantile < 1
 
-    def _loss(self, batch: SequenceBatch, rows: Tensor, validate: bool) -> LossOutput:
+    def _loss(
+        self, batch: SequenceBatch, rows: Tensor, validate: bool, generator: torch.Generator
+    ) -> LossOutput:
         """The loss of minibatch ``rows`` for all seeds: :class:`sandbox.loss.PolicyLoss` with
-        ``groups=S`` (each seed aggregated over its own rows; a batch-statistic objective is
-        ranks each seed's rows on their own, its metrics then averaged over seeds)."""
-        out, _ = self._assemble(self.loss_fn, batch, rows, validate, self.generator)
+        ``groups=S`` (each seed aggregated over its own rows; a batch-statistic objective
+        ranks each seed's rows on their own, its metrics then averaged over seeds); the
+        objective draws from ``generator``."""
+        out, _ = self._assemble(self.loss_fn, batch, rows, validate, generator)
         return LossOutput(out.loss, {k: v.mean() for k, v in out.metrics.items()})
 
     def _assemble(
@@ -439,11 +467,14 @@ class SequenceTrainer:
         n = N // cfg.minibatches
         grad_norm = torch.zeros(cfg.seeds, dtype=self.dtype, device=self.device)
         sums: dict[str, Tensor] = {}
-        for _ in range(cfg.epochs):
-            perm = torch.randperm(N, generator=self.generator, device=self.device)
+        step = self.steps_done
+        for epoch in range(cfg.epochs):
+            order = self.streams(Stream.MINIBATCH, step, epoch)
+            perm = torch.randperm(N, generator=order, device=self.device)
             for mb in range(cfg.minibatches):
                 rows = perm[mb * n : (mb + 1) * n]
-                out = self._loss(batch, rows, validate=self.steps_done == 0)
+                noise = self.streams(Stream.OBJECTIVE, step, epoch, mb)
+                out = self._loss(batch, rows, step == 0, noise)
                 self.optimizer.zero_grad(set_to_none=True)
                 out.loss.backward()
                 if cfg.grad_noise:  # before clipping and the step: g_rule as the loss gave it
