@@ -15,12 +15,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_demo_benchmark_times_both_paths_and_their_summaries_agree():
     # three rules, among them one that draws (nsr_dapo) and one that ranks the batch (clip_cov)
-    argv = [sys.executable, str(ROOT / "benchmarks" / "demo.py"), "--objectives", "dapo",
-            "nsr_dapo", "clip_cov", "--settings", "needle", "--seeds", "2", "--steps", "3",
-            "--workers", "1", "--no-figures"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "demo.py"),
+        "--objectives",
+        "dapo",
+        "nsr_dapo",
+        "clip_cov",
+        "--settings",
+        "needle",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--workers",
+        "1",
+        "--no-figures",
+    ]
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": path})  # fmt: skip
+    proc = subprocess.run(
+        argv,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": path},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert len(lines) == 6, proc.stdout

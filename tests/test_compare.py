@@ -14,17 +14,26 @@ from sandbox.experiments.plots import mean_ci
 from sandbox.objectives import get_objective
 
 SMALL = dict(
-    objectives=["grpo", "nsr_dapo", "clip_cov"], settings=["easy", "mixed"], seeds=4, steps=6,
-    prompts_per_step=2, minibatches=2,
-)  # fmt: skip
+    objectives=["grpo", "nsr_dapo", "clip_cov"],
+    settings=["easy", "mixed"],
+    seeds=4,
+    steps=6,
+    prompts_per_step=2,
+    minibatches=2,
+)
 
 
 def test_compare_writes_results_summary_figures_and_resumes(tmp_path):
     out = tmp_path / "small"
     results, scores = run_compare(CompareConfig(**SMALL), out, workers=1, progress=False)
     assert (out / "results.parquet").exists() and (out / "summary.csv").exists()
-    for name in ("reward_vs_step", "entropy_vs_step", "clip_fractions", "exact_vs_sampled",
-                 "final_scores"):  # fmt: skip
+    for name in (
+        "reward_vs_step",
+        "entropy_vs_step",
+        "clip_fractions",
+        "exact_vs_sampled",
+        "final_scores",
+    ):
         assert (out / f"{name}.png").stat().st_size > 5_000, name
     loaded = load_results(out)
     pd.testing.assert_frame_equal(loaded, results)
@@ -53,9 +62,25 @@ def test_compare_writes_results_summary_figures_and_resumes(tmp_path):
 
 
 def test_compare_cli_prints_the_table(tmp_path, capsys):
-    argv = ["compare", "--out", str(tmp_path), "--name", "cli", "--objectives", "dapo", "gspo",
-            "--settings", "needle", "--seeds", "3", "--steps", "4", "--workers", "1",
-            "--no-progress"]  # fmt: skip
+    argv = [
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "cli",
+        "--objectives",
+        "dapo",
+        "gspo",
+        "--settings",
+        "needle",
+        "--seeds",
+        "3",
+        "--steps",
+        "4",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "[needle]" in out and "dapo" in out and "gspo" in out and "final reward" in out
@@ -76,8 +101,9 @@ def test_mean_ci_matches_student_t():
 
 
 def test_reasoning_suite_runs_end_to_end(tmp_path):
-    config = CompareConfig(suite="reasoning", objectives=["dapo", "gspo"],
-                           settings=["bits-parity-2"], seeds=2, steps=2)  # fmt: skip
+    config = CompareConfig(
+        suite="reasoning", objectives=["dapo", "gspo"], settings=["bits-parity-2"], seeds=2, steps=2
+    )
     assert config.lr == 1e-3 and config.optimizer == "adam"  # the suite's defaults
     results, scores = run_compare(config, tmp_path / "r", workers=1, progress=False)
     assert set(results["kind"]) == {"sampled"} and set(results["suite"]) == {"reasoning"}
@@ -87,8 +113,9 @@ def test_reasoning_suite_runs_end_to_end(tmp_path):
         CompareConfig(suite="reasoning", settings=["easy"])
 
 
-TINY = dict(objectives=["dapo"], settings=["needle"], seeds=2, steps=3, prompts_per_step=2,
-            minibatches=2)  # fmt: skip
+TINY = dict(
+    objectives=["dapo"], settings=["needle"], seeds=2, steps=3, prompts_per_step=2, minibatches=2
+)
 
 
 @pytest.mark.parametrize(
@@ -107,9 +134,13 @@ def test_compare_refuses_to_mix_parts_made_with_other_settings(tmp_path, change)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), first)
     # --force recomputes everything with the new settings (no old part survives)
     again, _ = run_compare(
-        CompareConfig(**{**TINY, **change}), out, workers=1, progress=False, figures=False,
+        CompareConfig(**{**TINY, **change}),
+        out,
+        workers=1,
+        progress=False,
+        figures=False,
         force=True,
-    )  # fmt: skip
+    )
     assert json.loads((out / "config.json").read_text())[key] == change[key]
     if key == "steps":
         assert again["step"].max() == 2
@@ -119,9 +150,26 @@ def test_compare_refuses_to_mix_parts_made_with_other_settings(tmp_path, change)
 
 
 def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
-    base = ["compare", "--out", str(tmp_path), "--name", "r", "--objectives", "dapo", "--settings",
-            "needle", "--seeds", "2", "--prompts-per-step", "2", "--minibatches", "2",
-            "--workers", "1", "--no-progress"]  # fmt: skip
+    base = [
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "r",
+        "--objectives",
+        "dapo",
+        "--settings",
+        "needle",
+        "--seeds",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--minibatches",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert main([*base, "--steps", "3"]) == 0
     capsys.readouterr()
     assert main([*base, "--steps", "2"]) == 2
@@ -139,10 +187,31 @@ def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
 
 
 def test_duplicate_objectives_run_once_and_the_banner_counts_them_once(tmp_path, capsys):
-    argv = ["compare", "--out", str(tmp_path), "--name", "d", "--objectives", "dapo", "dapo",
-            "gspo", "--settings", "needle", "needle", "--seeds", "2", "--steps", "2",
-            "--prompts-per-step", "2", "--minibatches", "2", "--workers", "1",
-            "--no-progress"]  # fmt: skip
+    argv = [
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "d",
+        "--objectives",
+        "dapo",
+        "dapo",
+        "gspo",
+        "--settings",
+        "needle",
+        "needle",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--minibatches",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     assert "2 objectives x 1 settings" in capsys.readouterr().out
     results = load_results(tmp_path / "d")
@@ -155,16 +224,22 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
         "*": {"eps_high": 0.3},
         "nsr": {"noise": "band", "sigma": 0.05},
     }
-    config = CompareConfig(**{**TINY, "objectives": ["dapo", "gspo"]},
-                           objective_params={"dapo": {"eps_high": 0.3}})  # fmt: skip
+    config = CompareConfig(
+        **{**TINY, "objectives": ["dapo", "gspo"]}, objective_params={"dapo": {"eps_high": 0.3}}
+    )
     assert config.label("dapo") == "dapo[eps_high=0.3]" and config.label("gspo") == "gspo"
     results, scores = run_compare(config, tmp_path / "p", workers=1, progress=False, figures=False)
     assert set(scores["objective"]) == {"dapo[eps_high=0.3]", "gspo"}
     exact = results[(results["kind"] == "exact") & (results["objective"] == "dapo[eps_high=0.3]")]
     expected = exact_flow(
-        get_objective("dapo", eps_high=0.3), "needle", steps=3, lr=1.0, advantage="grpo",
-        group_size=8, epochs=4,
-    )  # fmt: skip
+        get_objective("dapo", eps_high=0.3),
+        "needle",
+        steps=3,
+        lr=1.0,
+        advantage="grpo",
+        group_size=8,
+        epochs=4,
+    )
     np.testing.assert_array_equal(exact["expected_reward"], expected["expected_reward"])
     np.testing.assert_array_equal(exact["step"], expected["step"] + 1)
     with pytest.raises(ValueError, match="objective_params: dapo with"):
@@ -173,20 +248,48 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
         CompareConfig(**TINY, objective_params={"nsr": {"sigma": 0.1}})
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_objective_params(["dapo:eps_high"])
-    argv = ["compare", "--out", str(tmp_path), "--name", "c", "--objectives", "dapo", "--settings",
-            "needle", "--seeds", "2", "--steps", "2", "--prompts-per-step", "2", "--minibatches",
-            "2", "--workers", "1", "--no-progress", "--objective-params", "dapo:eps_high=0.3"]  # fmt: skip
+    argv = [
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "c",
+        "--objectives",
+        "dapo",
+        "--settings",
+        "needle",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--minibatches",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--objective-params",
+        "dapo:eps_high=0.3",
+    ]
     assert main(argv) == 0
     assert "dapo[eps_high=0.3]" in capsys.readouterr().out
 
 
 def test_exact_flows_of_a_comparison_equal_each_rule_alone(tmp_path):
-    config = CompareConfig(objectives=["grpo", "gspo", "sapo", "clip_cov"], settings=["mixed"],
-                           seeds=2, steps=4, prompts_per_step=2, minibatches=2)  # fmt: skip
+    config = CompareConfig(
+        objectives=["grpo", "gspo", "sapo", "clip_cov"],
+        settings=["mixed"],
+        seeds=2,
+        steps=4,
+        prompts_per_step=2,
+        minibatches=2,
+    )
     results, _ = run_compare(config, tmp_path / "e", workers=1, progress=False, figures=False)
     for name in ("grpo", "gspo", "sapo"):
-        alone = exact_flow(get_objective(name), "mixed", steps=4, lr=1.0, advantage="grpo",
-                           group_size=8, epochs=4)  # fmt: skip
+        alone = exact_flow(
+            get_objective(name), "mixed", steps=4, lr=1.0, advantage="grpo", group_size=8, epochs=4
+        )
         mine = results[(results["kind"] == "exact") & (results["objective"] == name)]
         for column in ("expected_reward", "entropy", "grad_norm", "clip_high_frac"):
             np.testing.assert_array_equal(mine[column].to_numpy(), alone[column].to_numpy())

@@ -124,8 +124,20 @@ def assert_mc_matches(per_rep: torch.Tensor, exact: torch.Tensor, max_rel_se: fl
     return se
 
 
-def tabular_mc(obj, policy, old, task, max_len, *, advantage, aggregation, group_size=None,
-               per_prompt=100, replicates=200, seed=0):  # fmt: skip
+def tabular_mc(
+    obj,
+    policy,
+    old,
+    task,
+    max_len,
+    *,
+    advantage,
+    aggregation,
+    group_size=None,
+    per_prompt=100,
+    replicates=200,
+    seed=0,
+):
     """Per-replicate ascent directions ``[K, P * nodes * C]``: each replicate samples
     ``per_prompt`` completions for every prompt token by token from ``old``, computes advantages,
     calls ``obj`` and aggregates; one backward gives every replicate's gradient (each replicate
@@ -272,9 +284,15 @@ def test_exact_equals_objective_autograd_on_the_enumeration(name):
                 surrogate = surrogate + ((prob * pi_old * norm / P)[:, None] * out.loss).sum()
             (by_autograd,) = torch.autograd.grad(-surrogate, policy.logits, retain_graph=True)
             (exact,) = sequence_gradient(
-                obj, policy, task, old_policy=old, max_len=T, advantage=advantage,
-                group_size=G if advantage == "grpo" else None, aggregation=aggregation,
-            )  # fmt: skip
+                obj,
+                policy,
+                task,
+                old_policy=old,
+                max_len=T,
+                advantage=advantage,
+                group_size=G if advantage == "grpo" else None,
+                aggregation=aggregation,
+            )
             torch.testing.assert_close(exact, by_autograd, rtol=1e-9, atol=1e-13)
 
 
@@ -318,8 +336,9 @@ MC_SETTINGS = [  # (advantage, group size, aggregation)
 ]
 
 
-@pytest.mark.parametrize("setting", range(len(MC_SETTINGS)),
-                         ids=[f"{a}-{g}" for a, _, g in MC_SETTINGS])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting", range(len(MC_SETTINGS)), ids=[f"{a}-{g}" for a, _, g in MC_SETTINGS]
+)
 @pytest.mark.parametrize("rule", sorted(MC_RULES))
 def test_monte_carlo_converges_to_exact_tabular(rule, setting):
     """80k sampled completions in 200 replicates. token-mean: each replicate aggregates 400
@@ -332,15 +351,30 @@ def test_monte_carlo_converges_to_exact_tabular(rule, setting):
     task = make_task("bits", op="reverse", length=2)
     T = 3
     policy, old = tabular_pair(task, T, seed=3, shift=0.4)
-    kw = dict(old_policy=old, max_len=T, advantage=advantage, group_size=group_size,
-              aggregation=aggregation)  # fmt: skip
+    kw = dict(
+        old_policy=old,
+        max_len=T,
+        advantage=advantage,
+        group_size=group_size,
+        aggregation=aggregation,
+    )
     terms = sequence_terms(make(), policy, task, **kw)
     ratio = terms.ratio[terms.space.mask]
     assert bool((ratio > 1.3).any()) and bool((ratio < 0.75).any())  # the clip acts
     (exact,) = sequence_gradient(make(), policy, task, **kw)
     (wrong,) = sequence_gradient(make_wrong(), policy, task, **kw)
-    per = tabular_mc(make(), policy, old, task, T, advantage=advantage, aggregation=aggregation,
-                     group_size=group_size, seed=seed, per_prompt=per_prompt)  # fmt: skip
+    per = tabular_mc(
+        make(),
+        policy,
+        old,
+        task,
+        T,
+        advantage=advantage,
+        aggregation=aggregation,
+        group_size=group_size,
+        seed=seed,
+        per_prompt=per_prompt,
+    )
     se = assert_mc_matches(per, exact.reshape(-1))
     gap = (exact - wrong).reshape(-1).abs() / se.clamp(min=1e-300)
     assert float(gap.max()) > 2 * Z_MAX, "the Monte Carlo cannot tell the rule from a wrong one"
@@ -383,14 +417,20 @@ def test_token_ratios_straddle_the_bounds_but_the_sequence_ratio_is_inside():
     # nothing and equals unclipped GSPO. The cut token's contribution, in closed form:
     #   pi_old(y*) / |y*| A* r_1 (e_'1' - pi(root)) = 0.08 / 2 * 0.92 * 1.5 * (-.425, -.425, .85)
     policy, old, task = two_node_case(
-        root_old=[0.45, 0.45, 0.10], root_new=[0.425, 0.425, 0.15],
-        one_old=[0.8, 0.1, 0.1], one_new=[0.8 / 1.5, (1 - 0.8 / 1.5) / 2, (1 - 0.8 / 1.5) / 2],
-    )  # fmt: skip
+        root_old=[0.45, 0.45, 0.10],
+        root_new=[0.425, 0.425, 0.15],
+        one_old=[0.8, 0.1, 0.1],
+        one_new=[0.8 / 1.5, (1 - 0.8 / 1.5) / 2, (1 - 0.8 / 1.5) / 2],
+    )
     ppo, unclipped, gspo, gspo_free = grads(
-        policy, old, task,
-        get_objective("ppo_clip", **PPO), get_objective("unclipped"),
-        get_objective("gspo", **PPO), get_objective("gspo", **NO_CLIP),
-    )  # fmt: skip
+        policy,
+        old,
+        task,
+        get_objective("ppo_clip", **PPO),
+        get_objective("unclipped"),
+        get_objective("gspo", **PPO),
+        get_objective("gspo", **NO_CLIP),
+    )
     cut = torch.zeros(3, 3, dtype=F64)
     cut[0] = 0.08 / 2 * 0.92 * 1.5 * torch.tensor([-0.425, -0.425, 0.85], dtype=F64)
     torch.testing.assert_close(unclipped - ppo, cut, rtol=1e-12, atol=1e-15)
@@ -406,14 +446,20 @@ def test_sequence_ratio_outside_zeroes_the_whole_sequence_under_gspo_only():
     #   gspo_free - gspo        = w s   [(e_'1' - pi(root)) at the root, (e_<eos> - pi("1")) at "1"]
     #   unclipped - ppo_clip    = w r_2 (e_<eos> - pi("1")) at node "1"
     policy, old, task = two_node_case(
-        root_old=[0.45, 0.45, 0.10], root_new=[0.45, 0.45, 0.10],
-        one_old=[0.1, 0.45, 0.45], one_new=[0.2, 0.4, 0.4],
-    )  # fmt: skip
+        root_old=[0.45, 0.45, 0.10],
+        root_new=[0.45, 0.45, 0.10],
+        one_old=[0.1, 0.45, 0.45],
+        one_new=[0.2, 0.4, 0.4],
+    )
     ppo, unclipped, gspo, gspo_free = grads(
-        policy, old, task,
-        get_objective("ppo_clip", **PPO), get_objective("unclipped"),
-        get_objective("gspo", **PPO), get_objective("gspo", **NO_CLIP),
-    )  # fmt: skip
+        policy,
+        old,
+        task,
+        get_objective("ppo_clip", **PPO),
+        get_objective("unclipped"),
+        get_objective("gspo", **PPO),
+        get_objective("gspo", **NO_CLIP),
+    )
     w = 0.01 / 2 * 0.99
     grad_root = torch.tensor([-0.45, -0.45, 0.9], dtype=F64)  # e_'1' - pi(root)
     grad_one = torch.tensor([0.8, -0.4, -0.4], dtype=F64)  # e_<eos> - pi("1")
@@ -459,8 +505,9 @@ def test_transformer_monte_carlo_converges_to_exact():
     ratio = terms.ratio[terms.space.mask]
     assert bool((ratio > 1.28).any()) and bool((ratio < 0.8).any())  # the clip acts
     exact = flat(sequence_gradient(obj, policy, task, old_policy=old, max_len=T))
-    free = flat(sequence_gradient(get_objective("unclipped"), policy, task, old_policy=old,
-                                  max_len=T))  # fmt: skip
+    free = flat(
+        sequence_gradient(get_objective("unclipped"), policy, task, old_policy=old, max_len=T)
+    )
 
     gen = torch.Generator().manual_seed(7)
     prompts = torch.tensor(task.enumerate_prompts())
@@ -481,15 +528,17 @@ def test_transformer_monte_carlo_converges_to_exact():
     Tp = prompts.shape[1]
     unique, inverse = torch.unique(torch.cat([prompts[pidx], comp], -1), dim=0, return_inverse=True)
     uprompt, ucomp = unique[:, :Tp], unique[:, Tp:]
-    logp_u, _ = policy.completion_logp(uprompt, torch.ones_like(uprompt, dtype=torch.bool), ucomp,
-                                       ucomp != task.tokenizer.pad_id)  # fmt: skip
+    logp_u, _ = policy.completion_logp(
+        uprompt, torch.ones_like(uprompt, dtype=torch.bool), ucomp, ucomp != task.tokenizer.pad_id
+    )
     copies = logp_u.detach().repeat(K, 1, 1).requires_grad_(True)
     rep = torch.arange(K).repeat_interleave(P * per_prompt)
     out = obj(copies[rep, inverse], logp_old, adv[:, None], mask, generator=gen)
     loss = aggregate(out.loss, mask, "seq-mean-token-mean", groups=K)
     (dloss,) = torch.autograd.grad(loss, copies)  # [K, U, T]
-    per = torch.autograd.grad(logp_u, policy.parameters(), grad_outputs=-dloss,
-                              is_grads_batched=True)  # fmt: skip
+    per = torch.autograd.grad(
+        logp_u, policy.parameters(), grad_outputs=-dloss, is_grads_batched=True
+    )
     per = torch.cat([g.reshape(K, -1) for g in per], -1)
     # 25,600 samples resolve |g| to ~11% in norm, and the unclipped rule's gradient lies more
     # than 100 se away on some component
@@ -572,8 +621,9 @@ def test_bad_input_names_the_argument():
         call(prompt_ids=[[1, 3, 4, 4]])
     net, _, _ = transformer_pair()
     with pytest.raises(ValueError, match="model"):
-        MaskedTransformerPolicy(TinyTransformer(net.model.config, num_models=2), (2, 3, 4),
-                                eos_id=2)  # fmt: skip
+        MaskedTransformerPolicy(
+            TinyTransformer(net.model.config, num_models=2), (2, 3, 4), eos_id=2
+        )
     leaky = MaskedTransformerPolicy(net.model, (0, 2, 3, 4), eos_id=2)  # <pad> gets mass
     with pytest.raises(ValueError, match="old_policy"):
         sequence_gradient(obj, net, task, old_policy=leaky, max_len=3)

@@ -66,10 +66,19 @@ def test_assembly_equals_inline_formula(mode, kl_coef, entropy_coef, rollout_is)
         x["logp"].requires_grad_(True)
         x["entropy"].requires_grad_(True)
         if assembled:
-            fn = PolicyLoss(objective, mode, kl_coef=kl_coef, entropy_coef=entropy_coef,
-                            rollout_is=rollout_is)  # fmt: skip
-            loss = fn(x["logp"], x["logp_old"], x["adv"], x["mask"], logp_ref=x["logp_ref"],
-                      rollout_logp=x["rollout_logp"], entropy=x["entropy"], **counts).loss  # fmt: skip
+            fn = PolicyLoss(
+                objective, mode, kl_coef=kl_coef, entropy_coef=entropy_coef, rollout_is=rollout_is
+            )
+            loss = fn(
+                x["logp"],
+                x["logp_old"],
+                x["adv"],
+                x["mask"],
+                logp_ref=x["logp_ref"],
+                rollout_logp=x["rollout_logp"],
+                entropy=x["entropy"],
+                **counts,
+            ).loss
         else:
             loss = inline_formula(objective, mode, kl_coef, entropy_coef, rollout_is, x, counts)
         loss.backward()
@@ -85,8 +94,15 @@ def test_metrics_collect_every_term():
     fn = PolicyLoss(
         get_objective("ppo_clip"), kl_coef=0.1, entropy_coef=0.01, rollout_is="truncate"
     )
-    out = fn(x["logp"], x["logp_old"], x["adv"], x["mask"], logp_ref=x["logp_ref"],
-             rollout_logp=x["rollout_logp"], entropy=x["entropy"])  # fmt: skip
+    out = fn(
+        x["logp"],
+        x["logp_old"],
+        x["adv"],
+        x["mask"],
+        logp_ref=x["logp_ref"],
+        rollout_logp=x["rollout_logp"],
+        entropy=x["entropy"],
+    )
     kl = kl_divergence(x["logp"], x["logp_ref"], "k3")
     valid = x["mask"].bool()
     assert out.metrics["kl_ref_k3"].item() == pytest.approx(kl[valid].mean().item(), rel=1e-12)
@@ -137,8 +153,9 @@ def test_batch_statistic_objective_is_called_once_per_group(name):
     expected, n = 0.0, B // S
     for s in range(S):
         rows = slice(s * n, (s + 1) * n)
-        o = objective(x["logp"][rows], x["logp_old"][rows], x["adv"][rows], x["mask"][rows],
-                      generator=gen)  # fmt: skip
+        o = objective(
+            x["logp"][rows], x["logp_old"][rows], x["adv"][rows], x["mask"][rows], generator=gen
+        )
         expected = expected + aggregate(o.loss, x["mask"][rows], "token-mean")
     torch.testing.assert_close(out.loss, expected)
     assert all(v.shape == (S,) for v in out.metrics.values())
@@ -189,8 +206,17 @@ def test_an_all_padding_micro_batch_gives_zero_without_validation():
     x["logp"].requires_grad_(True)
     fn = PolicyLoss(get_objective("dapo"), kl_coef=0.1, entropy_coef=0.01)
     zero = torch.zeros_like(x["mask"])
-    out = fn(x["logp"], x["logp_old"], x["adv"], zero, logp_ref=x["logp_ref"],
-             entropy=x["entropy"], validate=False, num_tokens=10.0, num_seqs=3.0)  # fmt: skip
+    out = fn(
+        x["logp"],
+        x["logp_old"],
+        x["adv"],
+        zero,
+        logp_ref=x["logp_ref"],
+        entropy=x["entropy"],
+        validate=False,
+        num_tokens=10.0,
+        num_seqs=3.0,
+    )
     out.loss.backward()
     assert out.loss.item() == 0.0 and torch.count_nonzero(x["logp"].grad) == 0
     with pytest.raises(ValueError, match="mask"):
@@ -267,10 +293,18 @@ def test_off_policy_mask_is_detached_and_uses_rollout_logp_when_given():
         grads = []
         for masked in (True, False):
             lp = x["logp"].clone().requires_grad_(True)
-            fn = PolicyLoss(get_objective("dapo"), kl_coef=0.1,
-                            off_policy_mask=0.1 if masked else None)  # fmt: skip
-            out = fn(lp, x["logp_old"], x["adv"], x["mask"], logp_ref=x["logp_ref"],
-                     rollout_logp=rollout_logp, weights=() if masked else (keep,))  # fmt: skip
+            fn = PolicyLoss(
+                get_objective("dapo"), kl_coef=0.1, off_policy_mask=0.1 if masked else None
+            )
+            out = fn(
+                lp,
+                x["logp_old"],
+                x["adv"],
+                x["mask"],
+                logp_ref=x["logp_ref"],
+                rollout_logp=rollout_logp,
+                weights=() if masked else (keep,),
+            )
             out.loss.backward()
             grads.append((out.loss.detach(), lp.grad))
         torch.testing.assert_close(grads[0], grads[1], rtol=1e-13, atol=1e-15)
@@ -328,8 +362,10 @@ def test_high_entropy_mask_per_group_and_pool():
     x = batch()
     keep, frac = high_entropy_mask(x["entropy"], x["mask"], 0.3, groups=2)
     n = B // 2
-    parts = [high_entropy_mask(x["entropy"][s * n : (s + 1) * n], x["mask"][s * n : (s + 1) * n],
-                               0.3)[0] for s in range(2)]  # fmt: skip
+    parts = [
+        high_entropy_mask(x["entropy"][s * n : (s + 1) * n], x["mask"][s * n : (s + 1) * n], 0.3)[0]
+        for s in range(2)
+    ]
     assert torch.equal(keep, torch.cat(parts))
     valid = x["mask"].sum()
     assert frac.item() == pytest.approx(((valid - keep.sum()) / valid).item(), abs=1e-15)
@@ -349,10 +385,21 @@ def test_entropy_mask_in_the_assembly_weights_the_objective_only():
     for masked in (True, False):
         lp = x["logp"].clone().requires_grad_(True)
         ent = x["entropy"].clone().requires_grad_(True)
-        fn = PolicyLoss(get_objective("ppo_clip"), kl_coef=0.1, entropy_coef=0.01,
-                        top_entropy_quantile=0.4 if masked else 1.0)  # fmt: skip
-        out = fn(lp, x["logp_old"], x["adv"], x["mask"], logp_ref=x["logp_ref"], entropy=ent,
-                 weights=() if masked else (keep,))  # fmt: skip
+        fn = PolicyLoss(
+            get_objective("ppo_clip"),
+            kl_coef=0.1,
+            entropy_coef=0.01,
+            top_entropy_quantile=0.4 if masked else 1.0,
+        )
+        out = fn(
+            lp,
+            x["logp_old"],
+            x["adv"],
+            x["mask"],
+            logp_ref=x["logp_ref"],
+            entropy=ent,
+            weights=() if masked else (keep,),
+        )
         out.loss.backward()
         grads.append((out.loss.detach(), lp.grad, ent.grad))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-13, atol=1e-15)
@@ -387,8 +434,16 @@ def test_all_masked_micro_batch_is_a_finite_zero_without_a_host_sync():
     counts = {"num_tokens": 40.0, "num_seqs": 9.0}
 
     def call(logp, mask):
-        return fn(logp, x["logp_old"], adv, mask, rollout_logp=far, entropy=x["entropy"],
-                  validate=False, **counts)  # fmt: skip
+        return fn(
+            logp,
+            x["logp_old"],
+            adv,
+            mask,
+            rollout_logp=far,
+            entropy=x["entropy"],
+            validate=False,
+            **counts,
+        )
 
     compiled = torch.compile(call, fullgraph=True, backend="aot_eager")
     for mask, dropped in ((x["mask"], 1.0), (torch.zeros_like(x["mask"]), 0.0)):

@@ -19,9 +19,18 @@ def _results(n_objectives: int, steps: int = 4, seeds: int = 3) -> pd.DataFrame:
         for seed in range(seeds):
             for step in range(1, steps + 1):
                 reward = min(1.0, (i / n_objectives) * step / steps + 0.3 * seed)
-                rows.append({"setting": "easy", "objective": f"rule{i:02d}", "kind": "sampled",
-                             "seed": seed, "step": step, "expected_reward": reward,
-                             "entropy": 0.02 * seed, "optimum": 1.0})  # fmt: skip
+                rows.append(
+                    {
+                        "setting": "easy",
+                        "objective": f"rule{i:02d}",
+                        "kind": "sampled",
+                        "seed": seed,
+                        "step": step,
+                        "expected_reward": reward,
+                        "entropy": 0.02 * seed,
+                        "optimum": 1.0,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -89,10 +98,15 @@ def test_the_reasoning_suite_reports_pass_rates():
 
 
 def test_an_exact_flow_outlier_does_not_squeeze_the_final_score_panel(tmp_path, captured):
-    scores = pd.DataFrame({
-        "setting": "easy", "objective": ["a", "b", "c"], "final_reward": [0.90, 0.95, 0.97],
-        "final_reward_ci": [0.02, 0.03, 0.04], "exact_final_reward": [0.91, 0.05, 0.96],
-    })  # fmt: skip
+    scores = pd.DataFrame(
+        {
+            "setting": "easy",
+            "objective": ["a", "b", "c"],
+            "final_reward": [0.90, 0.95, 0.97],
+            "final_reward_ci": [0.02, 0.03, 0.04],
+            "exact_final_reward": [0.91, 0.05, 0.96],
+        }
+    )
     plots.plot_final_scores(scores, tmp_path / "s.png")
     (ax,) = captured[0].axes
     x0, x1 = ax.get_xlim()

@@ -128,8 +128,17 @@ def test_bandit_rules_that_differ_in_objective_noise_draw_identical_rollouts(
 def test_tiny_tf_rules_that_differ_in_objective_noise_draw_identical_rollouts():
     """The sequence trainer: the same prompts, completions and rewards at every step for dapo and
     nsr_dapo while their models agree (Adam with step size 0)."""
-    cfg = dict(task="bits", task_knobs={"op": "parity", "length": 2}, seeds=3, prompts_per_step=4,
-               group_size=4, d_model=16, n_heads=2, epochs=2, minibatches=2)  # fmt: skip
+    cfg = dict(
+        task="bits",
+        task_knobs={"op": "parity", "length": 2},
+        seeds=3,
+        prompts_per_step=4,
+        group_size=4,
+        d_model=16,
+        n_heads=2,
+        epochs=2,
+        minibatches=2,
+    )
     batches = []
     for objective in ("dapo", "nsr_dapo"):
         trainer = SequenceTrainer(SequenceTrainConfig(objective=objective, **cfg))
@@ -173,8 +182,16 @@ def test_paired_rewards_stay_paired_after_the_first_update_with_a_small_step():
     # the tiny transformer (mod_arith at lr 1e-4: 0.42 before, 1.0 measured)
     frames = []
     for objective in ("dapo", "nsr_dapo"):
-        cfg = SequenceTrainConfig(task="mod_arith", task_knobs={"steps": 2}, objective=objective,
-                                  seeds=4, steps=11, prompts_per_step=4, epochs=2, lr=1e-4)  # fmt: skip
+        cfg = SequenceTrainConfig(
+            task="mod_arith",
+            task_knobs={"steps": 2},
+            objective=objective,
+            seeds=4,
+            steps=11,
+            prompts_per_step=4,
+            epochs=2,
+            lr=1e-4,
+        )
         frames.append(SequenceTrainer(cfg))
     rewards = [np.stack([t.step()["reward"].numpy() for _ in range(11)]) for t in frames]
     assert _agreement(*rewards) > 0.8
@@ -188,9 +205,26 @@ def test_a_folder_made_with_the_earlier_scheme_is_refused_in_one_line(tmp_path, 
     is refused by the real command, one line naming rng; --force recomputes it."""
     from sandbox.cli import main
 
-    args = ["compare", "--out", str(tmp_path), "--name", "r", "--objectives", "dapo",
-            "--settings", "needle", "--seeds", "2", "--steps", "2", "--prompts-per-step", "2",
-            "--workers", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "r",
+        "--objectives",
+        "dapo",
+        "--settings",
+        "needle",
+        "--seeds",
+        "2",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert main(args) == 0
     record = tmp_path / "r" / "config.json"
     assert json.loads(record.read_text())["rng"] == RNG

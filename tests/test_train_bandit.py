@@ -337,8 +337,14 @@ def test_rules_trained_together_equal_their_own_runs_bit_for_bit(setting):
     from sandbox.train.bandit import run_bandit, run_bandits
 
     rules = [("dapo", 0), ("nsr_dapo", 0), ("clip_cov", 0), ("grpo", 1), ("gspo", 0)]
-    cfg = {"seeds": 3, "steps": 6, "prompts_per_step": 2, "epochs": 2, "minibatches": 2,
-           "entropy_law": True}  # fmt: skip
+    cfg = {
+        "seeds": 3,
+        "steps": 6,
+        "prompts_per_step": 2,
+        "epochs": 2,
+        "minibatches": 2,
+        "entropy_law": True,
+    }
     configs = [small_config(objective=o, seed=s, **cfg) for o, s in rules]
     together = run_bandits(model(setting), configs)
     for config, run in zip(configs, together, strict=True):

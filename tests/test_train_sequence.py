@@ -10,16 +10,33 @@ from sandbox.advantages import compute_advantages
 from sandbox.objectives import available_objectives
 from sandbox.train import SequenceTrainConfig, SequenceTrainer, train_sequence
 
-FAST = dict(task="bits", task_knobs={"op": "parity", "length": 2}, seeds=3, steps=3,
-            prompts_per_step=4, group_size=4, d_model=16, n_heads=2)  # fmt: skip
+FAST = dict(
+    task="bits",
+    task_knobs={"op": "parity", "length": 2},
+    seeds=3,
+    steps=3,
+    prompts_per_step=4,
+    group_size=4,
+    d_model=16,
+    n_heads=2,
+)
 
 
 def test_frame_columns_and_determinism():
     a = train_sequence(SequenceTrainConfig(**FAST))
     b = train_sequence(SequenceTrainConfig(**FAST))
     assert len(a) == 3 * 3 and list(a["step"].unique()) == [0, 1, 2]
-    for col in ("reward", "pass_rate", "entropy", "completion_len", "grad_norm", "clip_low_frac",
-                "clip_high_frac", "ratio_mean", "kl_k3"):  # fmt: skip
+    for col in (
+        "reward",
+        "pass_rate",
+        "entropy",
+        "completion_len",
+        "grad_norm",
+        "clip_low_frac",
+        "clip_high_frac",
+        "ratio_mean",
+        "kl_k3",
+    ):
         assert col in a, col
     assert a["reward"].between(0, 1).all() and (a["completion_len"] >= 1).all()
     pd.testing.assert_frame_equal(a, b)
@@ -66,8 +83,13 @@ def test_every_objective_trains_with_finite_metrics(objective):
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["grpo", "nsr_dapo"])
 def test_short_training_improves_the_pass_rate(objective):
-    cfg = SequenceTrainConfig(task="bits", task_knobs={"op": "parity", "length": 2},
-                              objective=objective, seeds=4, steps=40)  # fmt: skip
+    cfg = SequenceTrainConfig(
+        task="bits",
+        task_knobs={"op": "parity", "length": 2},
+        objective=objective,
+        seeds=4,
+        steps=40,
+    )
     df = train_sequence(cfg)
     first = df[df["step"] < 5]["pass_rate"].mean()
     last = df[df["step"] >= 35]["pass_rate"].mean()
@@ -81,10 +103,19 @@ def test_kl_and_entropy_terms_run():
 
 @pytest.mark.parametrize(
     "field,value",
-    [("task", "chess"), ("steps", 0), ("group_size", 1), ("minibatches", 3), ("lr", 0.0),
-     ("objective", "ppo"), ("aggregation", "mean"), ("kl_coef", -1.0), ("advantage", "gae"),
-     ("dtype", "float16")],
-)  # fmt: skip
+    [
+        ("task", "chess"),
+        ("steps", 0),
+        ("group_size", 1),
+        ("minibatches", 3),
+        ("lr", 0.0),
+        ("objective", "ppo"),
+        ("aggregation", "mean"),
+        ("kl_coef", -1.0),
+        ("advantage", "gae"),
+        ("dtype", "float16"),
+    ],
+)
 def test_bad_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SequenceTrainConfig(**{**FAST, field: value})
@@ -131,16 +162,21 @@ def test_masks_report_their_shares_and_keep_the_rollout_entropy_column():
     pd.testing.assert_series_equal(masked["entropy"][first], plain["entropy"][first])
     assert not masked["grad_norm"].equals(plain["grad_norm"])
     keep_all = train_sequence(SequenceTrainConfig(**cfg, off_policy_mask=1e9))
-    pd.testing.assert_frame_equal(keep_all.drop(columns="off_policy_masked_frac"), plain,
-                                  check_like=True)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        keep_all.drop(columns="off_policy_masked_frac"), plain, check_like=True
+    )
     assert (keep_all["off_policy_masked_frac"] == 0).all()
 
 
 @pytest.mark.parametrize(
     "field,value",
-    [("off_policy_mask", 0.0), ("off_policy_mask", float("nan")),
-     ("top_entropy_quantile", 0.0), ("top_entropy_quantile", 2.0)],
-)  # fmt: skip
+    [
+        ("off_policy_mask", 0.0),
+        ("off_policy_mask", float("nan")),
+        ("top_entropy_quantile", 0.0),
+        ("top_entropy_quantile", 2.0),
+    ],
+)
 def test_bad_mask_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SequenceTrainConfig(**{**FAST, field: value})
