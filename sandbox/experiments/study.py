@@ -884,7 +884,7 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
 def study_ledger(
     scores: pd.DataFrame,
     claims: Sequence[Claim] = CLAIMS,
-    config: StudyConfig | None = None,
+    bounds: Mapping[str, Bounds] | None = None,
     reading: str = "primary",
 ) -> pd.DataFrame:
     """:func:`.claims.ledger` with the study's margins, then:
@@ -893,8 +893,8 @@ def study_ledger(
       two rules that follow one expected coefficient there (:func:`same_on_exact_flow`: NSR and
       its decay) are :data:`.evidence.IDENTICAL`, not a verdict; a gap within +- the margin is
       equivalent; a larger one is supported or reversed by its sign (``p`` is NaN: no test);
-    - the headroom rule (:func:`.claims.headroom`) with each rung's :attr:`Rung.bounds` (with
-      ``config``);
+    - the headroom rule (:func:`.claims.headroom`) with ``bounds`` (:func:`study_bounds`;
+      None: no headroom check);
     - Holm's adjustment over each rung's primary family (:func:`.claims.holm_by_rung`);
     - ``below_margin``: every effect the interval allows (the exact gap) is within +- the margin.
     """
@@ -913,8 +913,7 @@ def study_ledger(
             exact = evidence.PairedDifference(d, d, d, 0.0, 1)
             verdict, reason = evidence.verdict(exact, row["direction"], m)[0], "exact difference"
         table.loc[i, ["verdict", "reason", "p"]] = verdict, reason, np.nan
-    if config is not None:
-        bounds = {r: RUNGS[r].bounds(config) for r in config.rungs if RUNGS[r].bounds}
+    if bounds is not None:
         keep = table["verdict"] == evidence.IDENTICAL  # not a comparison: no headroom to check
         checked = headroom(table[~keep], scores, bounds, REFERENCE)
         table = pd.concat([checked, table[keep]]).sort_index()
@@ -938,14 +937,17 @@ def same_on_exact_flow(rule_a: str, rule_b: str) -> bool:
     return acts_as(rule_a) == acts_as(rule_b)
 
 
-def rung_bounds(config: StudyConfig) -> pd.DataFrame:
-    """The baselines table: per rung with :attr:`Rung.bounds`, its pass metrics' ceiling, floor
+def study_bounds(config: StudyConfig) -> dict[str, Bounds]:
+    """Each of the study's rungs with :attr:`Rung.bounds`: its pass metrics' bounds."""
+    return {r: RUNGS[r].bounds(config) for r in config.rungs if RUNGS[r].bounds is not None}
+
+
+def rung_bounds(bounds: Mapping[str, Bounds]) -> pd.DataFrame:
+    """The baselines table of :func:`study_bounds`: per rung, its pass metrics' ceiling, floor
     (the answer baseline) and where they come from."""
     rows = [
         {"rung": r, "ceiling": b.ceiling, "floor": b.floor, "source": b.note}
-        for r in config.rungs
-        if RUNGS[r].bounds is not None
-        for b in [RUNGS[r].bounds(config)]
+        for r, b in bounds.items()
     ]
     return pd.DataFrame(rows, columns=["rung", "ceiling", "floor", "source"])
 
@@ -1138,16 +1140,18 @@ def _write_tables(
 ) -> dict[str, pd.DataFrame]:
     write_parquet_if_changed(rows, out / "results.parquet")
     scores = run_scores(rows)
+    bounds = study_bounds(config) if config is not None else None  # once: tiny_tf samples sets
+    claims = study_claims(config)
     tables = {
         "calibration": calibration_curve(rows),
         "scores": scores,
         "summary": rule_summary(scores),
-        "ledger": study_ledger(scores, study_claims(config), config),
-        "ledger_auc": study_ledger(scores, auc_claims(study_claims(config)), config, "secondary"),
+        "ledger": study_ledger(scores, claims, bounds),
+        "ledger_auc": study_ledger(scores, auc_claims(claims), bounds, "secondary"),
         "entropy_law": entropy_law(rows),
         "grad_noise": gradient_noise(rows),
         "power": rung_power(scores),
-        "bounds": rung_bounds(config) if config is not None else pd.DataFrame(),
+        "bounds": rung_bounds(bounds) if bounds is not None else pd.DataFrame(),
         "agreement": pd.concat(
             [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
         ),
