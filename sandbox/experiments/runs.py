@@ -102,10 +102,10 @@ class RunKind:
     ``score_columns``: (score, column) pairs: which of the kind's columns a study reads as its
     ``pass_rate`` (the held-out or expected success) and ``train_reward`` (:meth:`column`).
     ``exact``: the deterministic kind that computes this kind's expected-gradient flow (a
-    deterministic kind: itself, the default; None: no exact counterpart); ``admits(spec, model)`` (on that
-    deterministic kind): whether it has the flow of ``spec`` (rule, advantage, setting), read
-    through :func:`has_exact_flow`. ``config(spec)``: the validated trainer config of a spec
-    (:func:`trainer_config`; None: the kind has none to check before running).
+    deterministic kind: itself, the default; None: no exact counterpart). ``admits(spec,
+    model)`` (on that deterministic kind): whether it has the flow of ``spec`` (rule, advantage,
+    setting), read through :func:`has_exact_flow`. ``config(spec)``: the validated trainer
+    config of a spec (:func:`trainer_config`; None: the kind has none to check before running).
     ``tiny_spec``: a spec that runs in about a second, for ``tests/test_runs.py``."""
 
     name: str
