@@ -2,7 +2,7 @@
 
 The claims study (``python -m llm.claims``) runs the rules on the same four rungs and writes, per
 claim, the paired effect on each rung side by side (``transfer.csv``, :mod:`sandbox.study.transfer`);
-its ``transfer`` profile runs the old study's 7 rules on all four rungs. This command only says so:
+every claims study writes it, and ``--profile gpu`` adds the llm rung. This command only says so:
 its old flags and folders meant another study, and running that one under the old name would mix
 two methods.
 """
@@ -13,8 +13,8 @@ import argparse
 import sys
 
 MESSAGE = (
-    "error: python -m llm.transfer was retired; run python -m llm.claims --profile transfer "
-    "(transfer per claim: transfer.csv in its --out folder, docs/claims.md)"
+    "error: python -m llm.transfer was retired; run python -m llm.claims (--profile gpu adds "
+    "the llm rung; transfer per claim: transfer.csv in its --out folder, docs/claims.md)"
 )
 
 

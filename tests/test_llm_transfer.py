@@ -29,7 +29,7 @@ def test_the_retired_command_names_its_replacement_and_writes_nothing(tmp_path):
         proc = _run(*argv, cwd=tmp_path)
         assert proc.returncode == 2 and proc.stdout == ""
         [line] = proc.stderr.strip().splitlines()
-        assert "retired" in line and "python -m llm.claims --profile transfer" in line
+        assert "retired" in line and "python -m llm.claims (--profile gpu" in line
     assert list(tmp_path.iterdir()) == []  # no folder made, nothing run
 
 
