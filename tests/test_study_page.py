@@ -91,7 +91,7 @@ def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(tmp_path
     assert not LEFT.search(text), LEFT.search(text)
     assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
     assert "![calibration](study/calibration.png)" in text
-    assert "The transfer table (`transfer.csv`) is not in this folder." in text
+    assert "Agreement of signs between rungs:" in text  # every study writes transfer.csv
     # the tiny folder's own numbers, not the committed run's
     bounds = pd.read_csv(out / "bounds.csv").set_index("rung")
     assert f"its answer baseline {bounds.loc['tiny_tf', 'floor']:.3f}" in text

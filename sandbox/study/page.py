@@ -233,7 +233,20 @@ def transfer_section(out: Path) -> str:
     cells = table.fillna("—") + verdicts.reindex_like(table).map(
         lambda v: f" ({v})" if isinstance(v, str) else ""
     )
-    return _table(cells.reset_index())
+    agree = out / "transfer_agreement.csv"
+    if not agree.exists():
+        return _table(cells.reset_index())
+    a = pd.read_csv(agree)
+    a = a[a["counted"] == "verdicts"].assign(
+        interval=lambda d: [
+            "—" if pd.isna(lo) else f"[{lo:.2f}, {hi:.2f}]"
+            for lo, hi in zip(d["lo"], d["hi"], strict=True)
+        ]
+    )
+    shown_a = a[["metric", "rung_a", "rung_b", "claims", "resolved", "result", "interval"]]
+    return (
+        _table(cells.reset_index()) + "\n\nAgreement of signs between rungs:\n\n" + _table(shown_a)
+    )
 
 
 # -- provenance ---------------------------------------------------------------------------------
