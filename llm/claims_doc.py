@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from sandbox.experiments import evidence
-from sandbox.experiments.claims import CLAIMS
 from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
-from sandbox.experiments.study import MARGINS, NEVER_BINDS, RUNGS, STEP_SIZE_RULE, fmt_interval
 from sandbox.streams import RNG
+from sandbox.study import MARGINS, RUNGS, evidence
+from sandbox.study.analysis import fmt_interval
+from sandbox.study.claims import CLAIMS
+from sandbox.study.config import NEVER_BINDS, STEP_SIZE_RULE
 
 GPU_COMMAND = (
     "python -m llm.claims --profile gpu --device cuda --llm-ensemble 8 --workers 1 "
@@ -172,7 +173,7 @@ def headroom_text(ledger: pd.DataFrame) -> str:
 def llm_floor() -> float:
     """The llm rung's answer baseline at its default settings (:func:`llm.claims.llm_bounds`)."""
     from llm.claims import llm_bounds
-    from sandbox.experiments.study import StudyConfig
+    from sandbox.study import StudyConfig
 
     return llm_bounds(StudyConfig()).floor
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from llm.claims import LLM_DEFAULTS, llm_epochs, llm_spec, main, parse_args
-from sandbox.experiments.study import RUNGS, calibration_jobs
+from sandbox.study import RUNGS, calibration_jobs
 
 
 def test_llm_flag_sets_the_rungs_grids_and_calibration_crosses_them():

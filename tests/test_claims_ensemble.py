@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 import llm.ensemble
 from llm.claims import PROFILES, main, parse_args
 from sandbox.experiments.runs import RunSpec, run_specs
-from sandbox.experiments.study import StudyConfig, job_groups, job_part, part_fields
+from sandbox.study import StudyConfig, part_fields
+from sandbox.study.plan import job_groups, job_part
 
 RULES = ["dapo", "nsr_dapo"]
 ARGV = ["--quick", "--rules", *RULES, "--rungs", "llm", "--workers", "1", "--no-progress"]

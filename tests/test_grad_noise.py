@@ -226,7 +226,7 @@ def test_tiny_tf_training_is_bit_identical_with_the_probe_on():
 
 
 def test_the_study_turns_the_probe_on_for_rules_with_a_counterpart_on_the_toy_trainers():
-    from sandbox.experiments.study import RUNGS, StudyConfig
+    from sandbox.study import RUNGS, StudyConfig
 
     config = StudyConfig()
     for rung in ("bandit_sampled", "tiny_tf"):
@@ -238,7 +238,7 @@ def test_the_study_turns_the_probe_on_for_rules_with_a_counterpart_on_the_toy_tr
 
 
 def test_gradient_noise_table_by_hand():
-    from sandbox.experiments.study import gradient_noise
+    from sandbox.study.analysis import gradient_noise
 
     # nsr_dapo on one rung, 3 seeds x 2 steps: (rescue_var, sampling_var, signal) per step
     values = {

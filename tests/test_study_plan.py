@@ -1,6 +1,6 @@
-"""The claims study (sandbox.experiments.study, python -m llm.claims): calibration, pairing by
-seed, the ledger of the study, the gradient-mass shares, the tiny_tf evaluation, and resumption
-after a real SIGINT."""
+"""The claims study's plan (sandbox.study.plan, python -m llm.claims): calibration, the jobs,
+pairing by seed, the tiny_tf evaluation, the llm rung's one spec per seed, and resumption after
+a real SIGINT."""
 
 from __future__ import annotations
 
@@ -12,21 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from sandbox.experiments import evidence
 from sandbox.experiments.runs import bandit_config, sequence_config, setting_model
-from sandbox.experiments.study import (
-    StudyConfig,
-    calibrate,
-    pick_step_size,
-    run_scores,
-    study_ledger,
-)
-from sandbox.loss import grad_mass_shares
+from sandbox.study import StudyConfig, calibrate
+from sandbox.study.plan import pick_step_size
 from sandbox.train import SequenceTrainConfig
 from sandbox.train.sequence import SequenceTrainer
 
@@ -80,7 +72,8 @@ def test_mu_grids_read_an_int_as_a_grid_of_one_and_name_a_bad_value():
 
 
 def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
-    from sandbox.experiments.study import calibration_jobs, job_part, job_spec
+    from sandbox.study import calibration_jobs
+    from sandbox.study.plan import job_part, job_spec
 
     config = StudyConfig(
         rungs=["bandit_sampled", "tiny_tf"],
@@ -104,7 +97,8 @@ def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
 def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_is_in_band():
     # SGD on a bandit: a larger step moves the ratio further, so dapo clips more; with the grid
     # 0.25 / 2 / 16 only the middle one lands in a band around its own measured share
-    from sandbox.experiments.study import calibration_curve, calibration_jobs, run_job
+    from sandbox.study import calibration_curve, calibration_jobs
+    from sandbox.study.plan import run_job
 
     config = StudyConfig(
         rungs=["bandit_sampled"],
@@ -129,7 +123,7 @@ def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_
 def test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule(kind):
     """Same seed, two rules (one with its own randomness, NSR): identical initial parameters
     and an identical first rollout (prompts, samples, rewards), replicate by replicate."""
-    from sandbox.experiments.study import RUNGS
+    from sandbox.study import RUNGS
 
     config = StudyConfig(tf_task="bits", tf_knobs={"op": "reverse", "length": 3}, tf_eval_prompts=4)
     specs = [RUNGS[kind].spec(config, rule, 0.01, 3, 2, 5) for rule in ("dapo", "nsr_dapo")]
@@ -193,175 +187,6 @@ def test_held_out_sets_are_per_replicate_the_same_for_every_rule_and_evaluation_
     fresh = SequenceTrainer(cfg)
     after, plain = t.step(), fresh.step()
     assert all(torch.equal(after[k], plain[k]) for k in plain)
-
-
-# -- gradient-mass shares ---------------------------------------------------------------------
-
-
-def test_grad_mass_shares_by_hand():
-    # four tokens, eps 0.2 / 0.28:
-    # t0 A=+1, r=e^0.5=1.6487 > 1.28: hard clip binds, coef 0  -> Z_hi mass 1.6487
-    # t1 A=-1, r=e^-0.5=0.6065 < 0.8: binds, coef 0             -> Z_lo mass 0.6065
-    # t2 A=+2, r=1: inside, coef 2                               -> kept, mass 2
-    # t3 A=-1, r=e^-0.5: binds, but coef -0.3 (a rescue)         -> rescued mass 0.6065
-    logp_old = torch.zeros(1, 4, dtype=torch.float64)
-    logp = torch.tensor([[0.5, -0.5, 0.0, -0.5]], dtype=torch.float64)
-    adv = torch.tensor([[1.0, -1.0, 2.0, -1.0]], dtype=torch.float64)
-    coef = torch.tensor([[0.0, 0.0, 2.0, -0.3]], dtype=torch.float64)
-    mask = torch.ones(1, 4, dtype=torch.float64)
-    out = grad_mass_shares(coef, logp, logp_old, adv, mask, 0.2, 0.28)
-    e, m = np.exp(0.5), np.exp(-0.5)
-    total = e + m + 2 + m
-    assert out["grad_mass_zero_hi"].item() == pytest.approx(e / total, abs=1e-12)
-    assert out["grad_mass_zero_lo"].item() == pytest.approx(m / total, abs=1e-12)
-    assert out["grad_mass_rescued"].item() == pytest.approx(m / total, abs=1e-12)
-    # a masked token counts nowhere
-    mask[0, 0] = 0
-    out = grad_mass_shares(coef, logp, logp_old, adv, mask, 0.2, 0.28)
-    assert out["grad_mass_zero_hi"].item() == 0.0
-    assert out["grad_mass_zero_lo"].item() == pytest.approx(m / (total - e), abs=1e-12)
-
-
-def test_grad_mass_metrics_leave_the_loss_unchanged():
-    from sandbox.loss import PolicyLoss
-    from sandbox.objectives import get_objective
-
-    g = torch.Generator().manual_seed(0)
-    logp_old = torch.randn(4, 5, generator=g, dtype=torch.float64)
-    logp = logp_old + 0.4 * torch.randn(4, 5, generator=g, dtype=torch.float64)
-    adv, mask = torch.randn(4, 1, generator=g, dtype=torch.float64), torch.ones(4, 5)
-    obj = get_objective("dapo")
-    plain = PolicyLoss(obj)(logp, logp_old, adv, mask)
-    measured = PolicyLoss(obj, grad_mass=True)(logp, logp_old, adv, mask)
-    assert torch.equal(plain.loss, measured.loss)
-    assert set(measured.metrics) - set(plain.metrics) == {
-        "grad_mass_zero_lo",
-        "grad_mass_zero_hi",
-        "grad_mass_rescued",
-    }
-    # dapo never rescues: a token where the hard clip binds has coef 0
-    assert measured.metrics["grad_mass_rescued"].item() == 0.0
-
-
-# -- the study's analysis ---------------------------------------------------------------------
-
-
-def _rows(values: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
-    """Study rows of one step per (rung, rule, seed) with the given final pass."""
-    out = []
-    for (rung, rule), finals in values.items():
-        for seed, v in enumerate(finals):
-            out.append(
-                {
-                    "phase": "study",
-                    "rung": rung,
-                    "rule": rule,
-                    "lr": 1.0,
-                    "epochs": 2,
-                    "seed": seed,
-                    "step": 1,
-                    "pass_rate": v,
-                    "train_reward": v,
-                    "eval_pass": np.nan,
-                    "entropy": 1.0,
-                    "clip_low_frac": 0.01,
-                    "clip_high_frac": 0.02,
-                    "rescue_frac": np.nan,
-                    "grad_mass_zero_lo": 0.0,
-                    "grad_mass_zero_hi": 0.0,
-                    "grad_mass_rescued": 0.0,
-                }
-            )
-    return pd.DataFrame(out)
-
-
-def test_study_ledger_by_hand_and_exact_rung_by_sign():
-    from sandbox.experiments.claims import CLAIMS
-
-    claim = [c for c in CLAIMS if c.name == "nsr_beats_dapo"]
-    # sampled: differences 0.1, 0.2, 0.3 -> mean 0.2, sd 0.1, t(0.975, 2) = 4.302653:
-    # half-width 4.302653 * 0.1 / sqrt(3) = 0.248414
-    rows = _rows(
-        {
-            ("bandit_sampled", "nsr_dapo"): [0.6, 0.7, 0.8],
-            ("bandit_sampled", "dapo"): [0.5, 0.5, 0.5],
-            ("bandit_exact", "nsr_dapo"): [0.4],
-            ("bandit_exact", "dapo"): [0.45],
-        }
-    )
-    table = study_ledger(run_scores(rows), claim).set_index("rung")
-    s = table.loc["bandit_sampled"]
-    assert s["estimate"] == pytest.approx(0.2, abs=1e-12)
-    assert s["lo"] == pytest.approx(0.2 - 0.248414, abs=1e-6)
-    assert s["hi"] == pytest.approx(0.2 + 0.248414, abs=1e-6)
-    assert s["verdict"] == evidence.UNRESOLVED
-    e = table.loc["bandit_exact"]
-    assert e["estimate"] == pytest.approx(-0.05, abs=1e-12)
-    assert e["verdict"] == evidence.REVERSED and e["reason"] == "exact difference"
-    assert np.isnan(e["p"])  # an exact difference is not a test
-    # an exact gap of +0.01 is within the 0.02 margin: equivalent, not "supported"
-    rows = _rows({("bandit_exact", "nsr_dapo"): [0.46], ("bandit_exact", "dapo"): [0.45]})
-    e = study_ledger(run_scores(rows), claim).iloc[0]
-    assert e["estimate"] == pytest.approx(0.01, abs=1e-12)
-    assert e["verdict"] == evidence.EQUIVALENT
-    assert e["reason"] == "exact difference within +-0.02"
-
-
-def test_nsr_and_its_decay_are_identical_by_construction_on_the_exact_flow_only():
-    from sandbox.experiments.claims import CLAIMS
-    from sandbox.experiments.study import same_on_exact_flow
-
-    assert same_on_exact_flow("nsr_dapo", "nsr_decay_dapo")  # NSR acts as its expectation there
-    assert not same_on_exact_flow("dapo", "grpo") and not same_on_exact_flow("nsr_dapo", "dapo")
-    claim = [c for c in CLAIMS if c.name == "nsr_beats_its_decay"]
-    rows = _rows(
-        {
-            ("bandit_exact", "nsr_dapo"): [0.5],
-            ("bandit_exact", "nsr_decay_dapo"): [0.5],
-            ("bandit_sampled", "nsr_dapo"): [0.6, 0.7, 0.8],
-            ("bandit_sampled", "nsr_decay_dapo"): [0.5, 0.5, 0.5],
-        }
-    )
-    table = study_ledger(run_scores(rows), claim).set_index("rung")
-    assert table.loc["bandit_exact", "verdict"] == evidence.IDENTICAL
-    assert table.loc["bandit_sampled", "verdict"] == evidence.UNRESOLVED  # sampled: a comparison
-
-
-def test_like_unclipped_reads_the_realised_effect():
-    from sandbox.experiments.study import like_unclipped
-
-    base = [0.5, 0.6, 0.7, 0.8]
-    rows = []
-    for rule, shift in (("unclipped", 0.0), ("kl_cov_verl", 0.001), ("dapo", -0.1)):
-        for seed, b in enumerate(base):
-            wobble = 0.002 * (-1) ** seed if rule == "kl_cov_verl" else 0.0
-            rows.append({"rung": "r", "rule": rule, "seed": seed, "reward_auc": b + shift + wobble})
-    scores = pd.DataFrame(rows)
-    # kl_cov - unclipped: 0.003, -0.001, 0.003, -0.001 -> mean 0.001, interval within +-0.02
-    assert like_unclipped(scores, "r", "kl_cov_verl")
-    assert not like_unclipped(scores, "r", "dapo")  # 0.1 below: reversed, not equivalent
-    assert not like_unclipped(scores, "r", "unclipped")  # not compared with itself
-    assert not like_unclipped(scores[scores["seed"] == 0], "r", "kl_cov_verl")  # one pair: no
-
-
-def test_rank_agreement_with_and_without_the_step_size_rule():
-    from sandbox.experiments.study import rank_agreement
-
-    # rung a orders dapo > grpo > nsr_dapo > gspo on every seed; rung b agrees on gspo last but
-    # reverses the other three: with gspo, 3 concordant (pairs with gspo) and 3 discordant of 6
-    # untied pairs -> tau-b 0; without gspo, all 3 discordant -> -1
-    base = np.array([0.0, 0.01, -0.01])
-    a = {
-        ("a", r): list(v + base)
-        for r, v in zip(["dapo", "grpo", "nsr_dapo", "gspo"], [0.9, 0.6, 0.3, 0.0], strict=True)
-    }
-    b = {
-        ("b", r): list(v + base)
-        for r, v in zip(["dapo", "grpo", "nsr_dapo", "gspo"], [0.3, 0.6, 0.9, 0.0], strict=True)
-    }
-    table = rank_agreement(run_scores(_rows({**a, **b})), draws=50).set_index("without")
-    assert table.loc["", "tau_b"] == pytest.approx(0.0, abs=1e-12)
-    assert table.loc["gspo", "tau_b"] == pytest.approx(-1.0, abs=1e-12)
 
 
 def test_quick_profile_runs_the_llm_rung_one_spec_per_paired_seed(tmp_path, capsys):
@@ -453,54 +278,3 @@ def test_sigint_mid_study_then_resume_loses_and_duplicates_no_part(tmp_path):
     counts = rows.groupby(["phase", "rule", "lr"]).size()
     assert set(counts[("calib", "dapo")].to_numpy()) == {2 * 120}  # no run twice, none lost
     assert set(counts["study"].to_numpy()) == {4 * 120}
-
-
-def test_entropy_law_logging_is_exact_and_its_error_is_second_order_in_the_step():
-    """``entropy_change`` is the next step's entropy minus this one's, exactly; the law's
-    prediction is first order, so halving one SGD step (same seed: the same first rollout,
-    dz exactly proportional to lr) cuts its error by about 4."""
-    import envs
-    from sandbox.train import BanditTrainConfig, run_bandit
-
-    model = envs.make_bandit_suite()["mixed"].make().unwrapped
-    errors = []
-    for lr in (0.4, 0.2):
-        cfg = BanditTrainConfig(
-            objective="dapo",
-            seeds=8,
-            steps=3,
-            lr=lr,
-            epochs=1,
-            minibatches=1,
-            entropy_law=True,
-            dtype="float64",
-        )
-        frame = run_bandit(model, cfg).to_frame()
-        h = frame.pivot(index="step", columns="seed", values="entropy").to_numpy()
-        change = frame.pivot(index="step", columns="seed", values="entropy_change").to_numpy()
-        np.testing.assert_allclose(change[:-1], h[1:] - h[:-1], rtol=0, atol=1e-12)
-        first = frame[frame["step"] == 0]
-        errors.append(np.abs(first["entropy_change"] - first["entropy_change_pred"]).to_numpy())
-    ratio = errors[0].sum() / errors[1].sum()
-    assert 3.0 < ratio < 5.0, ratio
-
-
-def test_the_tiny_tf_rung_logs_the_entropy_law_and_its_table_has_a_row():
-    """The study turns ``entropy_law`` on for tiny_tf as for bandit_sampled: a study job's rows
-    carry both columns at every (step, seed), and :func:`entropy_law` tabulates the rung."""
-    from sandbox.experiments.study import RUNGS, entropy_law, run_job
-
-    config = StudyConfig(
-        rungs=["tiny_tf"],
-        seeds=2,
-        tf_steps=2,
-        tf_task="bits",
-        tf_knobs={"op": "reverse", "length": 3},
-        tf_eval_prompts=4,
-    )
-    assert sequence_config(RUNGS["tiny_tf"].spec(config, "dapo", 0.01, 2, 2, 0)).entropy_law
-    rows = run_job(config, ("study", "tiny_tf", "dapo", 0.01, 4, 0))[0]
-    law = rows[["entropy_change", "entropy_change_pred"]]
-    assert len(rows) == 2 * 2 and law.notna().all().all() and (law != 0).any().all()
-    table = entropy_law(rows)
-    assert table[["rung", "rule", "points"]].values.tolist() == [["tiny_tf", "dapo", 4]]
