@@ -73,7 +73,7 @@ def test_mu_grids_read_an_int_as_a_grid_of_one_and_name_a_bad_value():
 
 def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
     from sandbox.study import calibration_jobs
-    from sandbox.study.plan import job_part, job_spec
+    from sandbox.study.plan import job_spec
 
     config = StudyConfig(
         rungs=["bandit_sampled", "tiny_tf"],
@@ -83,7 +83,7 @@ def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
         tf_epochs=[4, 8],
     )
     jobs = calibration_jobs(config)
-    assert [(j[1], j[3], j[4]) for j in jobs] == [
+    assert [(j.rung, j.lr, j.epochs) for j in jobs] == [
         ("bandit_sampled", 1.0, 2),
         ("tiny_tf", 1e-3, 4),
         ("tiny_tf", 3e-3, 4),
@@ -91,7 +91,7 @@ def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
         ("tiny_tf", 3e-3, 8),
     ]
     assert [job_spec(config, j).epochs for j in jobs] == [2, 4, 4, 8, 8]
-    assert len({job_part(j) for j in jobs}) == 5  # mu is in the part name
+    assert len({j.part for j in jobs}) == 5  # mu is in the part name
 
 
 def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_is_in_band():
@@ -123,10 +123,11 @@ def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_
 def test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule(kind):
     """Same seed, two rules (one with its own randomness, NSR): identical initial parameters
     and an identical first rollout (prompts, samples, rewards), replicate by replicate."""
-    from sandbox.study import RUNGS
+    from sandbox.study import RUNGS, StudyJob
 
     config = StudyConfig(tf_task="bits", tf_knobs={"op": "reverse", "length": 3}, tf_eval_prompts=4)
-    specs = [RUNGS[kind].spec(config, rule, 0.01, 3, 2, 5) for rule in ("dapo", "nsr_dapo")]
+    jobs = [StudyJob("study", kind, rule, 0.01, 2, 5) for rule in ("dapo", "nsr_dapo")]
+    specs = [RUNGS[kind].spec(config, job, seeds=3, steps=2) for job in jobs]
     if kind == "tiny_tf":
         trainers = [SequenceTrainer(sequence_config(s)) for s in specs]
         a, b = (t.model.state_dict() for t in trainers)

@@ -20,7 +20,14 @@ from __future__ import annotations
 from .analysis import calibration_curve, rank_agreement, run_scores, study_ledger
 from .claims import CLAIMS, Bounds, Claim, ledger
 from .config import MARGINS, REFERENCE, StudyConfig, part_fields, read_record, with_folder
-from .plan import calibrate, calibration_jobs, rebuild_tables, run_study, study_jobs
+from .plan import (
+    StudyJob,
+    calibrate,
+    calibration_jobs,
+    rebuild_tables,
+    run_study,
+    study_jobs,
+)
 from .rungs import RUNGS, Rung, register_rung, task_bounds
 from .tables import write_tables
 
@@ -33,6 +40,7 @@ __all__ = [
     "Claim",
     "Rung",
     "StudyConfig",
+    "StudyJob",
     "calibrate",
     "calibration_curve",
     "calibration_jobs",

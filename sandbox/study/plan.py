@@ -30,7 +30,7 @@ interchangeable and a resumed study reruns no finished seed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,69 +74,90 @@ ROW_COLUMNS = (
 # -- planning ---------------------------------------------------------------------------------
 
 
-def calibration_jobs(config: StudyConfig) -> list[tuple[str, str, str, float, int, int]]:
-    """(phase, rung, rule, lr, epochs, base seed) of every calibration run: the rung's step-size
-    grid times its mu grid."""
+@dataclass(frozen=True)
+class StudyJob:
+    """One run of the study: ``phase`` (``calib`` or ``study``), ``rung``, ``rule``, step size
+    ``lr``, ``epochs`` (mu) and base ``seed`` (the paired seed of a rung without replicates; 0
+    where one spec trains every paired seed). :attr:`part` names its result part."""
+
+    phase: str
+    rung: str
+    rule: str
+    lr: float
+    epochs: int
+    seed: int
+
+    @property
+    def part(self) -> str:
+        """The job's part file name (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``):
+        parts on disk are found again by it, so it never changes."""
+        lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
+        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
+
+    @property
+    def point(self) -> tuple[str, str, str, float, int]:
+        """Everything but the seed: the jobs of one point may run as one group."""
+        return self.phase, self.rung, self.rule, self.lr, self.epochs
+
+
+def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
+    """Every calibration run: the reference rule on the rung's step-size grid times its mu
+    grid."""
     return [
-        ("calib", rung, REFERENCE, lr, mu, 0)
+        StudyJob("calib", rung, REFERENCE, lr, mu, 0)
         for rung in config.rungs
         for mu in RUNGS[rung].epochs(config)
         for lr in RUNGS[rung].grid(config)
     ]
 
 
-def study_jobs(config: StudyConfig, settings: dict[str, tuple[float, int]]) -> list[tuple]:
-    """(phase, rung, rule, lr, epochs, base seed) of every study run at each rung's calibrated
-    (step size, epochs); a rung without replicates runs one spec per seed."""
+def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -> list[StudyJob]:
+    """Every study run at each rung's calibrated (step size, epochs); a rung without replicates
+    runs one spec per seed."""
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
         seeds = [0] if r.replicates else range(r.seeds(config) if r.seeds else config.seeds)
         lr, mu = settings[rung]
-        out += [("study", rung, r, lr, mu, s) for s in seeds for r in rung_rules(config, rung)]
+        rules = rung_rules(config, rung)
+        out += [StudyJob("study", rung, rule, lr, mu, s) for s in seeds for rule in rules]
     return out
 
 
-def job_groups(config: StudyConfig, jobs: Sequence[tuple]) -> list[tuple[tuple, ...]]:
+def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[StudyJob, ...]]:
     """``jobs`` in groups run as one job: the seeds of one (phase, rung, rule, step size, mu) in
     order, at most :func:`members_per_job` per group; every other job alone. Pass the unfinished
     jobs only: a resumed study groups what is left and reruns no finished seed."""
-    groups: dict[tuple, list[tuple]] = {}
+    groups: dict[Any, list[StudyJob]] = {}
     for job in jobs:
-        phase, rung, rule, lr, mu, _ = job
-        key = (phase, rung, rule, lr, mu) if members_per_job(config, rung) > 1 else job
+        key = job.point if members_per_job(config, job.rung) > 1 else job
         groups.setdefault(key, []).append(job)
     out = []
     for members in groups.values():
-        size = members_per_job(config, members[0][1])
+        size = members_per_job(config, members[0].rung)
         out += [tuple(members[i : i + size]) for i in range(0, len(members), size)]
     return out
 
 
-def job_part(job: tuple) -> str:
-    phase, rung, rule, lr, mu, seed = job
-    return part_name(phase, rung, rule, f"lr={lr!r}", f"mu={mu}", f"s{seed}")
-
-
-def job_spec(config: StudyConfig, job: tuple) -> RunSpec:
-    phase, rung, rule, lr, mu, seed = job
-    r = RUNGS[rung]
-    if phase == "calib":
-        steps = config.calib_steps or r.steps(config)
-        spec = r.spec(config, rule, lr, config.calib_seeds, steps, seed)
+def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
+    """The run spec of ``job``: a calibration run trains ``calib_seeds`` seeds for
+    ``calib_steps`` steps (0: the rung's run length), a study run the rung's paired seeds (one
+    per spec on a rung without replicates)."""
+    r = RUNGS[job.rung]
+    if job.phase == "calib":
+        seeds, steps = config.calib_seeds, config.calib_steps or r.steps(config)
     else:
-        seeds = 1 if not r.replicates else config.seeds
-        spec = r.spec(config, rule, lr, seeds, r.steps(config), seed)
-    return replace(spec, epochs=mu)
+        seeds, steps = (config.seeds if r.replicates else 1), r.steps(config)
+    return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
 
 
-def run_job(config: StudyConfig, job: tuple) -> list[pd.DataFrame]:
+def run_job(config: StudyConfig, job: StudyJob) -> list[pd.DataFrame]:
     """One run as the study's tidy rows: phase, rung, rule, lr, epochs, seed (paired id), step
     and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
     return run_jobs(config, (job,))
 
 
-def run_jobs(config: StudyConfig, jobs: Sequence[tuple]) -> list[pd.DataFrame]:
+def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame]:
     """The runs of ``jobs`` (a group of :func:`job_groups`) in one :func:`~.runs.run_specs`
     call (a batched kind runs them as one program), one frame of tidy rows per job
     (:func:`job_rows`)."""
@@ -144,30 +165,31 @@ def run_jobs(config: StudyConfig, jobs: Sequence[tuple]) -> list[pd.DataFrame]:
     return [job_rows(job, frame) for job, frame in zip(jobs, frames, strict=True)]
 
 
-def job_rows(job: tuple, frame: pd.DataFrame) -> pd.DataFrame:
+def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
     """A run kind's frame of ``job`` as the study's rows."""
-    phase, rung, rule, lr, mu, base = job
-    if RUNGS[rung].replicates:  # replicate s -> base + s (the flow's -1 -> base)
-        seed = frame["seed"].clip(lower=0) + base
+    rung = RUNGS[job.rung]
+    if rung.replicates:  # replicate s -> base + s (the flow's -1 -> base)
+        seed = frame["seed"].clip(lower=0) + job.seed
     else:  # one seed per spec: the kind logs the spec's own seed
-        seed = pd.Series(base, index=frame.index)
-    rows = pd.DataFrame(
-        {"phase": phase, "rung": rung, "rule": rule, "lr": lr, "epochs": mu, "seed": seed}
-    )
+        seed = pd.Series(job.seed, index=frame.index)
+    ids = {"phase": job.phase, "rung": job.rung, "rule": job.rule, "lr": job.lr}
+    rows = pd.DataFrame({**ids, "epochs": job.epochs, "seed": seed})
     rows["step"] = frame["step"]
-    renamed = dict(RUNGS[rung].columns)
+    renamed = dict(rung.columns)
     for name in ROW_COLUMNS:
         column = renamed.get(name, name)
         rows[name] = frame[column].astype(float) if column in frame else np.nan
     return rows
 
 
-def _run(folder: RunFolder, config: StudyConfig, jobs: list[tuple], desc: str, **kw: Any) -> None:
-    left = [j for j in jobs if not folder.done(job_part(j))]
+def _run(
+    folder: RunFolder, config: StudyConfig, jobs: list[StudyJob], desc: str, **kw: Any
+) -> None:
+    left = [j for j in jobs if not folder.done(j.part)]
     todo = [
         Job(
-            "/".join(map(str, group[0][1:5])) + "/" + ",".join(str(j[5]) for j in group),
-            tuple(job_part(j) for j in group),
+            "/".join(map(str, group[0].point[1:])) + "/" + ",".join(str(j.seed) for j in group),
+            tuple(j.part for j in group),
             (config, group),
         )
         for group in job_groups(config, left)
@@ -175,7 +197,7 @@ def _run(folder: RunFolder, config: StudyConfig, jobs: list[tuple], desc: str, *
 
     def written(job: Job) -> None:  # the job's parts are on disk: a rung's clean-up may run
         for one in job.args[1]:
-            hook = RUNGS[one[1]].written
+            hook = RUNGS[one.rung].written
             if hook is not None:
                 hook(job_spec(config, one))
 
@@ -187,7 +209,7 @@ def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[floa
     rung's calibrated ``point``, never a run at another step size or mu."""
     rungs = [r for r in config.rungs if r in point]
     at = replace(config, rungs=rungs)
-    wanted = {job_part(j) for j in calibration_jobs(config) + study_jobs(at, dict(point))}
+    wanted = {j.part for j in calibration_jobs(config) + study_jobs(at, dict(point))}
     return [f for f in sorted(Path(parts).glob("*.parquet")) if f.name in wanted]
 
 

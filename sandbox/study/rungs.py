@@ -11,18 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sandbox.experiments.runs import RunSpec, objective_of, optimum, setting_model
+from sandbox.experiments.runs import RunSpec, objective_of, optimum
 from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
 
 if TYPE_CHECKING:
     from .config import StudyConfig
+    from .plan import StudyJob
 
 
 @dataclass(frozen=True)
 class Rung:
-    """A rung: its run kind's spec for (rule, step size, seeds, steps, base seed), its step-size
+    """A rung: its run kind's spec for a job (:class:`~.plan.StudyJob`: rule, step size, mu, base
+    seed; ``spec(config, job, seeds=..., steps=...)``), its step-size
     grid, its training length, whether one spec trains all paired seeds (``replicates``), which
     of the kind's columns are the study's ``pass_rate`` and ``train_reward``, and its mu grid
     (``epochs``: the epochs calibration tries with each step size; the spec's ``epochs`` is
@@ -41,7 +43,7 @@ class Rung:
     (:func:`~.claims.headroom`)."""
 
     name: str
-    spec: Callable[[StudyConfig, str, float, int, int, int], RunSpec]
+    spec: Callable[..., RunSpec]  # (config, job, *, seeds, steps)
     grid: Callable[[StudyConfig], list[float]]
     steps: Callable[[StudyConfig], int]
     replicates: bool = True
@@ -80,9 +82,9 @@ def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
 
 
 def _bandit(kind: str) -> Callable[..., RunSpec]:
-    def spec(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int):
+    def spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
         exact = kind == "bandit_exact"
-        shared = _shared(config, rule)
+        shared = _shared(config, job.rule)
         if exact:  # the flow takes neither aggregation nor gradient-mass flags
             shared.pop("train")
         else:
@@ -90,22 +92,22 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
         return RunSpec.make(
             kind,
             config.bandit_setting,
-            rule,
+            job.rule,
             **shared,
-            seed=seed,
+            seed=job.seed,
             seeds=1 if exact else seeds,
             steps=steps,
             group_size=config.group_size,
             optimizer="sgd",
-            lr=lr,
+            lr=job.lr,
             prompts_per_step=config.bandit_prompts_per_step,
         )
 
     return spec
 
 
-def _tiny_tf(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int):
-    shared = _shared(config, rule)
+def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
+    shared = _shared(config, job.rule)
     shared["train"].update(
         eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k, entropy_law=True
     )
@@ -113,23 +115,23 @@ def _tiny_tf(config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, 
     return RunSpec.make(
         "tiny_tf",
         f"{config.tf_task}-{knobs}",
-        rule,
+        job.rule,
         **shared,
-        seed=seed,
+        seed=job.seed,
         seeds=seeds,
         steps=steps,
         group_size=config.group_size,
         prompts_per_step=config.tf_prompts_per_step,
-        lr=lr,
+        lr=job.lr,
         definition={"task": config.tf_task, **config.tf_knobs},
     )
 
 
 def _bandit_bounds(config: StudyConfig) -> Bounds:
     """The bandit's optimum (expected reward of the best arm per prompt) as the ceiling."""
-    from .config import REFERENCE  # config imports this module
+    from envs import make_bandit_suite
 
-    best = optimum(setting_model(_bandit("bandit_sampled")(config, REFERENCE, 1.0, 1, 1, 0)))
+    best = optimum(make_bandit_suite()[config.bandit_setting].make().unwrapped)
     return Bounds(best, note=f"optimum {best:.4f}")
 
 
