@@ -1,5 +1,5 @@
-"""The claims study CLI: the seed papers' claims (:mod:`sandbox.experiments.claims`) tested on
-every rung, calibrated and paired by seed (:mod:`sandbox.experiments.study`), with the ``llm``
+"""The claims study CLI: the seed papers' claims (:mod:`sandbox.study.claims`) tested on
+every rung, calibrated and paired by seed (:mod:`sandbox.study`), with the ``llm``
 rung added here (``sandbox`` never imports ``llm``).
 
 Profiles: ``quick`` (CI-sized smoke: 23 s on the project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the toy
@@ -57,18 +57,19 @@ import pandas as pd
 
 import llm.runs  # registers the llm run kind, in workers too
 from sandbox.configs import add_arguments, add_study_arguments, key_values, profile_settings
-from sandbox.experiments.claims import claim_record, parse_claim, read_claims
 from sandbox.experiments.planner import interrupted_line
 from sandbox.experiments.pool import terminate_raises
 from sandbox.experiments.runs import RunSpec, objective_of
-from sandbox.experiments.study import (
+from sandbox.study import (
     Rung,
     StudyConfig,
+    StudyJob,
     rebuild_tables,
     register_rung,
     run_study,
     task_bounds,
 )
+from sandbox.study.claims import claim_record, parse_claim, read_claims
 
 #: The llm rung's settings (``StudyConfig.extra`` overrides them).
 LLM_DEFAULTS: dict[str, Any] = {
@@ -215,11 +216,9 @@ def llm_members(config: StudyConfig) -> int:
     return k
 
 
-def llm_spec(
-    config: StudyConfig, rule: str, lr: float, seeds: int, steps: int, seed: int
-) -> RunSpec:
+def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts), with the
-    mechanism probes on as on the toy rungs (``study._shared``): ``entropy_law`` always,
+    mechanism probes on as on the toy rungs (``sandbox.study.rungs._shared``): ``entropy_law`` always,
     ``grad_noise`` for a rule with a deterministic counterpart."""
     s = llm_settings(config)
     train = {
@@ -233,7 +232,7 @@ def llm_spec(
         "progress": False,
         "entropy_law": True,  # mechanism check (a): the step's first 8 completions
     }
-    if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
+    if objective_of(job.rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
         train["grad_noise"] = True
     if not config.paper_aggregation:
         train["aggregation"] = "token-mean"
@@ -243,11 +242,11 @@ def llm_spec(
     return RunSpec.make(
         "llm",
         "-".join([s["task"], *(f"{k}{v}" for k, v in sorted(s["task_knobs"].items()))]),
-        rule,
-        seed=seed,
+        job.rule,
+        seed=job.seed,
         steps=steps,
-        lr=lr,
-        epochs=llm_epochs(config)[0],  # the job's own mu replaces it (study.job_spec)
+        lr=job.lr,
+        epochs=job.epochs,
         minibatches=config.minibatches,
         group_size=s["group_size"],
         prompts_per_step=s["prompts_per_step"],

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from llm.claims import LLM_DEFAULTS, llm_epochs, llm_spec, main, parse_args
-from sandbox.experiments.study import RUNGS, calibration_jobs
+from sandbox.study import RUNGS, StudyJob, calibration_jobs
 
 
 def test_llm_flag_sets_the_rungs_grids_and_calibration_crosses_them():
@@ -15,7 +15,7 @@ def test_llm_flag_sets_the_rungs_grids_and_calibration_crosses_them():
     )
     assert config.extra["llm"]["ensemble"] == 2 and llm_epochs(config) == [2, 4]
     jobs = calibration_jobs(config)
-    assert sorted((j[3], j[4]) for j in jobs) == [(1e-3, 2), (1e-3, 4), (2e-3, 2), (2e-3, 4)]
+    assert sorted((j.lr, j.epochs) for j in jobs) == [(1e-3, 2), (1e-3, 4), (2e-3, 2), (2e-3, 4)]
     assert RUNGS["llm"].grid(config) == [1e-3, 2e-3]
 
 
@@ -26,7 +26,7 @@ def test_llm_flag_names_an_unknown_setting(capsys):
 
 def test_the_llm_rungs_default_task_is_the_tiny_tf_task_through_its_knobs():
     config, _ = parse_args(["--profile", "gpu"])
-    spec = llm_spec(config, "dapo", 1e-5, 1, 100, 0)
+    spec = llm_spec(config, StudyJob("study", "llm", "dapo", 1e-5, 2, 0), seeds=1, steps=100)
     assert LLM_DEFAULTS["task"] == config.tf_task and LLM_DEFAULTS["task_knobs"] == config.tf_knobs
     assert spec.setting == "mod_arith-steps2"
     assert dict(spec.definition) == {"task": "mod_arith", "steps": 2}

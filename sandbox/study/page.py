@@ -24,20 +24,14 @@ from string import Template
 
 import pandas as pd
 
-from sandbox.experiments import evidence
-from sandbox.experiments.claims import CLAIMS
 from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
-from sandbox.experiments.study import (
-    MARGINS,
-    NEVER_BINDS,
-    REFERENCE,
-    RUNGS,
-    STEP_SIZE_RULE,
-    StudyConfig,
-    fmt_interval,
-    same_on_exact_flow,
-)
 from sandbox.streams import RNG
+
+from . import evidence
+from .analysis import fmt_interval, same_on_exact_flow
+from .claims import CLAIMS
+from .config import MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
+from .rungs import RUNGS
 
 TEMPLATE = Path(__file__).with_name("page.md")
 

@@ -33,8 +33,9 @@ import numpy as np
 import pandas as pd
 from scipy.stats import beta
 
-from sandbox.experiments.evidence import NOT_VERDICTS
 from sandbox.experiments.results import write_csv
+
+from .evidence import NOT_VERDICTS
 
 #: The columns of :func:`transfer_table` (and of ``transfer.csv``), in order.
 COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]

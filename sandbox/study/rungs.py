@@ -1,0 +1,222 @@
+"""The study's rungs: a :class:`Rung` is a run kind (:mod:`sandbox.experiments.runs`) with the
+study's settings for it (its spec, step-size and mu grids, run length, paired seeds, bounds).
+:data:`RUNGS` holds the toy rungs registered here, in ladder order (cheapest first); the ``llm``
+rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) with :func:`register_rung`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sandbox.experiments.runs import RunSpec, objective_of, optimum
+from sandbox.streams import HELD_OUT
+
+from .claims import Bounds
+
+if TYPE_CHECKING:
+    from .config import StudyConfig
+    from .plan import StudyJob
+
+
+@dataclass(frozen=True)
+class Rung:
+    """A rung: its run kind's spec for a job (:class:`~.plan.StudyJob`: rule, step size, mu, base
+    seed; ``spec(config, job, seeds=..., steps=...)``), its step-size
+    grid, its training length, whether one spec trains all paired seeds (``replicates``), which
+    of the kind's columns are the study's ``pass_rate`` and ``train_reward``, and its mu grid
+    (``epochs``: the epochs calibration tries with each step size; the spec's ``epochs`` is
+    replaced by the job's).
+
+    A rung without replicates runs one spec per paired seed; ``members(config)`` (default 1)
+    bounds how many of one rule's seeds (at one step size and mu) run as one job: their specs go
+    to :func:`~.runs.run_specs` together, so a batched kind trains them as one program (``llm``:
+    one ensemble), and each seed is still written as its own part (:func:`job_groups`).
+    ``execution``: the keys of ``config.extra[name]`` that choose how the runs execute, not what
+    they compute (left out of :func:`part_fields`). ``check(config)``: a ``ValueError`` naming
+    a bad setting of the rung (:meth:`StudyConfig.validate`, before anything runs).
+    ``written(spec)``: called once a run's part is written (``llm``: its resumable scratch
+    folder, kept until then, goes). ``bounds(config)``: the ceiling and the answer baseline of
+    the rung's pass metrics (:class:`~.claims.Bounds`), for the headroom rule
+    (:func:`~.claims.headroom`)."""
+
+    name: str
+    spec: Callable[..., RunSpec]  # (config, job, *, seeds, steps)
+    grid: Callable[[StudyConfig], list[float]]
+    steps: Callable[[StudyConfig], int]
+    replicates: bool = True
+    deterministic: bool = False
+    seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
+    columns: tuple[tuple[str, str], ...] = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
+    epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
+    members: Callable[[StudyConfig], int] | None = None  # seeds per job (default 1)
+    execution: tuple[str, ...] = ()
+    check: Callable[[StudyConfig], None] | None = None  # ValueError naming a bad setting
+    written: Callable[[RunSpec], None] | None = None  # after a run's part is written
+    bounds: Callable[[StudyConfig], Bounds] | None = None  # ceiling and answer baseline
+
+
+RUNGS: dict[str, Rung] = {}
+
+
+def register_rung(rung: Rung) -> Rung:
+    """Add a rung to the study (``llm.claims`` adds ``llm``)."""
+    RUNGS[rung.name] = rung
+    return rung
+
+
+def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
+    aggregation = None if config.paper_aggregation else "token-mean"
+    train = {"aggregation": aggregation, "grad_mass": True}
+    if config.dtype is not None:
+        train["dtype"] = config.dtype
+    if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
+        train["grad_noise"] = True
+    return {
+        "minibatches": config.minibatches,
+        "device": config.device,
+        "train": train,
+    }
+
+
+def _bandit(kind: str) -> Callable[..., RunSpec]:
+    def spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
+        exact = kind == "bandit_exact"
+        shared = _shared(config, job.rule)
+        if exact:  # the flow takes neither aggregation nor gradient-mass flags
+            shared.pop("train")
+        else:
+            shared["train"]["entropy_law"] = True
+        return RunSpec.make(
+            kind,
+            config.bandit_setting,
+            job.rule,
+            **shared,
+            seed=job.seed,
+            seeds=1 if exact else seeds,
+            steps=steps,
+            group_size=config.group_size,
+            optimizer="sgd",
+            lr=job.lr,
+            prompts_per_step=config.bandit_prompts_per_step,
+        )
+
+    return spec
+
+
+def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
+    shared = _shared(config, job.rule)
+    shared["train"].update(
+        eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k, entropy_law=True
+    )
+    knobs = "-".join(f"{k}{v}" for k, v in sorted(config.tf_knobs.items()))
+    return RunSpec.make(
+        "tiny_tf",
+        f"{config.tf_task}-{knobs}",
+        job.rule,
+        **shared,
+        seed=job.seed,
+        seeds=seeds,
+        steps=steps,
+        group_size=config.group_size,
+        prompts_per_step=config.tf_prompts_per_step,
+        lr=job.lr,
+        definition={"task": config.tf_task, **config.tf_knobs},
+    )
+
+
+def _bandit_bounds(config: StudyConfig) -> Bounds:
+    """The bandit's optimum (expected reward of the best arm per prompt) as the ceiling."""
+    from envs import make_bandit_suite
+
+    best = optimum(make_bandit_suite()[config.bandit_setting].make().unwrapped)
+    return Bounds(best, note=f"optimum {best:.4f}")
+
+
+def task_bounds(task: Any, answer_sets: Sequence[Sequence[str]]) -> Bounds:
+    """Ceiling 1 and, as the floor, the constant-answer baseline of a task's held-out sets (one
+    per paired seed; their mean) — never below the answer-prior one
+    (:func:`envs.reasoning.answer_baselines`)."""
+    from envs.reasoning import answer_baselines
+
+    found = [answer_baselines(task, answers) for answers in answer_sets]
+    constant = float(np.mean([b["constant"] for b in found]))
+    prior = float(np.mean([b["prior"] for b in found]))
+    answers = sorted({b["constant_answer"] for b in found})
+    note = (
+        f"constant answer {'/'.join(map(repr, answers))} {constant:.4f}; answer prior {prior:.4f}"
+    )
+    return Bounds(1.0, max(constant, prior), note=note)
+
+
+def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
+    """The answer baselines of the held-out sets the tiny_tf replicates score (base seed 0,
+    replicate s scores its own set, every rule the same one): their mean over the replicates."""
+    from envs.reasoning import make_task
+    from sandbox.train.sequence import held_out_problems
+
+    task = make_task(config.tf_task, **config.tf_knobs)
+    n = config.tf_eval_prompts
+    if config.rng is None:  # a run made before per-replicate sets: all scored base seed 0's one
+        return task_bounds(task, [task.sample_batch(np.random.default_rng([0, HELD_OUT]), n)[1]])
+    return task_bounds(task, [held_out_problems(task, 0, n, s)[1] for s in range(config.seeds)])
+
+
+register_rung(
+    Rung(
+        "bandit_exact",
+        _bandit("bandit_exact"),
+        lambda c: c.bandit_lrs,
+        lambda c: c.bandit_steps,
+        deterministic=True,
+        columns=(("pass_rate", "expected_reward"), ("train_reward", "expected_reward")),
+        bounds=_bandit_bounds,
+    )
+)
+register_rung(
+    Rung(
+        "bandit_sampled",
+        _bandit("bandit_sampled"),
+        lambda c: c.bandit_lrs,
+        lambda c: c.bandit_steps,
+        columns=(("pass_rate", "expected_reward"), ("train_reward", "reward")),
+        bounds=_bandit_bounds,
+    )
+)
+register_rung(
+    Rung(
+        "tiny_tf",
+        _tiny_tf,
+        lambda c: c.tf_lrs,
+        lambda c: c.tf_steps,
+        epochs=lambda c: c.tf_epochs,
+        bounds=_tiny_tf_bounds,
+    )
+)
+
+
+def rung_rules(config: StudyConfig, rung: str) -> list[str]:
+    """The rules a rung runs: the exact flow only those with an exact flow (not clip_cov,
+    kl_cov: their batch ranking has no closed-form expectation)."""
+    if not RUNGS[rung].deterministic:
+        return list(config.rules)
+    return [r for r in config.rules if objective_of(r).has_expected_coef()]
+
+
+def members_per_job(config: StudyConfig, rung: str) -> int:
+    """How many paired seeds of one rule one job of ``rung`` runs (:attr:`Rung.members`; 1 for a
+    rung with replicates, whose one spec trains every seed)."""
+    r = RUNGS[rung]
+    if r.replicates or r.members is None:
+        return 1
+    size = r.members(config)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{rung}: members per job must be an integer >= 1, got {size!r}")
+    return size
+
+
+def study_bounds(config: StudyConfig) -> dict[str, Bounds]:
+    """Each of the study's rungs with :attr:`Rung.bounds`: its pass metrics' bounds."""
+    return {r: RUNGS[r].bounds(config) for r in config.rungs if RUNGS[r].bounds is not None}
