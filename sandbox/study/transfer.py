@@ -186,6 +186,13 @@ def transfer_agreement(
     return pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
 
 
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:  # an empty ledger is written as an empty file
+        return pd.DataFrame()
+
+
 def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read the ledgers (:data:`LEDGERS`, those present) of the results folder ``out`` and write
     ``transfer.csv`` (:func:`transfer_table`) and ``transfer_agreement.csv``
@@ -194,8 +201,13 @@ def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     found = [out / name for name in LEDGERS if (out / name).exists()]
     if not found:
         raise ValueError(f"out: no {' or '.join(LEDGERS)} in {out}")
-    table = transfer_table(*(pd.read_csv(path) for path in found))
-    agreement = transfer_agreement(table)
+    read = [_read(path) for path in found]
+    ledgers = [t for t in read if len(t.columns)]  # a study whose rules make no claim: empty
+    if ledgers:
+        table = transfer_table(*ledgers)
+        agreement = transfer_agreement(table)
+    else:
+        table, agreement = pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=AGREEMENT_COLUMNS)
     write_csv(table, out / "transfer.csv")
     write_csv(agreement, out / "transfer_agreement.csv")
     return table, agreement
