@@ -865,6 +865,6 @@ def write_doc(out: Path, path: Path) -> None:
     out, path = Path(out), Path(path)
     if not (out / "config.json").exists():
         raise ValueError(f"--out: {out} has no config.json (not a claims-study folder)")
-    if (out / "ledger.csv").stat().st_size == 0:
+    if not (out / "ledger.csv").read_text().strip():
         raise ValueError("--doc: the study's rules make no claim (empty ledger.csv): no page")
     write_text(render(TEMPLATE.read_text(), page_values(out, path)), path)
