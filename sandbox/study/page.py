@@ -866,5 +866,5 @@ def write_doc(out: Path, path: Path) -> None:
     if not (out / "config.json").exists():
         raise ValueError(f"--out: {out} has no config.json (not a claims-study folder)")
     if not (out / "ledger.csv").read_text().strip():
-        raise ValueError("--doc: the study's rules make no claim (empty ledger.csv): no page")
+        raise ValueError("the study's rules make no claim (empty ledger.csv): no page")
     write_text(render(TEMPLATE.read_text(), page_values(out, path)), path)
