@@ -272,6 +272,22 @@ def llm_bounds(config: StudyConfig) -> Any:
     return task_bounds(make_task(s["task"], **s["task_knobs"]), sets)
 
 
+#: Seconds per run-step a time budget expects of an llm unit before one has run (then the
+#: longest seen): the upper end of one SmolLM2-135M run alone on an H100, today's path (1.0-2.3 s;
+#: shared/gpu.md, 2026-11-23). A first guess only; the tiny model on CPU is faster.
+LLM_STEP_SECONDS = 2.3
+
+
+def llm_unit_seconds(config: StudyConfig, group: Any) -> float:
+    """``--time-budget``'s first guess for one llm unit: its runs' steps x :data:`LLM_STEP_SECONDS`
+    (a calibration run trains ``calib_steps`` steps if set)."""
+    steps = llm_settings(config)["steps"]
+    return sum(
+        (config.calib_steps or steps if job.phase == "calib" else steps) * LLM_STEP_SECONDS
+        for job in group
+    )
+
+
 register_rung(
     Rung(
         "llm",
@@ -287,6 +303,7 @@ register_rung(
         check=check_llm,
         written=llm.runs.remove_scratch,  # kept until the run's part is written
         bounds=llm_bounds,
+        unit_seconds=llm_unit_seconds,  # --time-budget's first guess
     )
 )
 
