@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import shlex
 import shutil
 import signal
 import sys
@@ -61,6 +62,7 @@ from sandbox.experiments.planner import interrupted_line
 from sandbox.experiments.pool import terminate_raises
 from sandbox.experiments.runs import RunSpec, objective_of
 from sandbox.study import (
+    BudgetSpent,
     Rung,
     StudyConfig,
     StudyJob,
@@ -270,6 +272,22 @@ def llm_bounds(config: StudyConfig) -> Any:
     return task_bounds(make_task(s["task"], **s["task_knobs"]), sets)
 
 
+#: Seconds per run-step a time budget expects of an llm unit before one has run (then the
+#: longest seen): the upper end of one SmolLM2-135M run alone on an H100, today's path (1.0-2.3 s;
+#: shared/gpu.md, 2026-11-23). A first guess only; the tiny model on CPU is faster.
+LLM_STEP_SECONDS = 2.3
+
+
+def llm_unit_seconds(config: StudyConfig, group: Any) -> float:
+    """``--time-budget``'s first guess for one llm unit: its runs' steps x :data:`LLM_STEP_SECONDS`
+    (a calibration run trains ``calib_steps`` steps if set)."""
+    steps = llm_settings(config)["steps"]
+    return sum(
+        (config.calib_steps or steps if job.phase == "calib" else steps) * LLM_STEP_SECONDS
+        for job in group
+    )
+
+
 register_rung(
     Rung(
         "llm",
@@ -285,6 +303,7 @@ register_rung(
         check=check_llm,
         written=llm.runs.remove_scratch,  # kept until the run's part is written
         bounds=llm_bounds,
+        unit_seconds=llm_unit_seconds,  # --time-budget's first guess
     )
 )
 
@@ -365,8 +384,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
         help="claims of your own from a .toml/.yaml file: a list 'claims' of records (name, "
         "rule_a, rule_b, direction, metric; margin, source, where, statement optional)",
     )
+    add_time_budget(parser)
     add_arguments(parser, StudyConfig, unset=True, skip=("tf_knobs", "extra", "claims", "rng"))
     args = parser.parse_args(argv)
+    args.time_budget = time_budget(args.time_budget)
     settings = profile_settings(args, StudyConfig, PROFILES, "claims")
     given = typed_llm_settings(key_values(args.llm, "--llm"), "--llm")  # over the profile's
     if args.llm_ensemble is not None:  # shorthand for --llm ensemble=K
@@ -389,6 +410,49 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Nam
         settings["rules"] = list(dict.fromkeys([*rules, *(r for c in claims for r in c.rules)]))
     return StudyConfig(**settings), args
 
+
+# -- --time-budget (issue 28 item 5): the flag, its check and its closing line -----------------
+
+#: Exit status of a study that its time budget stopped with units left (sysexits' EX_TEMPFAIL:
+#: "try again later"; the same command goes on).
+BUDGET_EXIT = 75
+
+
+def add_time_budget(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--time-budget",
+        default=None,
+        metavar="SECONDS",
+        help="run only the next units (one rule x one group of seeds) that fit in SECONDS: no "
+        "unit starts that would not end in time (the longest of its kind so far), units still "
+        "running at the end are stopped as on SIGTERM (llm runs keep their checkpoint), every "
+        f"finished unit is a part; exit {BUDGET_EXIT} with the count left and the command to go on",
+    )
+
+
+def time_budget(text: str | None) -> float | None:
+    """``--time-budget``'s seconds (None: no budget); a ``ValueError`` naming the flag."""
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"--time-budget must be a number of seconds > 0, got {text!r}")
+    return seconds
+
+
+def budget_spent(exc: BudgetSpent, argv: list[str] | None) -> int:
+    """The closing line of a study stopped by its budget (units left, the command that goes on:
+    this one without ``--force``); the exit status :data:`BUDGET_EXIT`."""
+    given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--force"]
+    again = shlex.join(["python", "-m", "llm.claims", *given])
+    print(f"{exc}; continue with: {again}", file=sys.stderr)
+    return BUDGET_EXIT
+
+
+# -- the llm rung's scratch folder --------------------------------------------------------------
 
 #: The llm rung's resumable scratch folder in the study's ``--out`` (unless ``--llm scratch=DIR``).
 SCRATCH = "llm_scratch"
@@ -438,12 +502,15 @@ def main(argv: list[str] | None = None) -> int:
                     progress=not args.no_progress,
                     force=args.force,
                     workers=args.workers,
+                    time_budget=args.time_budget,
                 )
             if scratch == out / SCRATCH:  # every run is a part now: what is left is stale
                 shutil.rmtree(scratch, ignore_errors=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BudgetSpent as exc:  # --time-budget: units left, their command
+        return budget_spent(exc, argv)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in the pool (its Terminated)
         return interrupted(getattr(exc, "signum", signal.SIGINT), out)
     except SystemExit as exc:  # llm.train in this process: checkpointed on a signal, exits 128+sig

@@ -23,6 +23,7 @@ from .analysis import calibration_curve, rank_agreement, run_scores, study_ledge
 from .claims import CLAIMS, Bounds, Claim, ledger
 from .config import MARGINS, REFERENCE, StudyConfig, part_fields, read_record, with_folder
 from .plan import (
+    BudgetSpent,
     StudyJob,
     calibrate,
     calibration_jobs,
@@ -39,6 +40,7 @@ __all__ = [
     "REFERENCE",
     "RUNGS",
     "Bounds",
+    "BudgetSpent",
     "Claim",
     "Rung",
     "StudyConfig",

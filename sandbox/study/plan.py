@@ -29,6 +29,8 @@ interchangeable and a resumed study reruns no finished seed.
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -182,18 +184,26 @@ def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
+def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
+    """The planner's job of one group: its key, parts, arguments and cost class (phase and
+    rung: a time budget expects the longest unit of the class seen so far, else the rung's
+    ``unit_seconds``)."""
+    first = group[0]
+    guess = RUNGS[first.rung].unit_seconds
+    return Job(
+        "/".join(map(str, first.point[1:])) + "/" + ",".join(str(j.seed) for j in group),
+        tuple(j.part for j in group),
+        (config, group),
+        cost=f"{first.phase}/{first.rung}",
+        estimate=float(guess(config, group)) if guess is not None else 0.0,
+    )
+
+
 def _run(
     folder: RunFolder, config: StudyConfig, jobs: list[StudyJob], desc: str, **kw: Any
-) -> None:
+) -> list[Job]:
     left = [j for j in jobs if not folder.done(j.part)]
-    todo = [
-        Job(
-            "/".join(map(str, group[0].point[1:])) + "/" + ",".join(str(j.seed) for j in group),
-            tuple(j.part for j in group),
-            (config, group),
-        )
-        for group in job_groups(config, left)
-    ]
+    todo = [_unit(config, group) for group in job_groups(config, left)]
 
     def written(job: Job) -> None:  # the job's parts are on disk: a rung's clean-up may run
         for one in job.args[1]:
@@ -201,7 +211,7 @@ def _run(
             if hook is not None:
                 hook(job_spec(config, one))
 
-    folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
+    return folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
 
 
 def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
@@ -213,6 +223,50 @@ def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[floa
     return [f for f in sorted(Path(parts).glob("*.parquet")) if f.name in wanted]
 
 
+class BudgetSpent(Exception):
+    """:func:`run_study`'s time budget ended the call before every unit ran. ``left``: units
+    (planner jobs: one rule x one group of seeds) still to run, ``calibration`` of them in the
+    calibration phase (the study's units then count all of them); ``done``: units this call
+    finished; ``stopped``: units the budget's end stopped while they ran (an llm run keeps its
+    checkpoint and goes on from it). The folder's parts are complete and resumable."""
+
+    def __init__(self, budget: float, left: int, calibration: int, done: int, stopped: int):
+        self.budget, self.left, self.calibration = budget, left, calibration
+        self.done, self.stopped = done, stopped
+        where = f"{calibration} of them calibration" if calibration else "all in the study"
+        cut = (
+            f"; stopped {stopped} running (llm runs go on from their checkpoints)"
+            if stopped
+            else ""
+        )
+        super().__init__(
+            f"time budget of {budget:g} s spent: {done} units run, {left} left ({where}){cut}"
+        )
+
+
+def check_time_budget(value: Any) -> float:
+    """A time budget in seconds: a finite number > 0 (a ``ValueError`` saying so)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"time_budget must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
+    """Units still to run: in the calibration and in the study (a rung whose calibration is
+    unfinished counts every study unit)."""
+    calib = [j for j in calibration_jobs(config) if not folder.done(j.part)]
+    open_rungs = {j.rung for j in calib}
+    done_rungs = replace(config, rungs=[r for r in config.rungs if r not in open_rungs])
+    point = {}
+    if done_rungs.rungs:
+        point = calibrate(calibration_curve(read_parts(folder.parts)), done_rungs)
+    for rung in open_rungs:  # any grid point: the count of units is the same at every one
+        point[rung] = (RUNGS[rung].grid(config)[0], RUNGS[rung].epochs(config)[0])
+    study = [j for j in study_jobs(config, point) if not folder.done(j.part)]
+    return len(job_groups(config, calib)), len(job_groups(config, study))
+
+
 def run_study(
     config: StudyConfig,
     out: str | Path,
@@ -220,8 +274,16 @@ def run_study(
     progress: bool = True,
     force: bool = False,
     workers: int | None = None,
+    time_budget: float | None = None,
 ) -> pd.DataFrame:
-    """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows."""
+    """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows.
+
+    ``time_budget`` (seconds from this call's start): units start while each is expected to end
+    within it (the longest unit of its phase and rung seen so far, else the rung's
+    ``unit_seconds``), units still running when it ends are stopped as on SIGTERM
+    (:meth:`RunFolder.run`'s ``deadline``), and :class:`BudgetSpent` says what is left when any
+    unit is; every finished unit is a part, so the same call again goes on."""
+    deadline = None if time_budget is None else time.monotonic() + check_time_budget(time_budget)
     config.validate()
     config = with_folder(config, out, force)
     config.validate()
@@ -234,11 +296,23 @@ def run_study(
         device=config.device,
     )
     calib = calibration_jobs(config)
-    kw = {"progress": progress, "workers": workers}
-    _run(folder, config, calib, "calibration", **kw)
-    point = calibrate(calibration_curve(read_parts(folder.parts)), config)
-    record_calibration(folder.out, config, point)
-    _run(folder, config, study_jobs(config, point), "claims", **kw)
+    kw = {"progress": progress, "workers": workers, "deadline": deadline}
+    done = 0
+    for phase, desc in (("calib", "calibration"), ("study", "claims")):
+        if phase == "calib":
+            jobs = calib
+        else:
+            point = calibrate(calibration_curve(read_parts(folder.parts)), config)
+            record_calibration(folder.out, config, point)
+            jobs = study_jobs(config, point)
+        before = len(job_groups(config, [j for j in jobs if not folder.done(j.part)]))
+        left = _run(folder, config, jobs, desc, **kw)
+        done += before - len(left)
+        if left:
+            in_calib, in_study = _units_left(folder, config)
+            assert time_budget is not None  # only a deadline leaves units without an error
+            stopped = len(folder.stopped)
+            raise BudgetSpent(time_budget, in_calib + in_study, in_calib, done, stopped)
     files = study_files(folder.parts, config, point)
     rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     write_tables(rows, folder.out, config)

@@ -56,6 +56,9 @@ class Rung:
     check: Callable[[StudyConfig], None] | None = None  # ValueError naming a bad setting
     written: Callable[[RunSpec], None] | None = None  # after a run's part is written
     bounds: Callable[[StudyConfig], Bounds] | None = None  # ceiling and answer baseline
+    # seconds one job of these jobs (one group) is expected to take before any has run (a time
+    # budget's first guess, :func:`~.plan.run_study`); None: 0, the first job of a kind starts
+    unit_seconds: Callable[[StudyConfig, Sequence[StudyJob]], float] | None = None
 
 
 RUNGS: dict[str, Rung] = {}
