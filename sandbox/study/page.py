@@ -506,7 +506,7 @@ def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> s
                 f"`{EXACT_MU_COMMAND}`): at most {', '.join(map(_pct, peaks))}"
             )
             part = pd.concat([part, more])
-        if RUNGS.get(rung) and RUNGS[rung].deterministic and part["clip_share"].max() < low:
+        if RUNGS.get(rung) and RUNGS[rung].traits.deterministic and part["clip_share"].max() < low:
             said.append(
                 "the expected-gradient flow moves smoothly to the optimum, so few expected tokens "
                 "ever leave the trust region"

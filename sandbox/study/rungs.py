@@ -6,12 +6,20 @@ rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) with :func:`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
-from sandbox.experiments.runs import RunSpec, objective_of, optimum
+from sandbox.experiments.runs import (
+    RunKind,
+    RunSpec,
+    has_exact_flow,
+    objective_of,
+    optimum,
+    run_kind,
+)
 from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
@@ -23,14 +31,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Rung:
-    """A rung: its run kind's spec for a job (:class:`~.plan.StudyJob`: rule, step size, mu, base
-    seed; ``spec(config, job, seeds=..., steps=...)``), its step-size
-    grid, its training length, whether one spec trains all paired seeds (``replicates``), which
-    of the kind's columns are the study's ``pass_rate`` and ``train_reward``, and its mu grid
-    (``epochs``: the epochs calibration tries with each step size; the spec's ``epochs`` is
-    replaced by the job's).
+    """A rung: a run kind (``kind``, default the rung's name) with its spec for a job
+    (:class:`~.plan.StudyJob`: rule, step size, mu, base seed; ``spec(config, job, seeds=...,
+    steps=...)``), its step-size grid, its training length and its mu grid (``epochs``: the
+    epochs calibration tries with each step size; the spec's ``epochs`` is replaced by the
+    job's). What the kind is (deterministic or sampled, whether one spec trains all paired seeds,
+    which columns are the study's ``pass_rate`` and ``train_reward``, whether it logs step 0) is
+    read from the kind's traits (:attr:`traits`, :func:`~sandbox.experiments.runs.run_kind`),
+    never repeated here.
 
-    A rung without replicates runs one spec per paired seed; ``members(config)`` (default 1)
+    A rung whose kind has no replicates runs one spec per paired seed; ``members(config)`` (default 1)
     bounds how many of one rule's seeds (at one step size and mu) run as one job: their specs go
     to :func:`~.runs.run_specs` together, so a batched kind trains them as one program (``llm``:
     one ensemble), and each seed is still written as its own part (:func:`job_groups`).
@@ -46,10 +56,8 @@ class Rung:
     spec: Callable[..., RunSpec]  # (config, job, *, seeds, steps)
     grid: Callable[[StudyConfig], list[float]]
     steps: Callable[[StudyConfig], int]
-    replicates: bool = True
-    deterministic: bool = False
+    kind: str = ""  # its run kind (default: the rung's name)
     seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
-    columns: tuple[tuple[str, str], ...] = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
     epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
     members: Callable[[StudyConfig], int] | None = None  # seeds per job (default 1)
     execution: tuple[str, ...] = ()
@@ -57,14 +65,31 @@ class Rung:
     written: Callable[[RunSpec], None] | None = None  # after a run's part is written
     bounds: Callable[[StudyConfig], Bounds] | None = None  # ceiling and answer baseline
 
+    def __post_init__(self) -> None:
+        if not self.kind:
+            object.__setattr__(self, "kind", self.name)
+
+    @property
+    def traits(self) -> RunKind:
+        """The rung's run kind with its traits (``ValueError`` naming an unregistered kind)."""
+        return run_kind(self.kind)
+
 
 RUNGS: dict[str, Rung] = {}
 
 
 def register_rung(rung: Rung) -> Rung:
-    """Add a rung to the study (``llm.claims`` adds ``llm``)."""
+    """Add a rung to the study (``llm.claims`` adds ``llm``); its kind must be registered."""
+    run_kind(rung.kind)  # the ValueError naming an unregistered kind
     RUNGS[rung.name] = rung
     return rung
+
+
+def unregister_rung(name: str) -> None:
+    """Remove the rung ``name`` (a test's throwaway rung); ``ValueError`` if unknown."""
+    if name not in RUNGS:
+        raise ValueError(f"rungs: unknown rung {name!r}; rungs: {', '.join(RUNGS)}")
+    del RUNGS[name]
 
 
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
@@ -83,7 +108,7 @@ def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
 
 def _bandit(kind: str) -> Callable[..., RunSpec]:
     def spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
-        exact = kind == "bandit_exact"
+        exact = run_kind(kind).deterministic
         shared = _shared(config, job.rule)
         if exact:  # the flow takes neither aggregation nor gradient-mass flags
             shared.pop("train")
@@ -170,8 +195,6 @@ register_rung(
         _bandit("bandit_exact"),
         lambda c: c.bandit_lrs,
         lambda c: c.bandit_steps,
-        deterministic=True,
-        columns=(("pass_rate", "expected_reward"), ("train_reward", "expected_reward")),
         bounds=_bandit_bounds,
     )
 )
@@ -181,7 +204,6 @@ register_rung(
         _bandit("bandit_sampled"),
         lambda c: c.bandit_lrs,
         lambda c: c.bandit_steps,
-        columns=(("pass_rate", "expected_reward"), ("train_reward", "reward")),
         bounds=_bandit_bounds,
     )
 )
@@ -198,18 +220,39 @@ register_rung(
 
 
 def rung_rules(config: StudyConfig, rung: str) -> list[str]:
-    """The rules a rung runs: the exact flow only those with an exact flow (not clip_cov,
-    kl_cov: their batch ranking has no closed-form expectation)."""
-    if not RUNGS[rung].deterministic:
+    """The rules a rung runs: on a deterministic kind (an exact flow) only those whose spec it
+    admits (:func:`~sandbox.experiments.runs.has_exact_flow`: not clip_cov, kl_cov, whose batch
+    ranking has no closed-form expectation); every rule on a sampled one."""
+    r = RUNGS[rung]
+    if not r.traits.deterministic:
         return list(config.rules)
-    return [r for r in config.rules if objective_of(r).has_expected_coef()]
+    from .plan import StudyJob
+
+    lr, mu = r.grid(config)[0], r.epochs(config)[0]
+
+    def admitted(rule: str) -> bool:
+        job = StudyJob("study", rung, rule, lr, mu, 0)
+        return has_exact_flow(replace(r.spec(config, job, seeds=1, steps=1), epochs=mu))
+
+    return [rule for rule in config.rules if admitted(rule)]
+
+
+def evaluation_only(rows: pd.DataFrame) -> pd.Series:
+    """Which of the study's ``rows`` only evaluate: the step-0 row of a rung whose kind logs
+    its evaluation before training (:attr:`RunKind.logs_step0`; a rung not registered here is
+    read the same way: a step 0 never follows an update)."""
+
+    def logs_step0(rung: str) -> bool:
+        return rung not in RUNGS or RUNGS[rung].traits.logs_step0
+
+    return rows["rung"].map(logs_step0).astype(bool) & (rows["step"] == 0)
 
 
 def members_per_job(config: StudyConfig, rung: str) -> int:
     """How many paired seeds of one rule one job of ``rung`` runs (:attr:`Rung.members`; 1 for a
     rung with replicates, whose one spec trains every seed)."""
     r = RUNGS[rung]
-    if r.replicates or r.members is None:
+    if r.traits.replicates or r.members is None:
         return 1
     size = r.members(config)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
