@@ -128,10 +128,9 @@ def test_jobs_group_one_rules_seeds_at_most_k_at_a_time():
 @pytest.mark.parametrize("bad", ["0", "-1"])
 def test_a_bad_ensemble_size_is_named(bad, capsys):
     assert main([*ARGV, "--llm-ensemble", bad, "--out", "unused"]) == 2
-    assert "--llm-ensemble must be >= 1" in capsys.readouterr().err
-    extra = {"llm": {**PROFILES["quick"]["extra"]["llm"], "ensemble": 2.5}}
-    with pytest.raises(ValueError, match=r"ensemble \(--llm-ensemble\) must be an integer >= 1"):
-        StudyConfig(**{**PROFILES["quick"], "rules": RULES, "extra": extra}).validate()
+    assert "llm_ensemble must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"llm_ensemble must be an integer >= 1, got 2.5"):
+        StudyConfig(rules=RULES, sections={"llm": {**PROFILES["quick"]["llm"], "ensemble": 2.5}})
 
 
 def parts_of(out) -> dict[str, pd.DataFrame]:

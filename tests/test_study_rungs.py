@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
+from sandbox.configs import arg
 from sandbox.experiments.runs import (
     RunSpec,
     has_exact_flow,
@@ -30,6 +32,7 @@ from sandbox.loss import grad_mass_shares
 from sandbox.study import RUNGS, Rung, StudyConfig, register_rung, run_study
 from sandbox.study.plan import StudyJob, job_rows, job_spec, study_jobs
 from sandbox.study.rungs import rung_rules, unregister_rung
+from sandbox.study.settings import SECTIONS, register_section, unregister_section
 
 pytest.importorskip("transformers")
 import llm.claims  # noqa: F401  (registers the llm rung)
@@ -64,12 +67,13 @@ def test_every_registered_rung_reads_its_kind(name):
             assert trainer_config(spec) is not None
     jobs = study_jobs(config, {name: (lr, mu)})
     seeds = sorted({j.seed for j in jobs})
-    paired = rung.seeds(config) if rung.seeds else config.seeds
+    paired = config.section(rung.section).seeds
+    assert config.seeds(name) == paired
     assert seeds == ([0] if kind.replicates else list(range(paired)))
     assert len(jobs) == len(seeds) * len(rules)
     if not kind.deterministic:  # a flow's spec trains no replicates
         spec = job_spec(config, jobs[0])
-        assert spec.seeds == (config.seeds if kind.replicates else 1)
+        assert spec.seeds == (paired if kind.replicates else 1)
 
 
 def test_a_rung_of_an_exact_kind_leaves_out_what_it_has_no_flow_of():
@@ -134,6 +138,15 @@ def _throwaway_run(spec: RunSpec) -> pd.DataFrame:
     return tidy(spec, pd.DataFrame(rows))
 
 
+@dataclass(frozen=True)
+class ThrowawaySettings:
+    """The throwaway rung's own settings: its grid, run length and paired seeds."""
+
+    lrs: list[float] = arg([1.0, 7.0, 20.0], "step sizes")
+    steps: int = arg(3, "steps")
+    seeds: int = arg(2, "paired seeds")
+
+
 def _throwaway_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     return RunSpec.make(
         "throwaway_kind", "synthetic", job.rule, seed=job.seed, seeds=seeds, steps=steps, lr=job.lr
@@ -146,17 +159,14 @@ def test_a_new_rung_needs_no_other_edit(tmp_path):
     hand; then both go again."""
     tiny = RunSpec.make("throwaway_kind", "synthetic", "dapo", seeds=2, steps=2, lr=7.0)
     register_run("throwaway_kind", tiny_spec=tiny)(_throwaway_run)
-    rung = Rung(
-        "throwaway",
-        _throwaway_spec,
-        lambda c: [1.0, 7.0, 20.0],
-        lambda c: 3,
-        kind="throwaway_kind",
-    )
+    register_section("throwaway", ThrowawaySettings)
+    rung = Rung("throwaway", _throwaway_spec, kind="throwaway_kind")
     register_rung(rung)
     try:
         assert rung.traits is run_kind("throwaway_kind")
-        config = StudyConfig(rules=["dapo", "nsr_dapo"], rungs=["throwaway"], seeds=4)
+        sections = {"throwaway": ThrowawaySettings(seeds=4)}
+        config = StudyConfig(rules=["dapo", "nsr_dapo"], rungs=["throwaway"], sections=sections)
+        assert config.fields_of_parts()["throwaway_lrs"] == [1.0, 7.0, 20.0]
         rows = run_study(config, tmp_path, progress=False, workers=1)
         assert set(rows["rung"]) == {"throwaway"}
         calib = pd.read_csv(tmp_path / "calibration.csv")
@@ -176,8 +186,9 @@ def test_a_new_rung_needs_no_other_edit(tmp_path):
         ].tolist() == [0, 0, 1, 1]
     finally:
         unregister_rung("throwaway")
+        unregister_section("throwaway")
         unregister_run("throwaway_kind")
-    assert "throwaway" not in RUNGS
+    assert "throwaway" not in RUNGS and "throwaway" not in SECTIONS
 
 
 # -- gradient-mass shares ---------------------------------------------------------------------
@@ -265,14 +276,8 @@ def test_the_tiny_tf_rung_logs_the_entropy_law_and_its_table_has_a_row():
     from sandbox.study.analysis import entropy_law
     from sandbox.study.plan import StudyJob, run_job
 
-    config = StudyConfig(
-        rungs=["tiny_tf"],
-        seeds=2,
-        tf_steps=2,
-        tf_task="bits",
-        tf_knobs={"op": "reverse", "length": 3},
-        tf_eval_prompts=4,
-    )
+    tf = {"seeds": 2, "steps": 2, "task": "bits", "knobs": {"op": "reverse", "length": 3}}
+    config = StudyConfig(rungs=["tiny_tf"], sections={"tf": {**tf, "eval_prompts": 4}})
     job = StudyJob("study", "tiny_tf", "dapo", 0.01, 4, 0)
     assert sequence_config(RUNGS["tiny_tf"].spec(config, job, seeds=2, steps=2)).entropy_law
     rows = run_job(config, job)[0]

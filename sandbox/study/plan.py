@@ -117,7 +117,7 @@ def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
-        seeds = [0] if r.traits.replicates else range(r.seeds(config) if r.seeds else config.seeds)
+        seeds = [0] if r.traits.replicates else range(config.seeds(rung))
         lr, mu = settings[rung]
         rules = rung_rules(config, rung)
         out += [StudyJob("study", rung, rule, lr, mu, s) for s in seeds for rule in rules]
@@ -147,7 +147,7 @@ def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     if job.phase == "calib":
         seeds, steps = config.calib_seeds, config.calib_steps or r.steps(config)
     else:
-        seeds, steps = (config.seeds if r.traits.replicates else 1), r.steps(config)
+        seeds, steps = (config.seeds(job.rung) if r.traits.replicates else 1), r.steps(config)
     return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
 
 

@@ -23,6 +23,7 @@ from sandbox.experiments.runs import (
 from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
+from .settings import section_settings
 
 if TYPE_CHECKING:
     from .config import StudyConfig
@@ -33,20 +34,21 @@ if TYPE_CHECKING:
 class Rung:
     """A rung: a run kind (``kind``, default the rung's name) with its spec for a job
     (:class:`~.plan.StudyJob`: rule, step size, mu, base seed; ``spec(config, job, seeds=...,
-    steps=...)``), its step-size grid, its training length and its mu grid (``epochs``: the
-    epochs calibration tries with each step size; the spec's ``epochs`` is replaced by the
-    job's). What the kind is (deterministic or sampled, whether one spec trains all paired seeds,
-    which columns are the study's ``pass_rate`` and ``train_reward``, whether it logs step 0) is
-    read from the kind's traits (:attr:`traits`, :func:`~sandbox.experiments.runs.run_kind`),
-    never repeated here.
+    steps=...)``) and its typed settings (``section``, default the rung's name: a registered
+    section of :mod:`.settings`, ``config.section(name)``; its ``seeds`` are the rung's paired
+    seeds). Its step-size ``grid`` and run length ``steps`` default to the section's ``lrs`` and
+    ``steps``; ``epochs`` is its mu grid (the epochs calibration tries with each step size; the
+    spec's ``epochs`` is replaced by the job's; default the study's). What the kind is
+    (deterministic or sampled, whether one spec trains all paired seeds, which columns are the
+    study's ``pass_rate`` and ``train_reward``, whether it logs step 0) is read from the kind's
+    traits (:attr:`traits`, :func:`~sandbox.experiments.runs.run_kind`), never repeated here.
 
-    A rung whose kind has no replicates runs one spec per paired seed; ``members(config)`` (default 1)
-    bounds how many of one rule's seeds (at one step size and mu) run as one job: their specs go
-    to :func:`~.runs.run_specs` together, so a batched kind trains them as one program (``llm``:
-    one ensemble), and each seed is still written as its own part (:func:`job_groups`).
-    ``execution``: the keys of ``config.extra[name]`` that choose how the runs execute, not what
-    they compute (left out of :func:`part_fields`). ``check(config)``: a ``ValueError`` naming
-    a bad setting of the rung (:meth:`StudyConfig.validate`, before anything runs).
+    A rung whose kind has no replicates runs one spec per paired seed; ``members(config)``
+    (default 1) bounds how many of one rule's seeds (at one step size and mu) run as one job:
+    their specs go to :func:`~.runs.run_specs` together, so a batched kind trains them as one
+    program (``llm``: one ensemble), and each seed is still written as its own part
+    (:func:`job_groups`). ``check(config)``: a ``ValueError`` naming a bad setting of the rung
+    beyond its section's own checks (:meth:`StudyConfig.validate`, before anything runs).
     ``written(spec)``: called once a run's part is written (``llm``: its resumable scratch
     folder, kept until then, goes). ``bounds(config)``: the ceiling and the answer baseline of
     the rung's pass metrics (:class:`~.claims.Bounds`), for the headroom rule
@@ -54,20 +56,26 @@ class Rung:
 
     name: str
     spec: Callable[..., RunSpec]  # (config, job, *, seeds, steps)
-    grid: Callable[[StudyConfig], list[float]]
-    steps: Callable[[StudyConfig], int]
+    section: str = ""  # its settings section (default: the rung's name)
     kind: str = ""  # its run kind (default: the rung's name)
-    seeds: Callable[[StudyConfig], int] | None = None  # paired seeds (default: config.seeds)
+    grid: Callable[[StudyConfig], list[float]] | None = None  # default: the section's lrs
+    steps: Callable[[StudyConfig], int] | None = None  # default: the section's steps
     epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
     members: Callable[[StudyConfig], int] | None = None  # seeds per job (default 1)
-    execution: tuple[str, ...] = ()
     check: Callable[[StudyConfig], None] | None = None  # ValueError naming a bad setting
     written: Callable[[RunSpec], None] | None = None  # after a run's part is written
     bounds: Callable[[StudyConfig], Bounds] | None = None  # ceiling and answer baseline
 
     def __post_init__(self) -> None:
-        if not self.kind:
-            object.__setattr__(self, "kind", self.name)
+        section = self.section or self.name
+        defaults = {
+            "section": section,
+            "kind": self.kind or self.name,
+            "grid": self.grid or (lambda c: c.section(section).lrs),
+            "steps": self.steps or (lambda c: c.section(section).steps),
+        }
+        for key, value in defaults.items():
+            object.__setattr__(self, key, value)
 
     @property
     def traits(self) -> RunKind:
@@ -79,8 +87,10 @@ RUNGS: dict[str, Rung] = {}
 
 
 def register_rung(rung: Rung) -> Rung:
-    """Add a rung to the study (``llm.claims`` adds ``llm``); its kind must be registered."""
+    """Add a rung to the study (``llm.claims`` adds ``llm``); its kind and its settings section
+    must be registered."""
     run_kind(rung.kind)  # the ValueError naming an unregistered kind
+    section_settings(rung.section)  # ... and an unregistered section
     RUNGS[rung.name] = rung
     return rung
 
@@ -114,9 +124,10 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
             shared.pop("train")
         else:
             shared["train"]["entropy_law"] = True
+        bandit = config.section("bandit")
         return RunSpec.make(
             kind,
-            config.bandit_setting,
+            bandit.setting,
             job.rule,
             **shared,
             seed=job.seed,
@@ -125,30 +136,28 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
             group_size=config.group_size,
             optimizer="sgd",
             lr=job.lr,
-            prompts_per_step=config.bandit_prompts_per_step,
+            prompts_per_step=bandit.prompts_per_step,
         )
 
     return spec
 
 
 def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
-    shared = _shared(config, job.rule)
-    shared["train"].update(
-        eval_prompts=config.tf_eval_prompts, eval_k=config.tf_eval_k, entropy_law=True
-    )
-    knobs = "-".join(f"{k}{v}" for k, v in sorted(config.tf_knobs.items()))
+    tf, shared = config.section("tf"), _shared(config, job.rule)
+    shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k, entropy_law=True)
+    knobs = "-".join(f"{k}{v}" for k, v in sorted(tf.knobs.items()))
     return RunSpec.make(
         "tiny_tf",
-        f"{config.tf_task}-{knobs}",
+        f"{tf.task}-{knobs}",
         job.rule,
         **shared,
         seed=job.seed,
         seeds=seeds,
         steps=steps,
         group_size=config.group_size,
-        prompts_per_step=config.tf_prompts_per_step,
+        prompts_per_step=tf.prompts_per_step,
         lr=job.lr,
-        definition={"task": config.tf_task, **config.tf_knobs},
+        definition={"task": tf.task, **tf.knobs},
     )
 
 
@@ -156,7 +165,7 @@ def _bandit_bounds(config: StudyConfig) -> Bounds:
     """The bandit's optimum (expected reward of the best arm per prompt) as the ceiling."""
     from envs import make_bandit_suite
 
-    best = optimum(make_bandit_suite()[config.bandit_setting].make().unwrapped)
+    best = optimum(make_bandit_suite()[config.section("bandit").setting].make().unwrapped)
     return Bounds(best, note=f"optimum {best:.4f}")
 
 
@@ -182,38 +191,21 @@ def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
     from envs.reasoning import make_task
     from sandbox.train.sequence import held_out_problems
 
-    task = make_task(config.tf_task, **config.tf_knobs)
-    n = config.tf_eval_prompts
+    tf = config.section("tf")
+    task, n = make_task(tf.task, **tf.knobs), tf.eval_prompts
     if config.rng is None:  # a run made before per-replicate sets: all scored base seed 0's one
         return task_bounds(task, [task.sample_batch(np.random.default_rng([0, HELD_OUT]), n)[1]])
-    return task_bounds(task, [held_out_problems(task, 0, n, s)[1] for s in range(config.seeds)])
+    return task_bounds(task, [held_out_problems(task, 0, n, s)[1] for s in range(tf.seeds)])
 
 
-register_rung(
-    Rung(
-        "bandit_exact",
-        _bandit("bandit_exact"),
-        lambda c: c.bandit_lrs,
-        lambda c: c.bandit_steps,
-        bounds=_bandit_bounds,
-    )
-)
-register_rung(
-    Rung(
-        "bandit_sampled",
-        _bandit("bandit_sampled"),
-        lambda c: c.bandit_lrs,
-        lambda c: c.bandit_steps,
-        bounds=_bandit_bounds,
-    )
-)
+register_rung(Rung("bandit_exact", _bandit("bandit_exact"), "bandit", bounds=_bandit_bounds))
+register_rung(Rung("bandit_sampled", _bandit("bandit_sampled"), "bandit", bounds=_bandit_bounds))
 register_rung(
     Rung(
         "tiny_tf",
         _tiny_tf,
-        lambda c: c.tf_lrs,
-        lambda c: c.tf_steps,
-        epochs=lambda c: c.tf_epochs,
+        "tf",
+        epochs=lambda c: c.section("tf").epochs,
         bounds=_tiny_tf_bounds,
     )
 )
