@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 import llm.ensemble
 from llm.claims import PROFILES, main, parse_args
 from sandbox.experiments.runs import RunSpec, run_specs
-from sandbox.study import StudyConfig, part_fields
+from sandbox.study import StudyConfig
 from sandbox.study.plan import StudyJob, job_groups
 
 RULES = ["dapo", "nsr_dapo"]
@@ -121,7 +121,7 @@ def test_jobs_group_one_rules_seeds_at_most_k_at_a_time():
     assert job_groups(config, calib) == [(calib[0],), (calib[1],)]
     assert job_groups(quick_config(1), jobs) == [(j,) for j in jobs]
     # the setting is an execution choice: parts made with any K are the same parts
-    assert part_fields(config.fields_of_parts()) == quick_config(1).fields_of_parts()
+    assert config.fields_of_parts() == quick_config(1).fields_of_parts()
     assert "ensemble" not in str(config.fields_of_parts())
 
 
