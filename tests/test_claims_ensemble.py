@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 import llm.ensemble
 from llm.claims import PROFILES, main, parse_args
 from sandbox.experiments.runs import RunSpec, run_specs
-from sandbox.study import StudyConfig, part_fields
+from sandbox.study import StudyConfig
 from sandbox.study.plan import StudyJob, job_groups
 
 RULES = ["dapo", "nsr_dapo"]
@@ -121,17 +121,16 @@ def test_jobs_group_one_rules_seeds_at_most_k_at_a_time():
     assert job_groups(config, calib) == [(calib[0],), (calib[1],)]
     assert job_groups(quick_config(1), jobs) == [(j,) for j in jobs]
     # the setting is an execution choice: parts made with any K are the same parts
-    assert part_fields(config.fields_of_parts()) == quick_config(1).fields_of_parts()
+    assert config.fields_of_parts() == quick_config(1).fields_of_parts()
     assert "ensemble" not in str(config.fields_of_parts())
 
 
 @pytest.mark.parametrize("bad", ["0", "-1"])
 def test_a_bad_ensemble_size_is_named(bad, capsys):
     assert main([*ARGV, "--llm-ensemble", bad, "--out", "unused"]) == 2
-    assert "--llm-ensemble must be >= 1" in capsys.readouterr().err
-    extra = {"llm": {**PROFILES["quick"]["extra"]["llm"], "ensemble": 2.5}}
-    with pytest.raises(ValueError, match=r"ensemble \(--llm-ensemble\) must be an integer >= 1"):
-        StudyConfig(**{**PROFILES["quick"], "rules": RULES, "extra": extra}).validate()
+    assert "llm_ensemble must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"llm_ensemble must be an integer >= 1, got 2.5"):
+        StudyConfig(rules=RULES, sections={"llm": {**PROFILES["quick"]["llm"], "ensemble": 2.5}})
 
 
 def parts_of(out) -> dict[str, pd.DataFrame]:

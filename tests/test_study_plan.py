@@ -64,11 +64,11 @@ def test_pick_step_size_searches_the_mu_grid_and_prefers_fewer_epochs_at_equal_d
 
 
 def test_mu_grids_read_an_int_as_a_grid_of_one_and_name_a_bad_value():
-    config = StudyConfig(epochs=3, tf_epochs=["4", 8])  # an old config.json; the CLI's strings
-    assert (config.epochs, config.tf_epochs) == ([3], [4, 8])
+    config = StudyConfig(epochs=3, sections={"tf": {"epochs": ["4", 8]}})  # an old config.json
+    assert (config.epochs, config.section("tf").epochs) == ([3], [4, 8])
     for bad in ([], [0], [2.5], ["x"]):
         with pytest.raises(ValueError, match="tf_epochs"):
-            StudyConfig(tf_epochs=bad)
+            StudyConfig(sections={"tf": {"epochs": bad}})
 
 
 def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
@@ -77,10 +77,8 @@ def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
 
     config = StudyConfig(
         rungs=["bandit_sampled", "tiny_tf"],
-        bandit_lrs=[1.0],
         epochs=[2],
-        tf_lrs=[1e-3, 3e-3],
-        tf_epochs=[4, 8],
+        sections={"bandit": {"lrs": [1.0]}, "tf": {"lrs": [1e-3, 3e-3], "epochs": [4, 8]}},
     )
     jobs = calibration_jobs(config)
     assert [(j.rung, j.lr, j.epochs) for j in jobs] == [
@@ -104,8 +102,7 @@ def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_
         rungs=["bandit_sampled"],
         calib_seeds=8,
         calib_steps=6,
-        bandit_lrs=[0.25, 2.0, 16.0],
-        bandit_setting="mixed",
+        sections={"bandit": {"lrs": [0.25, 2.0, 16.0], "setting": "mixed"}},
     )
     rows = pd.concat([run_job(config, j)[0] for j in calibration_jobs(config)])
     curve = calibration_curve(rows).sort_values("lr")
@@ -125,7 +122,8 @@ def test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule(kind):
     and an identical first rollout (prompts, samples, rewards), replicate by replicate."""
     from sandbox.study import RUNGS, StudyJob
 
-    config = StudyConfig(tf_task="bits", tf_knobs={"op": "reverse", "length": 3}, tf_eval_prompts=4)
+    tf = {"task": "bits", "knobs": {"op": "reverse", "length": 3}, "eval_prompts": 4}
+    config = StudyConfig(sections={"tf": tf})
     jobs = [StudyJob("study", kind, rule, 0.01, 2, 5) for rule in ("dapo", "nsr_dapo")]
     specs = [RUNGS[kind].spec(config, job, seeds=3, steps=2) for job in jobs]
     if kind == "tiny_tf":
@@ -216,7 +214,7 @@ ARGV = [
     "nsr_dapo",
     "--rungs",
     "bandit_sampled",
-    "--seeds",
+    "--bandit-seeds",
     "4",
     "--calib-seeds",
     "2",

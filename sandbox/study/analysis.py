@@ -31,7 +31,7 @@ from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 from . import evidence
 from .claims import CLAIMS, Bounds, Claim, headroom, holm_by_rung, ledger, power_lines
 from .config import MARGINS, MECHANISM, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE
-from .rungs import RUNGS
+from .rungs import RUNGS, evaluation_only
 
 #: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
 ROW_KEYS = ["phase", "rung", "rule", "lr", "epochs", "seed", "step"]
@@ -83,7 +83,7 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
     ladder order, then by rule and seed."""
     study = canonical_rows(rows[rows["phase"] == "study"])
     study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
-    trained = study[study["step"] > 0]  # the llm's step 0 only evaluates
+    trained = study[~evaluation_only(study)]
     g = trained.groupby(["rung", "rule", "seed"], sort=False)
     scores = g.agg(
         lr=("lr", "first"),
@@ -122,7 +122,9 @@ def study_ledger(
     if not len(table):
         return table
     for i, row in table.iterrows():
-        if not (row["rung"] in RUNGS and RUNGS[row["rung"]].deterministic and row["seeds"] == 1):
+        if not (
+            row["rung"] in RUNGS and RUNGS[row["rung"]].traits.deterministic and row["seeds"] == 1
+        ):
             continue
         d, m = float(row["estimate"]), float(row["margin"])
         if same_on_exact_flow(row["rule_a"], row["rule_b"]):

@@ -5,10 +5,9 @@ folder (``config.json``: :func:`read_record`, :func:`record_calibration`, :func:
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from sandbox.streams import RNG
 
 from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
 from .rungs import RUNGS, members_per_job
+from .settings import SECTIONS, migrate, mu_grid, section_settings
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -45,7 +45,6 @@ class StudyConfig:
 
     rules: list[str] = arg([*claim_rules(), STEP_SIZE_RULE], "rules (default: every claim's)")
     rungs: list[str] = arg(["bandit_exact", "bandit_sampled", "tiny_tf"], "rungs, cheapest first")
-    seeds: int = arg(16, "paired seeds per rule (exact flow: 1)")
     epochs: list[int] = arg(
         [2], "mu grid: epochs (x minibatches) calibration tries on the bandit and llm rungs"
     )
@@ -60,25 +59,11 @@ class StudyConfig:
         "calibration steps (0: the rung's own run length; the clip share falls as the policy "
         "sharpens, so a shorter window overstates it)",
     )
-    bandit_setting: str = arg("mixed", "envs.make_bandit_suite name")
-    bandit_steps: int = arg(60, "bandit steps")
-    bandit_prompts_per_step: int = arg(4, "groups per bandit step")
-    bandit_lrs: list[float] = arg(
-        [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], "bandit step-size grid (SGD)"
+    sections: dict[str, Any] = arg(
+        {},
+        "each rung's typed settings by section (sandbox.study.settings: bandit, tf; llm from "
+        "llm.claims), given as settings or mappings; a section not given has its defaults",
     )
-    tf_task: str = arg("mod_arith", "tiny_tf task (envs.reasoning)")
-    tf_knobs: dict[str, Any] = arg({"steps": 2}, "tiny_tf task knobs")
-    tf_steps: int = arg(40, "tiny_tf steps")
-    tf_prompts_per_step: int = arg(4, "tiny_tf prompts per step")
-    tf_lrs: list[float] = arg([3e-4, 1e-3, 3e-3, 1e-2], "tiny_tf step-size grid (Adam)")
-    tf_epochs: list[int] = arg(
-        [4, 8],
-        "mu grid on tiny_tf: epochs (x minibatches); 2 x 2 left dapo's clip share below 4%% at "
-        "every step size tried, 4 x 2 below 5%%, so this rung calibrates over more passes",
-    )
-    tf_eval_prompts: int = arg(512, "tiny_tf held-out problems (fixed by the seed)")
-    tf_eval_k: int = arg(2, "tiny_tf samples per held-out problem")
-    extra: dict[str, Any] = arg({}, "settings of rungs registered elsewhere (llm.claims)")
     rng: str | None = arg(
         RNG,
         "the toy trainers' random-number scheme (sandbox.streams.RNG; recorded, not a flag): a "
@@ -96,27 +81,16 @@ class StudyConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("bandit_lrs", "tf_lrs"):  # the CLI gives strings
-            try:
-                values = [float(v) for v in getattr(self, name)]
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} must be numbers, got {getattr(self, name)!r}") from None
-            if not values or not all(math.isfinite(v) and v > 0 for v in values):
-                raise ValueError(f"{name} must be finite numbers > 0, got {values}")
-            setattr(self, name, values)
-        for name in (
-            "epochs",
-            "tf_epochs",
-        ):  # a grid; one int (an old config.json) is a grid of one
-            value = getattr(self, name)
-            values = [value] if isinstance(value, int | str) else list(value)
-            try:
-                ints = [int(v) for v in values]
-            except (TypeError, ValueError):
-                raise ValueError(f"{name} must be integers, got {value!r}") from None
-            if not ints or ints != [float(v) for v in values] or min(ints) < 1:
-                raise ValueError(f"{name} must be integers >= 1, got {value!r}")
-            setattr(self, name, ints)
+        self.epochs = mu_grid("epochs", self.epochs)
+        if not isinstance(self.sections, Mapping):
+            raise ValueError(f"sections must be a mapping of sections, got {self.sections!r}")
+        for name in self.sections:
+            if name not in SECTIONS:
+                raise ValueError(
+                    f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}"
+                )
+        given = dict(self.sections)
+        self.sections = {name: section_settings(name, given.get(name)) for name in SECTIONS}
         if not isinstance(self.claims, list):
             raise ValueError(f"claims must be a list of claim records, got {self.claims!r}")
         self.claims = [claim_record(claim_from_record(c)) for c in self.claims]
@@ -138,17 +112,7 @@ class StudyConfig:
             if rung not in RUNGS:
                 raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
             members_per_job(self, rung)  # ValueError naming the rung's setting
-        for name in (
-            "seeds",
-            "minibatches",
-            "calib_seeds",
-            "bandit_steps",
-            "bandit_prompts_per_step",
-            "tf_steps",
-            "tf_prompts_per_step",
-            "tf_eval_prompts",
-            "tf_eval_k",
-        ):
+        for name in ("minibatches", "calib_seeds"):
             check_int(name, getattr(self, name))
         check_int("group_size", self.group_size, 2)  # group-relative advantages
         check_int("calib_steps", self.calib_steps, 0)
@@ -163,32 +127,27 @@ class StudyConfig:
             )
         if self.dtype not in (None, "float32", "float64"):
             raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        if min(self.epochs + self.tf_epochs) * self.minibatches < 2:
+        mus = [mu for rung in self.rungs for mu in RUNGS[rung].epochs(self)]
+        if min(self.epochs + mus) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
-        self._check_tasks()
-        if not isinstance(self.extra, dict):
-            raise ValueError(f"extra must be a mapping of rung settings, got {self.extra!r}")
         check_device(self.device)
+        for name in dict.fromkeys(RUNGS[rung].section for rung in self.rungs):
+            check = getattr(self.sections[name], "check", None)
+            if check is not None:
+                check()  # ValueError naming the section's setting
         for rung in self.rungs:
             if RUNGS[rung].check is not None:
                 RUNGS[rung].check(self)  # ValueError naming the rung's setting
 
-    def _check_tasks(self) -> None:
-        from envs import make_bandit_suite
-        from envs.reasoning import make_task
+    def section(self, name: str) -> Any:
+        """The settings of section ``name`` (:mod:`.settings`), e.g. ``config.section("tf")``."""
+        if name not in self.sections:
+            raise ValueError(f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}")
+        return self.sections[name]
 
-        suite = make_bandit_suite()
-        if self.bandit_setting not in suite:
-            raise ValueError(
-                f"bandit_setting: unknown setting {self.bandit_setting!r}; settings: "
-                f"{', '.join(suite)}"
-            )
-        if not isinstance(self.tf_knobs, dict):
-            raise ValueError(f"tf_knobs must be key=value pairs, got {self.tf_knobs!r}")
-        try:
-            make_task(self.tf_task, **self.tf_knobs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"tf_task, tf_knobs: {exc}") from None
+    def seeds(self, rung: str) -> int:
+        """The paired seeds of ``rung``: its section's ``seeds``."""
+        return self.section(RUNGS[rung].section).seeds
 
     def check_claims(self) -> None:
         """``ValueError`` for an own claim whose rule is unknown or not in ``rules``, or a claim
@@ -213,6 +172,10 @@ class StudyConfig:
         return part_fields(asdict(self))
 
 
+#: The study's own fields (a section's are under ``sections``).
+FIELDS = tuple(f.name for f in fields(StudyConfig))
+
+
 def own_claims(config: StudyConfig) -> list[Claim]:
     """The claims given with ``--claim`` / ``--claims FILE`` (recorded in ``config.json``)."""
     return [claim_from_record(c) for c in config.claims]
@@ -231,17 +194,13 @@ def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     ``ensemble``: parts made with any value are interchangeable). The step-size and mu grids are
     among them: another grid calibrates to another point, and a folder holding study runs at two
     points would mix them."""
-    skip = ("rules", "rungs", "claims", CALIBRATED)
+    skip = ("rules", "rungs", "claims", "sections", CALIBRATED)
+    values = migrate(values, FIELDS)
     out = {k: v for k, v in values.items() if k not in skip}
-    if isinstance(out.get("extra"), Mapping):
-        extra = {}
-        for rung, settings in out["extra"].items():
-            execution = RUNGS[rung].execution if rung in RUNGS else ()
-            if isinstance(settings, Mapping):
-                settings = {k: v for k, v in settings.items() if k not in execution}
-            if settings != {}:
-                extra[rung] = settings
-        out["extra"] = extra
+    sections = values.get("sections") or {}
+    for name, section in SECTIONS.items():
+        settings = asdict(section_settings(name, sections.get(name)))
+        out.update({f"{name}_{k}": v for k, v in settings.items() if k not in section.execution})
     return out
 
 
@@ -260,6 +219,7 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
         raise ValueError(f"{path}: not a readable study record ({exc})") from None
     point = values.pop(CALIBRATED, None)
     values.setdefault("rng", None)
+    values = migrate(values, FIELDS)
     try:
         config = StudyConfig(**values)
     except TypeError as exc:

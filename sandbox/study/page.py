@@ -30,8 +30,9 @@ from sandbox.streams import RNG
 from . import evidence
 from .analysis import fmt_interval, same_on_exact_flow
 from .claims import CLAIMS
-from .config import MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
+from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
+from .settings import migrate
 
 TEMPLATE = Path(__file__).with_name("page.md")
 
@@ -506,7 +507,7 @@ def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> s
                 f"`{EXACT_MU_COMMAND}`): at most {', '.join(map(_pct, peaks))}"
             )
             part = pd.concat([part, more])
-        if RUNGS.get(rung) and RUNGS[rung].deterministic and part["clip_share"].max() < low:
+        if RUNGS.get(rung) and RUNGS[rung].traits.deterministic and part["clip_share"].max() < low:
             said.append(
                 "the expected-gradient flow moves smoothly to the optimum, so few expected tokens "
                 "ever leave the trust region"
@@ -746,6 +747,13 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
     )
 
 
+def toy_seeds(config: dict) -> str:
+    """The toy rungs' paired seeds (the bandit and tf sections'; an old record's ``seeds``)."""
+    sections = migrate(config, FIELDS)["sections"]
+    seeds = [sections[n]["seeds"] for n in ("bandit", "tf") if "seeds" in sections.get(n, {})]
+    return " / ".join(str(n) for n in dict.fromkeys(seeds))
+
+
 def llm_floor() -> str:
     """The llm rung's answer baseline at its default settings, from the rung registry
     (``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``)."""
@@ -847,7 +855,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         ),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
-        "seeds": lambda: str(config["seeds"]),
+        "seeds": lambda: toy_seeds(config),
         "margins": lambda: ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         "reference": lambda: REFERENCE,
         "step_size_rule": lambda: STEP_SIZE_RULE,

@@ -119,7 +119,7 @@ def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
-        seeds = [0] if r.replicates else range(r.seeds(config) if r.seeds else config.seeds)
+        seeds = [0] if r.traits.replicates else range(config.seeds(rung))
         lr, mu = settings[rung]
         rules = rung_rules(config, rung)
         out += [StudyJob("study", rung, rule, lr, mu, s) for s in seeds for rule in rules]
@@ -149,7 +149,7 @@ def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     if job.phase == "calib":
         seeds, steps = config.calib_seeds, config.calib_steps or r.steps(config)
     else:
-        seeds, steps = (config.seeds if r.replicates else 1), r.steps(config)
+        seeds, steps = (config.seeds(job.rung) if r.traits.replicates else 1), r.steps(config)
     return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
 
 
@@ -169,17 +169,16 @@ def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame
 
 def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
     """A run kind's frame of ``job`` as the study's rows."""
-    rung = RUNGS[job.rung]
-    if rung.replicates:  # replicate s -> base + s (the flow's -1 -> base)
-        seed = frame["seed"].clip(lower=0) + job.seed
-    else:  # one seed per spec: the kind logs the spec's own seed
+    kind = RUNGS[job.rung].traits
+    if kind.replicates and not kind.deterministic:  # replicate s -> base + s
+        seed = frame["seed"] + job.seed
+    else:  # one trajectory (the flow's seed -1) or the spec's own seed: the base seed
         seed = pd.Series(job.seed, index=frame.index)
     ids = {"phase": job.phase, "rung": job.rung, "rule": job.rule, "lr": job.lr}
     rows = pd.DataFrame({**ids, "epochs": job.epochs, "seed": seed})
     rows["step"] = frame["step"]
-    renamed = dict(rung.columns)
     for name in ROW_COLUMNS:
-        column = renamed.get(name, name)
+        column = kind.column(name)
         rows[name] = frame[column].astype(float) if column in frame else np.nan
     return rows
 

@@ -84,6 +84,15 @@ def _first_seen(values: pd.Series) -> dict[object, int]:
     return {v: i for i, v in enumerate(dict.fromkeys(values))}
 
 
+def _read_ledger(path: Path) -> pd.DataFrame:
+    """A ledger as written; an empty one (a study whose rules make no claim) as no rows."""
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        columns = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict", "seeds"]
+        return pd.DataFrame(columns=columns)
+
+
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
     """Tidy rows (:data:`COLUMNS`) from one or more ledger tables (the claims study's
     ``ledger.csv`` and ``ledger_auc.csv`` as read): one row per (claim, metric, rung), claims,
@@ -186,13 +195,6 @@ def transfer_agreement(
     return pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
 
 
-def _read(path: Path) -> pd.DataFrame:
-    try:
-        return pd.read_csv(path)
-    except pd.errors.EmptyDataError:  # an empty ledger is written as an empty file
-        return pd.DataFrame()
-
-
 def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Read the ledgers (:data:`LEDGERS`, those present) of the results folder ``out`` and write
     ``transfer.csv`` (:func:`transfer_table`) and ``transfer_agreement.csv``
@@ -201,13 +203,8 @@ def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     found = [out / name for name in LEDGERS if (out / name).exists()]
     if not found:
         raise ValueError(f"out: no {' or '.join(LEDGERS)} in {out}")
-    read = [_read(path) for path in found]
-    ledgers = [t for t in read if len(t.columns)]  # a study whose rules make no claim: empty
-    if ledgers:
-        table = transfer_table(*ledgers)
-        agreement = transfer_agreement(table)
-    else:
-        table, agreement = pd.DataFrame(columns=COLUMNS), pd.DataFrame(columns=AGREEMENT_COLUMNS)
+    table = transfer_table(*(_read_ledger(path) for path in found))
+    agreement = transfer_agreement(table)
     write_csv(table, out / "transfer.csv")
     write_csv(agreement, out / "transfer_agreement.csv")
     return table, agreement
