@@ -360,11 +360,12 @@ def decode(
     temperature: float,
     eos_id: int,
     pad_id: int,
-    compile_step: bool = False,
+    compile_step: bool | str = False,
 ) -> tuple[Tensor, Tensor]:
     """Completions ``[K, B, N]`` (pad after the first EOS) and their log-probs (float32, 0 after
     EOS) of left-padded prompts ``[K, B, Tp]``, ``N = max_new_tokens`` steps, noise keyed by
-    ``keys [K, 2]`` and ``rows [K, B]`` (:func:`counter_uniform`). No host read."""
+    ``keys [K, 2]`` and ``rows [K, B]`` (:func:`counter_uniform`). No host read.
+    ``compile_step``: compile the step (:func:`compiled_step`; a string: that backend)."""
     K, B, Tp = prompt.shape
     s, N, device = w.shape, max_new_tokens, prompt.device
     dtype = compute_dtype(w, device)
@@ -395,7 +396,7 @@ def decode(
     steps = torch.arange(N, device=device)
     logits = forward(w, prompt, positions, mask, caches, torch.arange(Tp, device=device))
     token = sample_into(st, logits, steps[0], temperature, eos_id, pad_id)
-    step = compiled_step(device, caches) if compile_step else decode_step
+    step = compiled_step(device, caches, compile_step) if compile_step else decode_step
     for t in range(1, N):
         token = step(w, st, token, steps[t], temperature, eos_id, pad_id)
     return st.tokens, st.logp
@@ -408,12 +409,17 @@ def compute_dtype(w: Stacked, device: torch.device) -> torch.dtype:
     return w.embed.dtype
 
 
-def compiled_step(device: torch.device, caches: Sequence[tuple[Tensor, Tensor]]) -> Any:
-    """:func:`decode_step` compiled with fixed shapes (CUDA graphs on CUDA: the caches are
-    static addresses, mutated in place)."""
+def compiled_step(
+    device: torch.device, caches: Sequence[tuple[Tensor, Tensor]], backend: bool | str = True
+) -> Any:
+    """:func:`decode_step` compiled with fixed shapes, whole (``fullgraph``): inductor, with
+    CUDA graphs on CUDA (the caches are static addresses, mutated in place); a string names
+    another ``torch.compile`` backend (the CPU tests trace with ``"aot_eager"``)."""
     for pair in caches:
         for cache in pair:
             torch._dynamo.mark_static_address(cache)
+    if isinstance(backend, str):
+        return torch.compile(decode_step, fullgraph=True, dynamic=False, backend=backend)
     mode = "reduce-overhead" if device.type == "cuda" else None
     return torch.compile(decode_step, fullgraph=True, dynamic=False, mode=mode)
 
@@ -436,7 +442,7 @@ def generate(
     first_index: Sequence[int],
     device: torch.device,
     return_logp: bool = False,
-    compile_step: bool = False,
+    compile_step: bool | str = False,
     max_prompt: int | None = None,
 ) -> list[dict[str, Tensor]]:
     """Member k's rollout of its prompts ``prompt_ids[k]`` (G completions each, row ``i * G +
