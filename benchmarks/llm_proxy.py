@@ -118,9 +118,7 @@ def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | 
     with tempfile.TemporaryDirectory() as out:
         cfgs = [
             TrainConfig(
-                **SETTINGS,
-                **path_settings(path),
-                **(extra or {}),
+                **{**SETTINGS, **path_settings(path), **(extra or {})},
                 steps=steps,
                 seed=s,
                 out=os.path.join(out, str(s)),

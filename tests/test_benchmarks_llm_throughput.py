@@ -185,6 +185,7 @@ def test_script_runs_smoke_for_llm_train(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --steps must be >= 1"
 
 
+@pytest.mark.slow  # four short trainings under a dispatch-mode counter: ~40 s on 2 idle cores
 def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
     """``--proxy --smoke`` (the real command): one CSV row per path and K, the counts positive,
     and the batched decoder's ensemble of 2 dispatches fewer operators per run-step than its run
@@ -192,9 +193,9 @@ def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
     import csv
 
     out = tmp_path / "proxy"
+    argv = ["--proxy", "--smoke", "--proxy-k", "1,2", "--proxy-compile", "off", "--out", str(out)]
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--proxy", "--smoke", "--proxy-k", "1,2"]
-        + ["--proxy-compile", "off", "--out", str(out)],
+        [sys.executable, SCRIPT, *argv],
         capture_output=True,
         text=True,
         timeout=600,
