@@ -18,7 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from llm.claims import BUDGET_EXIT, main
+from llm.claims import main
+from sandbox.study.cli import BUDGET_EXIT
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = [
