@@ -10,7 +10,13 @@ problems drawn from the seed (the same streams ``llm.train``'s evaluation uses, 
   model computes it but does not state it as the verifier wants: a format-limited start);
 - ``forced_greedy``: the format forced: the assistant turn prefilled with ``"The answer is"`` and
   8 greedy tokens; the first number must be the answer (an arithmetic-limited start shows 0 here);
-- ``group_signal``: ``1 - (1 - pass_at_1) ** G``, the chance a group of G has a success.
+- ``group_signal``: ``1 - (1 - pass_at_1) ** G``, the chance a group of G has a success;
+- ``constant``, ``prior``: the answer baselines of the same held-out problems (always writing the
+  most frequent answer; an answer drawn from the answers' own frequencies:
+  :func:`envs.reasoning.answer_baselines`), and ``target``: the larger plus 5 margins (0.10), the
+  held-out pass@1 the trained reference rule must reach for the study's regime rule
+  (:mod:`sandbox.study.regimes`); a task whose baselines sit high (``mod_arith`` with ``*``: the
+  answer 0 for a fifth of the problems) asks the rung to beat the answer prior, not to learn.
 
 ::
 
@@ -46,6 +52,10 @@ from llm.config import TrainConfig
 from llm.streams import Stream
 from sandbox.configs import check_device, key_values
 from sandbox.experiments.results import prepare_out_dir
+from sandbox.study.config import MARGINS
+
+#: Margins above the answer baselines the trained reference rule must reach (the regime rule).
+WIDE = 5
 
 PREFILL = "The answer is"
 #: ``--out`` when none is given: under ``runs/`` (git-ignored), never the committed results.
@@ -59,11 +69,13 @@ def numbers(text: str) -> list[str]:
 
 
 def parse_task(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"addition:digits=3,num_terms=2"`` -> ``("addition", {"digits": 3, "num_terms": 2})``."""
+    """``"addition:digits=3,num_terms=2"`` -> ``("addition", {"digits": 3, "num_terms": 2})``; a
+    list value in brackets keeps its commas (``"mod_arith:ops=['+','-']"``)."""
     name, _, knobs = spec.partition(":")
     if not name:
         raise ValueError(f"--tasks: empty task name in {spec!r}")
-    return name, key_values(list(filter(None, knobs.split(","))), f"--tasks {spec!r}")
+    items = re.split(r",(?![^\[]*\])", knobs)  # commas outside brackets
+    return name, key_values(list(filter(None, items)), f"--tasks {spec!r}")
 
 
 def forced_greedy(run: Any, prompts: list[str], answers: list[str]) -> float:
@@ -91,6 +103,7 @@ def forced_greedy(run: Any, prompts: list[str], answers: list[str]) -> float:
 
 def pilot_task(task_cfg: TrainConfig) -> dict[str, Any]:
     """The pilot's row for one task, ``task_cfg.task`` with its knobs (module docstring)."""
+    from envs.reasoning import answer_baselines, make_task
     from llm.train import sample, setup
 
     scratch = tempfile.TemporaryDirectory(prefix="llm-pilot-")  # setup's --out: nothing kept
@@ -111,6 +124,7 @@ def pilot_task(task_cfg: TrainConfig) -> dict[str, Any]:
         for close in reversed(closers):
             close()
     p1 = sum(passed) / len(texts)
+    base = answer_baselines(make_task(task, **knobs), answers)
     return {
         "task": task,
         "knobs": ",".join(f"{k}={v}" for k, v in sorted(knobs.items())),
@@ -119,6 +133,9 @@ def pilot_task(task_cfg: TrainConfig) -> dict[str, Any]:
         "answer_anywhere": sum(anywhere) / len(texts),
         "forced_greedy": forced,
         "group_signal": 1 - (1 - p1) ** cfg.group_size,
+        "constant": base["constant"],
+        "prior": base["prior"],
+        "target": max(base["constant"], base["prior"]) + WIDE * MARGINS["final_pass"],
         "example": f"{prompts[0]!r} -> {texts[0][:60]!r} (answer {answers[0]})",
         "seconds": time.perf_counter() - start,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
@@ -210,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out.with_name(out.name + ".tmp")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, out)  # atomic: an interrupted write leaves the previous file
-    cols = ["task", "knobs", "pass_at_1", "answer_anywhere", "forced_greedy", "group_signal"]
+    cols = ["task", "knobs", "pass_at_1", "group_signal", "constant", "prior", "target"]
     print(frame[cols].round(3).to_string(index=False))
     print(f"wrote {out}", file=sys.stderr)
     return 0

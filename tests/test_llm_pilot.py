@@ -98,6 +98,17 @@ def test_without_out_the_command_writes_under_runs_not_the_committed_results(tmp
     assert frame["task"].tolist() == ["parity"] and frame["prompts"].tolist() == [2]
     assert f"wrote {DEFAULT_OUT}" in proc.stderr
     assert not list((tmp_path / DEFAULT_OUT).parent.glob("*.tmp"))
+    # the answer baselines of the same held-out problems, and the regime rule's target
+    row = frame.iloc[0]
+    assert 0 < row["prior"] <= row["constant"] <= 1
+    assert row["target"] == pytest.approx(max(row["constant"], row["prior"]) + 0.10)
+
+
+def test_a_list_knob_keeps_its_commas():
+    assert llm.pilot.parse_task("mod_arith:steps=2,ops=['+','-'],modulus=7") == (
+        "mod_arith",
+        {"steps": 2, "ops": ["+", "-"], "modulus": 7},
+    )
 
 
 def example_commands(text: str) -> list[list[str]]:

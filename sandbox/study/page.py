@@ -32,7 +32,7 @@ from .analysis import fmt_interval, same_on_exact_flow
 from .claims import CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
-from .settings import migrate
+from .settings import migrate, section_settings
 
 TEMPLATE = Path(__file__).with_name("page.md")
 
@@ -340,24 +340,6 @@ def _chosen(summ: pd.DataFrame) -> dict[str, tuple[float, int]]:
     """Each rung's calibrated (step size, epochs), as every rule ran it."""
     first = summ.groupby("rung", sort=False)[["lr", "epochs"]].first()
     return {r: (row.lr, row.epochs) for r, row in first.iterrows()}
-
-
-def learning_curve(out: Path, rung: str, rule: str) -> str:
-    """Whether ``rule``'s mean sampled pass rate on ``rung`` climbs, at a few steps."""
-    rows = pd.read_parquet(
-        out / "results.parquet", columns=["phase", "rung", "rule", "step", "pass_rate"]
-    )
-    run = rows[(rows["phase"] == "study") & (rows["rung"] == rung) & (rows["rule"] == rule)]
-    if run.empty:
-        return f"(no {rule} run on {rung} in this folder)"
-    curve = run.groupby("step")["pass_rate"].mean()
-    steps = curve.index.to_numpy()
-    marks = sorted(
-        {int(steps[0]), *(int(steps[len(steps) * q // 4]) for q in (1, 2, 3)), int(steps[-1])}
-    )
-    said = ", ".join(f"{curve[m]:.3f} at step {m}" for m in marks)
-    climbs = "climbs" if curve.iloc[-1] > curve.iloc[0] else "does not climb"
-    return f"{climbs} through the run ({rule}'s mean sampled pass rate: {said})"
 
 
 def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None, title: str) -> str:
@@ -754,6 +736,59 @@ def toy_seeds(config: dict) -> str:
     return " / ".join(str(n) for n in dict.fromkeys(seeds))
 
 
+def rungs_design(config: dict) -> str:
+    """The Rungs bullet: each toy rung's regime as the folder's ``config.json`` records it."""
+    from envs import make_bandit_suite
+
+    sections = migrate(config, FIELDS)["sections"]
+    b = section_settings("bandit", sections.get("bandit"))
+    t = section_settings("tf", sections.get("tf"))
+    about = make_bandit_suite()[b.setting].description
+    knobs = ", ".join(f"{k}={v}" for k, v in sorted(t.knobs.items()))
+    parts = {
+        "bandit_exact": f"`bandit_exact`: the expected-gradient flow on the bandit `{b.setting}` "
+        f"({about}), {b.steps} steps, exact finite-group GRPO advantage; deterministic, one "
+        '"seed", verdict by the sign of the exact difference (Clip-Cov and KL-Cov have no exact '
+        "flow: their batch ranking has no closed-form expectation).",
+        "bandit_sampled": f"`bandit_sampled`: the sampled trainer on the same bandit, "
+        f"{b.prompts_per_step} prompts x G per step, {b.steps} steps, {b.seeds} paired seeds.",
+        "tiny_tf": f"`tiny_tf`: tiny transformers trained from scratch on `{t.task}` ({knobs}), "
+        f"{t.steps} steps of {t.prompts_per_step} prompts x G, {t.seeds} paired seeds; held-out "
+        f"pass@1 on {t.eval_prompts} problems x {t.eval_k} samples.",
+    }
+    return " ".join(parts[r] for r in config.get("rungs", []) if r in parts)
+
+
+def regimes_section(out: Path) -> str:
+    """How the regimes were chosen: the regime pilot beside the folder (``../regimes``), its rule
+    and per candidate whether it passes and the seeds its claims need; else a line saying so."""
+    folder = out.parent / "regimes"
+    if not (folder / "choice.csv").exists():
+        return (
+            "No regime pilot beside this folder (`../regimes`: `python -m sandbox.study.regimes`)."
+        )
+    choice, pilot = pd.read_csv(folder / "choice.csv"), pd.read_csv(folder / "pilot.csv")
+    per = pilot.groupby(["rung", "candidate"], sort=False).agg(
+        headroom=("headroom", "all"),
+        beats_baselines=("beats_baselines", "all"),
+        reference_pass=("reference_pass", "first"),
+        floor=("floor", "first"),
+        seeds_needed=("seeds_needed", "max"),
+        pilot_seeds=("pilot_seeds", "first"),
+    )
+    per = per.reset_index().assign(
+        reference_pass=lambda d: d["reference_pass"].map(_num),
+        floor=lambda d: d["floor"].map(_num),
+    )
+    picked = "; ".join(
+        f"`{r.rung}`: {r.candidate} at {int(r.seeds)} seeds ({r.why})"
+        if isinstance(r.candidate, str)
+        else f"`{r.rung}`: {r.why}"
+        for r in choice.itertuples()
+    )
+    return f"Chosen: {picked}.\n\n" + _table(per)
+
+
 def llm_floor() -> str:
     """The llm rung's answer baseline at its default settings, from the rung registry
     (``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``)."""
@@ -856,12 +891,13 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
         "seeds": lambda: toy_seeds(config),
+        "rungs_design": lambda: rungs_design(config),
+        "regimes": lambda: regimes_section(out),
         "margins": lambda: ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         "reference": lambda: REFERENCE,
         "step_size_rule": lambda: STEP_SIZE_RULE,
         "gpu": lambda: GPU_COMMAND,
         "transfer": lambda: transfer_section(out),
-        "tf_curve": lambda: learning_curve(out, "tiny_tf", REFERENCE),
         "llm_floor": llm_floor,
         "pairing_note": lambda: notes["pairing_note"],
         "held_out_note": lambda: notes["held_out_note"],
