@@ -71,11 +71,15 @@ class LlmSettings:
     """The llm rung's settings (the section ``llm``: one flag each, ``--llm-<field>``)."""
 
     model: str = arg("smollm2-135m", "HF model id, local dir, or an alias (offline: cached)")
-    # the tiny_tf rung's task, through the chat template; chosen by `python -m llm.pilot`
-    # (results/llm_pilot/pilot.csv): SmolLM2-135M solves 4.7% of it at step 0 (a group of 8 has a
-    # success 32% of the time), against 0 of 64 on 3-digit addition and on 3-term 2-digit addition
+    # chosen by `python -m llm.pilot` (results/llm_pilot/pilot.csv) with the regime rule's CPU
+    # part (sandbox.study.regimes): among the tasks where a group of 8 has a success at least 1
+    # time in 5 at step 0, the lowest target (answer baseline + 5 margins). Two chained + / - mod 7
+    # has balanced answers (constant-answer baseline 0.156 on the pilot's 64 problems, against
+    # 0.266 with * in the ops, where 0 answers a fifth of the problems)
     task: str = arg("mod_arith", "task (envs.reasoning), through the chat template")
-    task_knobs: dict[str, Any] = arg({"steps": 2}, "task knobs, key=value (the task checks them)")
+    task_knobs: dict[str, Any] = arg(
+        {"steps": 2, "ops": ["+", "-"]}, "task knobs, key=value (the task checks them)"
+    )
     steps: int = arg(100, "llm steps")
     lrs: list[float] = arg([2e-6, 5e-6, 1e-5, 2e-5], "llm step-size grid (llm.train's --lr)")
     epochs: list[int] | None = arg(None, "mu grid on the llm rung (default: the study's --epochs)")
@@ -178,7 +182,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         train["checkpoint_every"] = s.checkpoint_every
     return RunSpec.make(
         "llm",
-        "-".join([s.task, *(f"{k}{v}" for k, v in sorted(s.task_knobs.items()))]),
+        "-".join([s.task, *(f"{k}{_slug(v)}" for k, v in sorted(s.task_knobs.items()))]),
         job.rule,
         seed=job.seed,
         steps=steps,
@@ -191,6 +195,11 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         definition={"task": s.task, **s.task_knobs},
         train=train,
     )
+
+
+def _slug(value: Any) -> str:
+    """A knob's value in a setting name: a list as its items joined (``ops=['+','-']`` -> ``+-``)."""
+    return "".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def llm_bounds(config: StudyConfig) -> Any:

@@ -50,13 +50,13 @@ def test_the_one_way_to_set_the_llm_step_size_grid_reaches_the_trainer():
     assert [llm.runs.train_config(job_spec(config, j)).lr for j in jobs] == [3e-5, 7e-5]
 
 
-def test_the_llm_rungs_default_task_is_the_tiny_tf_task_through_its_knobs():
+def test_the_llm_rungs_default_task_is_the_pilots_balanced_mod_arith():
     config, _ = parse_args(["--profile", "gpu"])
     spec = llm_spec(config, StudyJob("study", "llm", "dapo", 1e-5, 2, 0), seeds=1, steps=100)
-    llm, tf = config.section("llm"), config.section("tf")
-    assert (llm.task, llm.task_knobs) == (tf.task, tf.knobs) == ("mod_arith", {"steps": 2})
-    assert spec.setting == "mod_arith-steps2"
-    assert dict(spec.definition) == {"task": "mod_arith", "steps": 2}
+    llm = config.section("llm")
+    assert (llm.task, llm.task_knobs) == ("mod_arith", {"steps": 2, "ops": ["+", "-"]})
+    assert spec.setting == "mod_arith-ops+--steps2"
+    assert dict(spec.definition) == {"task": "mod_arith", "steps": 2, "ops": ("+", "-")}
 
 
 def test_pilot_parses_tasks_and_finds_numbers():

@@ -161,7 +161,9 @@ def test_rebuilding_the_committed_claims_study_changes_no_file(tmp_path):
     rewrites nothing (mtimes kept)."""
     copy = tmp_path / "results" / "claims"
     shutil.copytree(ROOT / "results" / "claims", copy)  # copy2: mtimes kept
-    shutil.copytree(ROOT / "results" / "claims_exact_mu", copy.parent / "claims_exact_mu")  # cited
+    for cited in ("claims_exact_mu", "regimes", "llm_pilot"):  # the page cites them
+        if (ROOT / "results" / cited).exists():
+            shutil.copytree(ROOT / "results" / cited, copy.parent / cited)
     page = tmp_path / "docs" / "claims.md"
     page.parent.mkdir()
     shutil.copy2(ROOT / "docs" / "claims.md", page)

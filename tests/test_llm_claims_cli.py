@@ -77,7 +77,6 @@ def copy_of(study: Path, tmp_path: Path) -> Path:
     [
         (["--bandit-lrs", "1.0", "8.0"], "bandit_lrs: [1.0, 4.0] -> [1.0, 8.0]"),
         (["--epochs", "2", "4"], "epochs: [2] -> [2, 4]"),
-        (["--tf-lrs", "0.001"], "tf_lrs: [0.01] -> [0.001]"),
     ],
 )
 def test_a_changed_grid_is_refused_naming_the_setting_and_the_folder(
@@ -125,12 +124,12 @@ BAD = [
     (["--llm-epochs", "0"], "llm_epochs must be integers >= 1"),
     (["--llm-bogus", "1"], "unrecognized arguments: --llm-bogus 1"),
     (["--llm-task", "nope"], "llm_task, llm_task_knobs: unknown task 'nope'"),
-    (["--llm-model", "no-such/model"], "--llm-model='no-such/model' is not in the local"),
+    (["--llm-model", "no-such/model"], "--llm-model 'no-such/model' is not in the local"),
     (["--llm-ensemble", "0"], "llm_ensemble must be an integer >= 1, got 0"),
     (["--bandit-steps", "0"], "bandit_steps must be an integer >= 1, got 0"),
     (["--group-size", "1"], "group_size must be an integer >= 2, got 1"),
     (["--bandit-setting", "nope"], "bandit_setting: unknown setting 'nope'"),
-    (["--tf-task", "nope"], "tf_task, tf_knobs: unknown task 'nope'"),
+    (["--rungs", "tiny_tf", "--tf-task", "nope"], "tf_task, tf_knobs: unknown task 'nope'"),
     (["--bandit-lrs", "abc"], "--bandit-lrs: invalid float value: 'abc'"),
     (["--rules", "dapo", "nope"], "nope"),
 ]

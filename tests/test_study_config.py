@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -18,30 +18,39 @@ pytest.importorskip("transformers")
 from llm.claims import LlmSettings
 
 ROOT = Path(__file__).resolve().parents[1]
+FLAT = ROOT / "tests/golden/flat_study_config.json"
 
 
 def test_an_old_record_reads_as_the_same_settings_given_the_new_way(tmp_path):
-    """results/claims/config.json is a flat record (bandit_*, tf_*, a global seeds, extra): it
-    reads as sections, its global seeds the toy sections' seeds, and its part fields equal those
-    of the same settings given as sections (else the folder would be refused)."""
-    record = json.loads((ROOT / "results/claims/config.json").read_text())
+    """A flat record (bandit_*, tf_*, a global seeds, extra: the committed claims study's of
+    2026-11-25, kept as tests/golden/flat_study_config.json) reads as sections, its global seeds
+    the toy sections' seeds, and its part fields equal those of the same settings given as
+    sections (else the folder would be refused)."""
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "config.json").write_bytes(FLAT.read_bytes())
+    record = json.loads(FLAT.read_text())
     assert record["seeds"] == 16 and record["extra"] == {}
-    config, point = read_record(ROOT / "results/claims")
+    config, point = read_record(tmp_path / "g")
     assert point is None and config.rng is None
-    assert config.section("bandit") == BanditSettings(seeds=16)
+    old_bandit = BanditSettings(setting="mixed", steps=60, seeds=16)
+    old_tf = TfSettings(task="mod_arith", knobs={"steps": 2}, seeds=16)
+    assert config.section("bandit") == old_bandit and config.section("tf") == old_tf
     assert config.section("tf").lrs == [3e-4, 1e-3, 3e-3, 1e-2] and config.seeds("tiny_tf") == 16
-    assert config.section("llm") == LlmSettings()  # its own seeds (8): the old llm rung's
+    assert config.section("llm").seeds == 8  # its own seeds: the old llm rung's
     new = StudyConfig(
         rules=record["rules"],
         rungs=record["rungs"],
         rng=None,
-        sections={"bandit": BanditSettings(seeds=16), "tf": TfSettings(seeds=16)},
+        sections={"bandit": old_bandit, "tf": old_tf},
     )
     # the planner's check (a key the old record lacks, rng and dtype, counts as None)
     assert changed_settings(part_fields(record), new.fields_of_parts()) == []
     assert new.fields_of_parts() == config.fields_of_parts()
     assert part_fields(record)["bandit_steps"] == 60 and "seeds" not in part_fields(record)
-    fewer = StudyConfig(rng=None, sections={"tf": {"seeds": 8}, "bandit": {"seeds": 16}})
+    fewer = StudyConfig(
+        rng=None,
+        sections={"tf": replace(old_tf, seeds=8), "bandit": old_bandit},
+    )
     assert changed_settings(part_fields(record), fewer.fields_of_parts()) == ["tf_seeds: 16 -> 8"]
 
 
@@ -50,6 +59,7 @@ def test_an_old_llm_record_keeps_its_llm_settings_and_drops_execution_ones():
     ``checkpoint_every`` choose how runs execute and are no part fields."""
     old = {
         **{k: v for k, v in asdict(StudyConfig()).items() if k != "sections"},
+        "rungs": ["bandit_sampled", "llm"],
         "seeds": 3,
         "bandit_steps": 4,
         "extra": {"llm": {"lrs": [1e-3], "seeds": 3, "ensemble": 2, "scratch": "/tmp/x"}},
@@ -58,13 +68,30 @@ def test_an_old_llm_record_keeps_its_llm_settings_and_drops_execution_ones():
     assert (fields["llm_lrs"], fields["llm_seeds"], fields["bandit_seeds"]) == ([1e-3], 3, 3)
     assert not {"llm_ensemble", "llm_scratch", "llm_checkpoint_every"} & set(fields)
     new = StudyConfig(
+        rungs=["bandit_sampled", "llm"],
         sections={
             "bandit": {"steps": 4, "seeds": 3},
             "tf": {"seeds": 3},
             "llm": LlmSettings(lrs=[1e-3], seeds=3, ensemble=4),
-        }
+        },
     )
     assert changed_settings(fields, new.fields_of_parts()) == []
+
+
+def test_a_section_no_rung_uses_makes_no_part_and_may_join_later():
+    """The tf section's settings are no part fields of a bandit-only study; a run that adds
+    tiny_tf to the folder (its own tf settings) is not refused for them, while a changed bandit
+    setting still is."""
+    from sandbox.study.config import changed_parts
+
+    bandit = StudyConfig(rungs=["bandit_sampled"], sections={"tf": {"steps": 7}})
+    assert not any(k.startswith("tf_") for k in bandit.fields_of_parts())
+    record = asdict(bandit)
+    grown = StudyConfig(rungs=["bandit_sampled", "tiny_tf"], sections={"tf": {"steps": 9}})
+    assert changed_parts(record, grown.fields_of_parts()) == []
+    other = StudyConfig(rungs=["bandit_sampled", "tiny_tf"], sections={"bandit": {"steps": 5}})
+    steps = bandit.section("bandit").steps
+    assert changed_parts(record, other.fields_of_parts()) == [f"bandit_steps: {steps} -> 5"]
 
 
 def test_a_new_record_holds_the_sections_and_reads_back(tmp_path):

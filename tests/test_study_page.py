@@ -30,8 +30,11 @@ LEFT = re.compile(r"\$\{?[A-Za-z_]")  # a placeholder string.Template would fill
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    """A copy of the committed study's tables (no parts) and of the exact flow's mu grid beside it."""
-    for name in ("claims", "claims_exact_mu"):
+    """A copy of the committed study's tables (no parts) and of the folders the page cites beside
+    it (the exact flow's mu grid, the regime pilot, the llm task pilot)."""
+    for name in ("claims", "claims_exact_mu", "regimes", "llm_pilot"):
+        if not (ROOT / "results" / name).exists():
+            continue
         shutil.copytree(
             ROOT / "results" / name,
             tmp_path / "results" / name,

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from sandbox.configs import arg, check_device, check_int
+from sandbox.experiments.results import changed_settings
 from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
 
@@ -198,10 +199,27 @@ def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     values = migrate(values, FIELDS)
     out = {k: v for k, v in values.items() if k not in skip}
     sections = values.get("sections") or {}
+    used = used_sections(values.get("rungs") or ())
     for name, section in SECTIONS.items():
+        if name not in used:  # no rung of it runs: its settings make no part
+            continue
         settings = asdict(section_settings(name, sections.get(name)))
         out.update({f"{name}_{k}": v for k, v in settings.items() if k not in section.execution})
     return out
+
+
+def used_sections(rungs: Sequence[str]) -> set[str]:
+    """The settings sections of ``rungs`` (those registered)."""
+    return {RUNGS[r].section for r in rungs if r in RUNGS}
+
+
+def changed_parts(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The planner's comparison of a folder's record with a run's :func:`part_fields`: every
+    changed setting, except those of a section none of the record's rungs used (a rung of it
+    joins the folder now, and the folder's parts do not depend on them)."""
+    new = [f"{n}_" for n in SECTIONS if n not in used_sections(previous.get("rungs") or ())]
+    now = {k: v for k, v in now.items() if not any(k.startswith(p) for p in new)}
+    return changed_settings(part_fields(previous), now)
 
 
 #: The key of a study folder's ``config.json`` that records each rung's calibrated point.

@@ -789,6 +789,33 @@ def regimes_section(out: Path) -> str:
     return f"Chosen: {picked}.\n\n" + _table(per)
 
 
+def llm_task() -> str:
+    """The llm rung's model and task at its default settings (the registered rung's)."""
+    rung = RUNGS.get("llm")
+    if rung is None:
+        raise ValueError("the llm rung is not registered (python -m llm.claims registers it)")
+    s = section_settings(rung.section)
+    knobs = ", ".join(f"{k}={_knob(v)}" for k, v in sorted(s.task_knobs.items()))
+    return f"`{s.model}` on `{s.task}` ({knobs})"
+
+
+def _knob(value: object) -> str:
+    return "".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+def llm_pilot(out: Path) -> str:
+    """The llm task pilot's table (``../llm_pilot/pilot.csv`` beside the folder), or a line."""
+    path = out.parent / "llm_pilot" / "pilot.csv"
+    if not path.exists():
+        return "  (no llm task pilot beside this folder: `../llm_pilot/pilot.csv`)"
+    p = pd.read_csv(path)
+    cols = ["task", "knobs", "pass_at_1", "group_signal", "constant", "prior", "target"]
+    if not set(cols) <= set(p.columns):
+        return "  (the llm task pilot beside this folder predates its baseline columns)"
+    shown = p[cols].assign(**{c: p[c].map(lambda x: f"{x:.3f}") for c in cols[2:]})
+    return "\n".join("  " + line for line in _table(shown).splitlines())
+
+
 def llm_floor() -> str:
     """The llm rung's answer baseline at its default settings, from the rung registry
     (``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``)."""
@@ -899,6 +926,8 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "gpu": lambda: GPU_COMMAND,
         "transfer": lambda: transfer_section(out),
         "llm_floor": llm_floor,
+        "llm_task": llm_task,
+        "llm_pilot": lambda: llm_pilot(out),
         "pairing_note": lambda: notes["pairing_note"],
         "held_out_note": lambda: notes["held_out_note"],
     }

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from sandbox.experiments.planner import Job, RunFolder
-from sandbox.experiments.results import changed_settings, part_name, read_parts
+from sandbox.experiments.results import part_name, read_parts
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
@@ -48,7 +48,7 @@ from .analysis import calibration_curve
 from .config import (
     REFERENCE,
     StudyConfig,
-    part_fields,
+    changed_parts,
     read_record,
     record_calibration,
     with_folder,
@@ -291,7 +291,7 @@ def run_study(
         config.fields_of_parts(),
         contents=asdict(config),
         force=force,
-        compare=lambda previous, now: changed_settings(part_fields(previous), now),
+        compare=changed_parts,
         device=config.device,
     )
     calib = calibration_jobs(config)
