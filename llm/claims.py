@@ -459,9 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
         print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")
     if args.doc:
-        from llm.claims_doc import write_doc
+        from sandbox.study.page import write_doc
 
-        write_doc(out, Path(args.doc))
+        try:
+            write_doc(out, Path(args.doc))
+        except ValueError as exc:  # a placeholder the tables cannot fill
+            print(f"error: --doc: {exc}", file=sys.stderr)
+            return 2
     print(f"{time.perf_counter() - start:.0f} s; wrote {out}", file=sys.stderr)
     return 0
 

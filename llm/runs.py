@@ -26,7 +26,9 @@ of an uninterrupted run. The folder outlives the call: the caller removes it
 and that store loses nothing (the next call finds the checkpoint at the last step and reads the
 frame back without training).
 
-The kind is batched (``register_run("llm", batched=True)``): the specs of one
+Its traits (:class:`sandbox.experiments.runs.RunKind`): sampled, without replicates (one run per
+spec, logged under the spec's ``seed``), logging step 0 (the evaluation before training), scored
+by ``pass_rate`` and ``reward``, no exact counterpart, and batched: the specs of one
 :func:`~sandbox.experiments.runs.run_specs` call that share a
 :meth:`~sandbox.experiments.runs.RunSpec.batch_key` (they differ only in ``rule``, ``params`` or
 ``seed``, e.g. a study's paired seeds of one rule) train as one :func:`llm.ensemble.train_ensemble`
@@ -136,7 +138,29 @@ def train_runs(configs: list[Any], starts: list[int]) -> None:
         train(config)
 
 
-@register_run("llm", batched=True)
+#: The kind's tiny spec (tests/test_runs.py): the tiny model, one step of two prompts.
+TINY_SPEC = RunSpec.make(
+    "llm",
+    "addition-1",
+    "grpo",
+    steps=1,
+    group_size=2,
+    prompts_per_step=2,
+    lr=1e-3,
+    definition={"task": "addition", "digits": 1},
+    train={
+        "model": "tiny",
+        "max_new_tokens": 3,
+        "eval_every": 1,
+        "eval_prompts": 2,
+        "offline": True,
+        "save_model": False,
+        "progress": False,
+    },
+)
+
+
+@register_run("llm", batched=True, replicates=False, logs_step0=True, tiny_spec=TINY_SPEC)
 def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     """One ``llm.train`` run per spec: one spec alone, several (one batch key) as one ensemble
     (:func:`llm.ensemble.train_ensemble`, whose ``check_members`` they satisfy: they differ only

@@ -15,7 +15,7 @@ The toy trainers (:mod:`sandbox.train`) and the llm runs (:mod:`llm.streams`, wh
 committed result: a stream's value never changes (a new stream takes a new number).
 
 :data:`RNG` names this scheme in the settings that orchestrators record (compare, sweep, the
-claims study, ``llm.transfer``): a folder made with the toy trainers' earlier scheme (one
+claims study): a folder made with the toy trainers' earlier scheme (one
 generator per run, whose draws interleaved) records none, and its settings check refuses it
 ("made with other settings (rng: None -> 'streams-v1')"; ``--force`` recomputes).
 """

@@ -3,7 +3,7 @@ provenance (sandbox.experiments.results).
 
 - the writers: one CSV float format, PNGs without a version stamp, a file rewritten only when its
   bytes (parquet: its frame) change;
-- the claims study's and the transfer study's tables: the same bytes from the same parts read in
+- the claims study's tables: the same bytes from the same parts read in
   any order; the committed study rebuilt by the documented command changes no file;
 - provenance.json: its fields, written when parts are computed, never part of the settings check.
 """
@@ -156,24 +156,13 @@ def test_study_tables_are_the_same_bytes_whatever_the_order_of_the_parts(tmp_pat
         pd.testing.assert_frame_equal(table_of(shuffled), tables[name], check_exact=True)
 
 
-def test_transfer_tables_are_the_same_bytes_whatever_the_order_of_the_rows(tmp_path):
-    from llm.transfer import write_tables
-
-    parts = sorted((ROOT / "results" / "transfer" / "parts").glob("bandit_*.parquet"))
-    rows = pd.concat([pd.read_parquet(f) for f in parts], ignore_index=True)
-    write_tables(rows, tmp_path / "a")
-    write_tables(rows.sample(frac=1.0, random_state=0), tmp_path / "b")
-    a, b = _files(tmp_path / "a"), _files(tmp_path / "b")
-    for name in ("scores.csv", "summary.csv", "agreement.csv", "transfer.png"):
-        assert a[name][0] == b[name][0], name
-
-
 def test_rebuilding_the_committed_claims_study_changes_no_file(tmp_path):
     """The documented command (python -m llm.claims --tables-only --doc) on a copy of the
     committed study reproduces every table, figure, provenance and the page byte for byte, and
     rewrites nothing (mtimes kept)."""
     copy = tmp_path / "results" / "claims"
     shutil.copytree(ROOT / "results" / "claims", copy)  # copy2: mtimes kept
+    shutil.copytree(ROOT / "results" / "claims_exact_mu", copy.parent / "claims_exact_mu")  # cited
     page = tmp_path / "docs" / "claims.md"
     page.parent.mkdir()
     shutil.copy2(ROOT / "docs" / "claims.md", page)
@@ -282,7 +271,7 @@ def test_tables_provenance_is_recorded_only_when_a_table_changes(tmp_path):
     assert (tmp_path / R.PROVENANCE).stat().st_mtime_ns == stamp
 
 
-@pytest.mark.parametrize("folder", ["claims", "claims_exact_mu", "transfer"])
+@pytest.mark.parametrize("folder", ["claims", "claims_exact_mu"])
 def test_the_committed_folders_say_what_was_not_recorded(folder):
     record = R.read_provenance(ROOT / "results" / folder)
     parts = len(list((ROOT / "results" / folder / "parts").glob("*.parquet")))

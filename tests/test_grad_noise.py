@@ -273,28 +273,3 @@ def test_gradient_noise_table_by_hand():
     # parts written before the columns existed: an empty table, not an error
     old = pd.DataFrame(rows).drop(columns=list(GRAD_NOISE_COLUMNS))
     assert gradient_noise(old).empty
-
-
-def test_the_claims_page_prints_the_table_or_says_it_was_not_logged(tmp_path, monkeypatch):
-    import shutil
-    from pathlib import Path
-
-    from llm.claims_doc import write_doc
-
-    root = Path(__file__).resolve().parents[1]
-    monkeypatch.chdir(root)  # the page reads results/transfer relative to the repository
-    out = tmp_path / "claims"
-    shutil.copytree(root / "results" / "claims", out, ignore=shutil.ignore_patterns("parts"))
-    (out / "grad_noise.csv").unlink(missing_ok=True)  # as in a folder written before (c)
-    page = tmp_path / "claims.md"
-    write_doc(out, page)  # the committed folder predates the columns
-    section = page.read_text().split("## Mechanism check (c)")[1].split("\n## ")[0]
-    assert "(not logged)" in section
-    row = {"rung": "tiny_tf", "rule": "nsr_dapo", "seeds": 3, "points": 120}
-    row |= {"rescue_to_signal": 0.01, "sampling_to_signal": 0.5, "variance_ratio": 1.75}
-    row |= {"lo": 0.106903, "hi": 3.393097}
-    table = pd.DataFrame([row])
-    table.to_csv(out / "grad_noise.csv", index=False)
-    write_doc(out, page)
-    section = page.read_text().split("## Mechanism check (c)")[1].split("\n## ")[0]
-    assert "| tiny_tf | nsr_dapo | 3 | 120 | 0.0100 | 0.5000 | 1.7500 [0.1069, 3.3931] |" in section

@@ -1,79 +1,142 @@
-"""The run-kind registry: every registered kind on a tiny spec returns the shared columns.
+"""The run-kind registry: every registered kind, on its own tiny spec, passes the checks its
+traits imply.
 
-A new kind is covered here by adding its tiny spec to ``TINY_SPECS`` (the test fails for a
-registered kind without one)."""
+A new kind is covered by ``test_every_kind_passes_the_generic_checks`` once it registers with a
+``tiny_spec`` (the test fails for a kind without one); nothing here names a kind but the tests of
+the sandbox kinds' own behaviour below it. ``test_a_new_kind_needs_no_other_edit`` registers two
+throwaway kinds to show it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pandas as pd
 import pytest
 
 from sandbox.experiments.runs import (
     SHARED_COLUMNS,
+    RunKind,
     RunSpec,
     available_runs,
     get_run,
     has_exact_flow,
     register_run,
+    run_kind,
+    run_kinds,
     run_specs,
+    tidy,
+    trainer_config,
+    unregister_run,
 )
 
 pytest.importorskip("transformers")
 import llm.runs  # noqa: F401  (registers the llm kind)
 
-BANDIT = dict(seeds=2, steps=2, group_size=4, prompts_per_step=2, epochs=2, minibatches=2)
-TINY_SPECS = {
-    "bandit_sampled": RunSpec.make("bandit_sampled", "mixed", "dapo", **BANDIT),
-    "bandit_exact": RunSpec.make("bandit_exact", "needle", "nsr_dapo", **BANDIT),
-    "tiny_tf": RunSpec.make(
-        "tiny_tf",
-        "bits-parity-2",
-        "grpo",
-        **{**BANDIT, "lr": 1e-3},
-        definition={"task": "bits", "op": "parity", "length": 2},
-    ),
-    "llm": RunSpec.make(
-        "llm",
-        "addition-1",
-        "grpo",
-        steps=1,
-        group_size=2,
-        prompts_per_step=2,
-        lr=1e-3,
-        definition={"task": "addition", "digits": 1},
-        train={
-            "model": "tiny",
-            "max_new_tokens": 3,
-            "eval_every": 1,
-            "eval_prompts": 2,
-            "offline": True,
-            "save_model": False,
-            "progress": False,
-        },
-    ),
-}
 
-
-def test_every_kind_has_a_tiny_spec():
-    assert sorted(TINY_SPECS) == available_runs()
-
-
-@pytest.mark.parametrize("kind", sorted(TINY_SPECS))
-def test_every_kind_returns_the_shared_columns(kind):
-    spec = TINY_SPECS[kind]
-    [frame] = run_specs([spec])
-    assert list(frame.columns[: len(SHARED_COLUMNS)]) == list(SHARED_COLUMNS)
-    assert set(frame["kind"]) == {kind} and set(frame["rule"]) == {spec.rule}
-    assert set(frame["setting"]) == {spec.setting}
-    # 1-based steps; the llm logs its evaluation before training as step 0
-    assert sorted(frame["step"].unique()) == list(range(0 if kind == "llm" else 1, spec.steps + 1))
-    expected_seeds = {-1} if kind == "bandit_exact" else set(range(spec.seeds))
-    assert set(frame["seed"]) == ({spec.seed} if kind == "llm" else expected_seeds)
-    metric = "pass_rate" if kind in ("tiny_tf", "llm") else "expected_reward"
-    values = frame[metric].dropna()
-    assert len(values) > 0 and values.between(0, 1).all()
+def check_kind(kind: RunKind) -> None:
+    """What every kind's tiny spec must give, read from the kind's traits."""
+    spec = kind.tiny_spec
+    assert spec is not None, f"run kind {kind.name!r} registers no tiny_spec"
+    assert spec.kind == kind.name
     assert RunSpec.from_json(spec.to_json()) == spec  # JSON round trip, hashable
     assert hash(spec) == hash(RunSpec.from_json(spec.to_json()))
+    if kind.config is not None:
+        assert trainer_config(spec) is not None  # the spec passes the trainer's checks
+    if kind.exact is not None:  # the counterpart is a registered deterministic kind
+        assert run_kind(kind.exact).deterministic
+    else:
+        assert not has_exact_flow(spec)
+    if kind.deterministic:  # its own tiny spec is a flow it computes
+        assert kind.exact == kind.name and has_exact_flow(spec)
+
+    [frame] = run_specs([spec])
+    assert list(frame.columns[: len(SHARED_COLUMNS)]) == list(SHARED_COLUMNS)
+    assert set(frame["kind"]) == {kind.name} and set(frame["rule"]) == {spec.label}
+    assert set(frame["setting"]) == {spec.setting}
+    assert sorted(frame["step"].unique()) == list(range(kind.first_step(), spec.steps + 1))
+    assert set(frame["seed"]) == kind.seeds_of(spec)
+    passed = frame[kind.column("pass_rate")].dropna()
+    assert len(passed) > 0 and passed.between(0, 1).all()
+    trained = frame.loc[frame["step"] >= 1, kind.column("train_reward")]
+    assert len(trained) > 0 and np.isfinite(trained.astype(float)).all()
+
+
+@pytest.mark.parametrize("name", available_runs())
+def test_every_kind_passes_the_generic_checks(name):
+    check_kind(run_kind(name))
+
+
+def coin(spec: RunSpec) -> pd.DataFrame:
+    """A throwaway sampled kind: per replicate, a coin whose heads probability rises 0.5 -> 1."""
+    steps = np.arange(spec.steps)
+    chance = np.tile(1 - 0.5 ** (steps + 1), spec.seeds)
+    rng = np.random.default_rng(spec.seed)
+    frame = pd.DataFrame(
+        {"seed": np.repeat(np.arange(spec.seeds), spec.steps), "step": np.tile(steps, spec.seeds)}
+    )
+    return tidy(spec, frame, reward=(rng.random(len(frame)) < chance) * 1.0, pass_rate=chance)
+
+
+def coin_flow(spec: RunSpec) -> pd.DataFrame:
+    """A throwaway deterministic kind: the coin's expected reward, no seed column."""
+    steps = np.arange(spec.steps)
+    frame = pd.DataFrame({"step": steps, "expected_reward": 1 - 0.5 ** (steps + 1)})
+    return tidy(spec, frame)
+
+
+@pytest.mark.parametrize(
+    "name, fn, traits",
+    [
+        ("coin", coin, {}),
+        (
+            "coin_flow",
+            coin_flow,
+            {
+                "deterministic": True,
+                "score_columns": (
+                    ("pass_rate", "expected_reward"),
+                    ("train_reward", "expected_reward"),
+                ),
+            },
+        ),
+    ],
+)
+def test_a_new_kind_needs_no_other_edit(name, fn, traits):
+    tiny = RunSpec.make(name, "fair", "grpo", seeds=3, steps=4, seed=7)
+    register_run(name, tiny_spec=tiny, **traits)(fn)
+    try:
+        assert name in available_runs() and run_kind(name).fn is fn
+        check_kind(run_kind(name))
+    finally:
+        unregister_run(name)
+    assert name not in available_runs()
+
+
+def test_traits_of_the_registered_kinds():
+    sampled, exact, tiny_tf, llm_kind = (
+        run_kind(n) for n in ("bandit_sampled", "bandit_exact", "tiny_tf", "llm")
+    )
+    assert [k.name for k in run_kinds()] == available_runs()
+    assert (sampled.flow, exact.flow, tiny_tf.flow, llm_kind.flow) == (
+        "sampled",
+        "exact",
+        "sampled",
+        "sampled",
+    )
+    assert (
+        sampled.exact == exact.exact == "bandit_exact" and tiny_tf.exact is llm_kind.exact is None
+    )
+    assert (sampled.column("pass_rate"), sampled.column("train_reward")) == (
+        "expected_reward",
+        "reward",
+    )
+    assert exact.column("train_reward") == "expected_reward"
+    assert (llm_kind.column("pass_rate"), llm_kind.column("entropy")) == ("pass_rate", "entropy")
+    spec = RunSpec.make("llm", "addition-1", "grpo", seed=3, seeds=2)
+    assert llm_kind.seeds_of(spec) == {3} and llm_kind.first_step() == 0
+    assert sampled.seeds_of(spec) == {0, 1} and exact.seeds_of(spec) == {-1}
+    assert [k.name for k in run_kinds() if k.batched] == ["bandit_exact", "bandit_sampled", "llm"]
 
 
 def test_spec_label_and_part_name():
@@ -85,24 +148,25 @@ def test_spec_label_and_part_name():
 
 
 def test_batched_exact_flows_equal_one_at_a_time():
-    specs = [
-        TINY_SPECS["bandit_exact"].__class__.make("bandit_exact", "needle", rule, **BANDIT)
-        for rule in ("grpo", "dapo", "gspo")
-    ]
+    tiny = run_kind("bandit_exact").tiny_spec
+    specs = [replace(tiny, rule=rule) for rule in ("grpo", "dapo", "gspo")]
     together = run_specs(specs)
     for spec, frame in zip(specs, together, strict=True):
         pd.testing.assert_frame_equal(frame, run_specs([spec])[0], check_exact=True)
 
 
 def test_exact_flow_is_decided_once():
-    spec = TINY_SPECS["bandit_exact"]
+    spec = run_kind("bandit_exact").tiny_spec
     assert has_exact_flow(spec)  # closed-form expected_coef, grpo advantage, binary needle
+    # a sampled kind has the flow of its exact counterpart (bandit_exact) on the same spec
+    assert has_exact_flow(RunSpec.make("bandit_sampled", "needle", "dapo"))
+    assert not has_exact_flow(RunSpec.make("bandit_sampled", "gaussian", "dapo"))
     assert not has_exact_flow(RunSpec.make("bandit_exact", "needle", "clip_cov"))  # no closed form
     assert not has_exact_flow(RunSpec.make("bandit_exact", "gaussian", "grpo"))  # not binary
     assert not has_exact_flow(
         RunSpec.make("bandit_exact", "needle", "grpo", train={"advantage": "batch_std"})
     )
-    assert not has_exact_flow(TINY_SPECS["tiny_tf"])
+    assert not has_exact_flow(run_kind("tiny_tf").tiny_spec)  # no exact counterpart
 
 
 def test_registry_errors_name_the_kind():
@@ -110,10 +174,16 @@ def test_registry_errors_name_the_kind():
         get_run("nope")
     with pytest.raises(ValueError, match="'tiny_tf' is already registered"):
         register_run("tiny_tf")(lambda spec: spec)
+    with pytest.raises(ValueError, match=r"traits: unknown run-kind trait\(s\) \['exakt'\]"):
+        register_run("x", exakt="bandit_exact")
+    with pytest.raises(ValueError, match="unknown run kind 'nope'"):
+        unregister_run("nope")
+    with pytest.raises(ValueError, match="kind: run kind 'llm' has no trainer config"):
+        trainer_config(run_kind("llm").tiny_spec)
 
 
-@pytest.mark.parametrize("kind", ["bandit_sampled", "bandit_exact", "tiny_tf"])
-def test_a_run_builds_its_objective_once(kind, monkeypatch):
+@pytest.mark.parametrize("name", [k.name for k in run_kinds() if k.config is not None])
+def test_a_run_builds_its_objective_once(name, monkeypatch):
     import sandbox.objectives
 
     real, built = sandbox.objectives.get_objective, []
@@ -123,5 +193,6 @@ def test_a_run_builds_its_objective_once(kind, monkeypatch):
         return real(name, **params)
 
     monkeypatch.setattr(sandbox.objectives, "get_objective", counting)
-    run_specs([TINY_SPECS[kind]])
-    assert built == [TINY_SPECS[kind].rule]  # the config's check and the trainer share it
+    spec = run_kind(name).tiny_spec
+    run_specs([spec])
+    assert built == [spec.rule]  # the config's check and the trainer share it

@@ -239,14 +239,12 @@ def test_a_folder_made_with_the_earlier_scheme_is_refused_in_one_line(tmp_path, 
     assert json.loads(record.read_text())["rng"] == RNG
 
 
-def test_the_study_and_transfer_record_the_scheme_and_refuse_an_earlier_one(tmp_path):
-    from llm.transfer import TransferConfig
+def test_the_study_and_compare_record_the_scheme_and_refuse_an_earlier_one(tmp_path):
     from sandbox.experiments.results import changed_settings, check_settings
     from sandbox.experiments.study import StudyConfig, part_fields, read_record
 
     study = StudyConfig()
     assert study.rng == RNG and study.fields_of_parts()["rng"] == RNG
-    assert TransferConfig().training_fields()["rng"] == RNG
     assert CompareConfig().training_fields()["rng"] == RNG
     # a study record written before rng was recorded reads as rng None ...
     out = tmp_path / "s"

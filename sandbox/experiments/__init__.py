@@ -12,9 +12,12 @@ from typing import Any
 _EXPORTS = {
     "CompareConfig": "compare",
     "run_compare": "compare",
+    "RunKind": "runs",
     "RunSpec": "runs",
     "available_runs": "runs",
     "register_run": "runs",
+    "run_kind": "runs",
+    "run_kinds": "runs",
     "run_specs": "runs",
     "final_scores": "plots",
     "format_scores": "plots",

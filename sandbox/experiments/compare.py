@@ -50,10 +50,13 @@ from .planner import Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
 from .runs import (
+    EXACT,
+    SAMPLED,
     RunSpec,
     freeze,
     has_exact_flow,
     objective_of,
+    run_kind,
     run_specs,
     trainer_config,
     variant_label,
@@ -87,6 +90,10 @@ REASONING_OBJECTIVES = (
     "clip_cov",
     "kl_cov",
 )
+
+#: The run kind of each suite's runs (a rule's exact flow, where its kind has a counterpart that
+#: admits it, runs beside: :func:`with_exact_flow`).
+SUITE_KINDS = {"bandit": "bandit_sampled", "reasoning": "tiny_tf"}
 
 #: Per-suite defaults of the fields left as None.
 SUITE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -239,15 +246,15 @@ def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) 
     """The sampled run of ``objective`` on ``setting`` with the shared training fields; ``given``
     (``params``, ``seed``, ``definition``, ``train``) replaces the defaults: the comparison's
     parameters and base seed, the standard setting."""
-    kind, values = "bandit_sampled", dict(params=config.params(objective), seed=config.seed)
+    values = dict(params=config.params(objective), seed=config.seed)
     if config.suite == "reasoning":
         task, knobs = REASONING_SUITE.get(setting, (None, {}))
-        kind, values["definition"] = "tiny_tf", {"task": task, **knobs}
+        values["definition"] = {"task": task, **knobs}
     values.update(given)
     if config.dtype is not None:  # a trainer field: into the spec's train mapping
         values["train"] = {"dtype": config.dtype, **dict(values.get("train") or {})}
     return RunSpec.make(
-        kind,
+        SUITE_KINDS[config.suite],
         setting,
         objective,
         seeds=config.seeds,
@@ -263,21 +270,22 @@ def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) 
 
 
 def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
-    """A sampled run and, for a bandit rule that has one (:func:`~.runs.has_exact_flow`), its
-    exact flow: what compare and sweep run for each (setting, rule)."""
-    exact = replace(spec, kind="bandit_exact")
-    return [spec, exact] if spec.kind == "bandit_sampled" and has_exact_flow(exact) else [spec]
-
-
-#: The ``kind`` column of compare's results: sampled runs or the exact flow.
-KIND_COLUMN = {"bandit_sampled": "sampled", "tiny_tf": "sampled", "bandit_exact": "exact"}
+    """A sampled run and, where its kind has an exact counterpart (:attr:`~.runs.RunKind.exact`)
+    with this rule's flow (:func:`~.runs.has_exact_flow`), that flow: what compare and sweep
+    run for each (setting, rule)."""
+    kind = run_kind(spec.kind)
+    if kind.deterministic or kind.exact is None:
+        return [spec]
+    exact = replace(spec, kind=kind.exact)
+    return [spec, exact] if has_exact_flow(exact) else [spec]
 
 
 def label_frame(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
     """A run kind's frame in compare's columns: ``suite``, ``setting``, ``objective`` (the
-    variant label) and ``kind`` (sampled or exact) first."""
+    variant label) and ``kind`` (the run kind's :attr:`~.runs.RunKind.flow`: sampled or exact)
+    first."""
     frame = frame.rename(columns={"rule": "objective"})
-    frame["kind"] = frame["kind"].map(KIND_COLUMN)
+    frame["kind"] = frame["kind"].map(lambda name: run_kind(name).flow)
     frame.insert(0, "suite", suite)
     head = ["suite", "setting", "objective", "kind", "step", "seed"]
     return frame[head + [c for c in frame.columns if c not in head]]
@@ -295,7 +303,7 @@ def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
     for setting in config.settings:
         for objective in config.objectives:
             for spec in with_exact_flow(run_spec(config, setting, objective)):
-                planned.append((part_name(setting, spec.label, KIND_COLUMN[spec.kind]), spec))
+                planned.append((part_name(setting, spec.label, run_kind(spec.kind).flow), spec))
     return planned
 
 
@@ -323,14 +331,15 @@ def plan_jobs(
     todo = [(part, spec) for part, spec in plan_runs(config) if not done(part)]
     jobs = []
     for setting in config.settings:
-        exact = [(p, s) for p, s in todo if s.setting == setting and s.kind == "bandit_exact"]
+        here = [(p, s) for p, s in todo if s.setting == setting]
+        exact = [(p, s) for p, s in here if run_kind(s.kind).deterministic]
         if exact:
             parts, specs = zip(*exact, strict=True)
-            jobs.append(Job(f"{setting}/exact", parts, (config.suite, list(specs))))
-        sampled = [(p, s) for p, s in todo if s.setting == setting and s.kind != "bandit_exact"]
+            jobs.append(Job(f"{setting}/{EXACT}", parts, (config.suite, list(specs))))
+        sampled = [(p, s) for p, s in here if not run_kind(s.kind).deterministic]
         for chunk in chunks(sampled, rules_per_job):
             parts, specs = zip(*chunk, strict=True)
-            jobs.append(Job(f"{setting}/sampled", parts, (config.suite, list(specs))))
+            jobs.append(Job(f"{setting}/{SAMPLED}", parts, (config.suite, list(specs))))
     return jobs
 
 

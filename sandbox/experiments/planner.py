@@ -1,4 +1,4 @@
-"""The one planner of compare, sweep and the transfer study: a results folder that resumes.
+"""The one planner of compare, sweep and the claims study: a results folder that resumes.
 
 :class:`RunFolder` owns what every orchestrator needs around its runs: the output folder checked
 before any work, the refusal of a folder whose parts were made with other settings
@@ -50,7 +50,7 @@ class Job:
 
 
 #: How to resume after an interruption, the same words for every command that resumes by being
-#: run again (``clip-sandbox compare`` / ``sweep``, ``python -m llm.claims``, ``llm.transfer``).
+#: run again (``clip-sandbox compare`` / ``sweep``, ``python -m llm.claims``).
 RESUME = "run the same command again to resume"
 
 

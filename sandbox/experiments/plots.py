@@ -1,8 +1,9 @@
 """Standard figures and the final-score table, from any tidy results frame.
 
 The frame has one row per (setting, objective, kind, seed, step) with at least
-``expected_reward`` and ``entropy``; ``kind`` is ``"sampled"`` (seeds) or ``"exact"`` (the
-expected-gradient flow, ``seed = -1``). Optional columns: ``clip_low_frac``, ``clip_high_frac``,
+``expected_reward`` and ``entropy``; ``kind`` is the run kind's flow (:attr:`.runs.RunKind.flow`):
+:data:`~.runs.SAMPLED` (seeds) or :data:`~.runs.EXACT` (the expected-gradient flow of a
+deterministic kind, ``seed = -1``). Optional columns: ``clip_low_frac``, ``clip_high_frac``,
 ``rescue_frac``, ``optimum`` (best achievable expected reward of the setting).
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from .results import write_figure
+from .runs import EXACT, SAMPLED
 
 FRACTIONS = ("clip_low_frac", "clip_high_frac", "rescue_frac")
 #: At most this many objectives are drawn in a line plot (distinct colours, a legend that fits);
@@ -73,8 +75,8 @@ def final_scores(results: pd.DataFrame, threshold_frac: float = 0.9) -> pd.DataF
     exact flow's final reward, and the run-mean clip/rescue fractions."""
     rows = []
     for (setting, objective), run in results.groupby(["setting", "objective"], sort=False):
-        sampled = run[run["kind"] == "sampled"]
-        exact = run[run["kind"] == "exact"]
+        sampled = run[run["kind"] == SAMPLED]
+        exact = run[run["kind"] == EXACT]
         row: dict[str, object] = {"setting": setting, "objective": objective}
         if "suite" in run:
             row["suite"] = run["suite"].iloc[0]
@@ -169,7 +171,7 @@ def pick_lines(results: pd.DataFrame, highlight=None, max_lines: int = MAX_LINES
     if len(present) <= max_lines:
         return present
     chosen = [o for o in HIGHLIGHT if o in set(present)]
-    sampled = results[results["kind"] == "sampled"] if "kind" in results else results
+    sampled = results[results["kind"] == SAMPLED] if "kind" in results else results
     last = sampled[sampled["step"] == sampled["step"].max()]
     ranked = last.groupby("objective")["expected_reward"].mean().sort_values(ascending=False)
     chosen += [o for o in ranked.index if o not in chosen]
@@ -193,7 +195,7 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
     settings = list(dict.fromkeys(band["setting"]))
     objectives = list(dict.fromkeys(band["objective"]))
     looks = dict(zip(objectives, _palette(sns, len(objectives)), strict=True))
-    by_objective = set(styles) == {"sampled"}  # one kind: the line style tells objectives apart
+    by_objective = set(styles) == {SAMPLED}  # one kind: the line style tells objectives apart
     fig, axes = plt.subplots(
         1, len(settings), figsize=(4.6 * len(settings), 3.8), squeeze=False, sharex=True
     )
@@ -208,10 +210,10 @@ def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, 
                 line["mean"],
                 style,
                 color=color,
-                label=objective if kind == "sampled" else None,
+                label=objective if kind == SAMPLED else None,
                 lw=1.6,
             )
-            if kind == "sampled":
+            if kind == SAMPLED:
                 ax.fill_between(line["step"], line["lo"], line["hi"], color=color, alpha=0.12, lw=0)
         ax.set_title(setting)
         ax.set_xlabel("step")
@@ -234,14 +236,14 @@ def plot_curves(
     """Seed-mean ``metric`` against step (95% band), one panel per setting, sampled runs;
     ``objectives`` (default :func:`pick_lines`) are the lines drawn."""
     plt, _ = _mpl()
-    data = results[results["kind"] == "sampled"]
+    data = results[results["kind"] == SAMPLED]
     shown = pick_lines(data, objectives)
     data = data[data["objective"].isin(shown)]
     fig = _line_panels(
         seed_band(data, metric),
         metric,
         (title or f"{metric} (mean over seeds, 95% band)") + _subset_note(results, shown),
-        {"sampled": "-"},
+        {SAMPLED: "-"},
     )
     out = _save(fig, Path(path))
     plt.close(fig)
@@ -261,7 +263,7 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     """Run-mean clip_low / clip_high / rescue fractions per objective and setting."""
     plt, sns = _mpl()
     keys = [k for k in FRACTIONS if k in results]
-    data = results[results["kind"] == "sampled"]
+    data = results[results["kind"] == SAMPLED]
     data = data.groupby(["setting", "objective"], sort=False)[keys].mean().reset_index()
     long = data.melt(["setting", "objective"], keys, var_name="fraction", value_name="value")
     height = max(3.0, 0.22 * data["objective"].nunique() + 1.5)
@@ -298,7 +300,7 @@ def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=No
         "expected_reward",
         "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
         + _subset_note(results, shown),
-        {"sampled": "-", "exact": "--"},
+        {SAMPLED: "-", EXACT: "--"},
     )
     out = _save(fig, Path(path))
     plt.close(fig)

@@ -59,6 +59,7 @@ import pandas as pd
 from sandbox.configs import arg, check_device, check_int
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 from sandbox.streams import HELD_OUT, RNG
+from sandbox.study.transfer import write_transfer
 
 from . import evidence
 from .claims import (
@@ -1158,6 +1159,7 @@ def _write_tables(
     }
     for name, table in tables.items():
         write_csv(table, out / f"{name}.csv")
+    tables["transfer"], tables["transfer_agreement"] = write_transfer(out)  # from the ledgers
     plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
     plot_mechanism(tables["summary"], out / "mechanism.png")
     return tables

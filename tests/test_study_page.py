@@ -1,0 +1,224 @@
+"""sandbox.study.page: docs/claims.md from page.md and a study folder's tables.
+
+- the committed folder gives the committed page byte for byte, twice, without rewriting it;
+- a tiny study folder (``python -m llm.claims --quick``, in a subprocess) gives a page with every
+  placeholder filled and says its transfer table is absent;
+- a result sentence follows the tables: a copy of the tables with a flipped verdict, headroom or
+  rank agreement flips the sentence that states it;
+- a placeholder without a value, a table that lacks a value and a NaN in the prose are errors
+  naming the placeholder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import llm.claims  # noqa: F401  (registers the llm rung, whose baseline the page cites)
+from sandbox.study.page import TEMPLATE, page_values, placeholders, render, write_doc
+
+ROOT = Path(__file__).resolve().parents[1]
+LEFT = re.compile(r"\$\{?[A-Za-z_]")  # a placeholder string.Template would fill
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A copy of the committed study's tables (no parts) and of the exact flow's mu grid beside it."""
+    for name in ("claims", "claims_exact_mu"):
+        shutil.copytree(
+            ROOT / "results" / name,
+            tmp_path / "results" / name,
+            ignore=shutil.ignore_patterns("parts"),
+        )
+    (tmp_path / "docs").mkdir()
+    return tmp_path / "results" / "claims"
+
+
+def page(out: Path) -> str:
+    path = out.parents[1] / "docs" / "claims.md"
+    write_doc(out, path)
+    return path.read_text()
+
+
+def section(text: str, start: str) -> str:
+    return text.split(start, 1)[1].split("\n- **", 1)[0].split("\n## ", 1)[0]
+
+
+def edit(out: Path, name: str, where: dict[str, str], **values: object) -> None:
+    """Set ``values`` in the rows of ``out/name`` that match ``where``."""
+    table = pd.read_csv(out / name)
+    rows = pd.Series(True, index=table.index)
+    for column, value in where.items():
+        rows &= table[column].astype(str) == value
+    assert rows.sum() >= 1, (name, where)
+    for column, value in values.items():
+        table.loc[rows, column] = value
+    table.to_csv(out / name, index=False)
+
+
+def test_the_committed_folder_gives_the_committed_page_byte_for_byte(folder, monkeypatch):
+    monkeypatch.chdir(folder.parents[2])  # nothing is read relative to the working directory
+    path = folder.parents[1] / "docs" / "claims.md"
+    write_doc(folder, path)
+    assert path.read_bytes() == (ROOT / "docs" / "claims.md").read_bytes()
+    stamp = path.stat().st_mtime_ns
+    write_doc(folder, path)  # twice: no byte changes, and the file is not rewritten
+    assert path.read_bytes() == (ROOT / "docs" / "claims.md").read_bytes()
+    assert path.stat().st_mtime_ns == stamp
+
+
+def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(tmp_path):
+    out, doc = tmp_path / "study", tmp_path / "claims.md"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    argv = ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "tiny_tf", "--no-progress"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm.claims", *argv, "--out", str(out), "--doc", str(doc)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = doc.read_text()
+    assert not LEFT.search(text), LEFT.search(text)
+    assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
+    assert "![calibration](study/calibration.png)" in text
+    assert "Agreement of signs between rungs:" in text  # every study writes transfer.csv
+    # the tiny folder's own numbers, not the committed run's
+    bounds = pd.read_csv(out / "bounds.csv").set_index("rung")
+    assert f"its answer baseline {bounds.loc['tiny_tf', 'floor']:.3f}" in text
+    seeds = pd.read_csv(out / "summary.csv")["seeds"].max()
+    assert f"The toy rungs' {seeds} paired seeds" in text
+
+
+def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
+    before = page(folder)
+    line = "- **bandit_sampled** — reversed: kl_cov_keeps_entropy (survives Holm); "
+    assert line in before
+    nsr = 'The paper\'s "consistently more effective" has no support on the toys'
+    assert nsr in section(before, "- **Mechanism (c)**")
+    edit(
+        folder,
+        "ledger.csv",
+        {"claim": "kl_cov_keeps_entropy", "rung": "bandit_sampled"},
+        verdict="supported",
+    )
+    edit(
+        folder,
+        "ledger_auc.csv",
+        {"claim": "nsr_beats_its_decay", "rung": "bandit_sampled"},
+        verdict="supported",
+    )
+    after = page(folder)
+    assert line not in after
+    assert "- **bandit_sampled** — supported: kl_cov_keeps_entropy (survives Holm); " in after
+    mechanism = section(after, "- **Mechanism (c)**")
+    assert nsr not in mechanism
+    assert (
+        "A gain of nsr_dapo over nsr_decay_dapo is supported on bandit_sampled `reward_auc`"
+        in mechanism
+    )
+    assert "bandit_sampled `reward_auc` (secondary): supported" in mechanism
+
+
+def test_headroom_and_rank_agreement_sentences_follow_their_tables(folder):
+    before = page(folder)
+    closed = "bandit_exact, bandit_sampled and tiny_tf, as run, cannot answer the pass-rate claims"
+    assert closed in before
+    assert "No rule's mean `final_pass` on tiny_tf beats its answer baseline 0.199" in before
+    agree = "bandit_exact ~ tiny_tf (all rules: agree, +0.51 [+0.05, +0.59]"
+    assert agree in before
+    # tiny_tf's pass-rate rows get verdicts (left without headroom: 4 on bandit_exact, 5 on
+    # bandit_sampled), grpo clears the baseline, and the orders disagree
+    edit(folder, "ledger.csv", {"rung": "tiny_tf", "metric": "final_pass"}, verdict="equivalent")
+    edit(folder, "summary.csv", {"rung": "tiny_tf", "rule": "grpo"}, final_pass=0.25)
+    where = {"metric": "final_pass", "rung_a": "bandit_exact", "rung_b": "tiny_tf", "rules": "8"}
+    edit(folder, "agreement.csv", where, tau_b=-0.51, lo=-0.59, hi=-0.05)
+    after = page(folder)
+    assert "bandit_exact and bandit_sampled, as run, cannot answer the pass-rate claims" in after
+    assert (
+        "tiny_tf, as run" not in after and "**Headroom decides 9 of 15 pass-rate rows.**" in after
+    )
+    assert "On tiny_tf, 1 of 10 rules' mean `final_pass` beat its answer baseline 0.199" in after
+    assert "grpo 0.250" in after
+    assert agree not in after
+    assert "bandit_exact ~ tiny_tf (all rules: disagree, -0.51 [-0.59, -0.05]" in after
+
+
+def test_the_template_has_a_value_for_every_placeholder_and_nothing_else(folder):
+    values = page_values(folder, folder.parents[1] / "docs" / "claims.md")
+    assert placeholders(TEMPLATE.read_text()) == set(values)
+
+
+def test_a_placeholder_without_a_value_is_an_error_naming_it():
+    with pytest.raises(ValueError, match=r"placeholder \$nope has no value"):
+        render("a ${nope} b", {})
+    with pytest.raises(ValueError, match=r"placeholder \$empty has no value in the tables"):
+        render("a $empty b", {"empty": lambda: ""})
+    with pytest.raises(ValueError, match=r"page.md line 2: a '\$' that is no placeholder"):
+        render("ok\ncosts 5$", {})
+    assert render("costs 5$$, $x", {"x": lambda: "y"}) == "costs 5$, y"
+
+
+def test_a_value_the_tables_lack_is_an_error_naming_the_placeholder(folder):
+    power = pd.read_csv(folder / "power.csv").drop(columns=["seeds_needed"])
+    power.to_csv(folder / "power.csv", index=False)
+    with pytest.raises(ValueError, match=r"placeholder \$power: KeyError: 'seeds_needed'"):
+        page(folder)
+
+
+def test_nan_in_a_result_sentence_is_an_error_naming_the_placeholder(folder):
+    edit(folder, "grad_noise.csv", {"rung": "tiny_tf"}, rescue_to_signal=float("nan"))
+    with pytest.raises(ValueError, match=r"placeholder \$mechanism_c has no value in the tables"):
+        page(folder)
+
+
+def test_the_transfer_table_is_printed_from_the_folder_when_present(folder):
+    rows = [
+        (
+            "nsr_beats_dapo",
+            "final_pass",
+            "bandit_sampled",
+            0.01,
+            -0.002,
+            0.022,
+            "not resolved at this power",
+        ),
+        ("nsr_beats_dapo", "final_pass", "tiny_tf", -0.03, -0.05, -0.01, "reversed"),
+    ]
+    columns = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
+    pd.DataFrame(rows, columns=columns).to_csv(folder / "transfer.csv", index=False)
+    text = section(page(folder), "## Transfer measured on claim effects")
+    assert "| claim | metric | bandit_sampled | tiny_tf |" in text
+    assert (
+        "| nsr_beats_dapo | final_pass | +0.0100 [-0.0020, +0.0220] (not resolved at this power) "
+        "| -0.0300 [-0.0500, -0.0100] (reversed) |"
+    ) in text
+    pd.DataFrame(rows, columns=columns).drop(columns=["verdict"]).to_csv(
+        folder / "transfer.csv", index=False
+    )
+    with pytest.raises(
+        ValueError, match=r"placeholder \$transfer: .*lacks the columns \['verdict'\]"
+    ):
+        page(folder)
+
+
+def test_the_page_prints_the_gradient_noise_table_or_says_it_was_not_logged(folder):
+    (folder / "grad_noise.csv").unlink()  # as in a folder written before mechanism check (c)
+    text = page(folder)
+    assert "(not logged)" in text.split("## Mechanism check (c)")[1].split("\n## ")[0]
+    assert "- **Mechanism (c)**: NSR's gradient noise was not logged in this folder." in text
+    row = {"rung": "tiny_tf", "rule": "nsr_dapo", "seeds": 3, "points": 120}
+    row |= {"rescue_to_signal": 0.01, "sampling_to_signal": 0.5, "variance_ratio": 1.75}
+    row |= {"lo": 0.106903, "hi": 3.393097}
+    pd.DataFrame([row]).to_csv(folder / "grad_noise.csv", index=False)
+    table = page(folder).split("## Mechanism check (c)")[1].split("\n## ")[0]
+    assert "| tiny_tf | nsr_dapo | 3 | 120 | 0.0100 | 0.5000 | 1.7500 [0.1069, 3.3931] |" in table
