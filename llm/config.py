@@ -85,7 +85,12 @@ class TrainConfig:
     temperature: float = arg(1.0, "sampling temperature (log-probs use the same)")
     prompts_per_call: int | None = arg(None, "prompts per generate (default: all; 1: see README)")
     logp_chunk: int | None = arg(None, "tokens per LM-head chunk (default: 2^25 logits' worth)")
-    rollout_backend: str = arg("hf", "HF generate or colocated vLLM", choices=("hf", "vllm"))
+    rollout_backend: str = arg(
+        "hf",
+        "HF generate, colocated vLLM, or llm.decode's compact decoder (K ensemble members in one "
+        "loop; Gumbel-max from noise fixed per seed, step, row and position)",
+        choices=("hf", "vllm", "compact"),
+    )
     vllm_gpu_memory_utilization: float = arg(0.3, "vLLM: GPU memory share (weights + KV cache)")
     vllm_sleep: bool = arg(False, "vLLM: release its memory between rollouts (CUDA)")
     vllm_enforce_eager: bool = arg(False, "vLLM: no CUDA graphs (faster start, slower decode)")
@@ -241,6 +246,13 @@ class TrainConfig:
         explicit = self.generate_cache != "auto" or self.generate_compile != "auto"
         if self.rollout_backend == "vllm" and explicit:
             raise ValueError("--generate-cache/--generate-compile set generate's path, not vLLM's")
+        if self.rollout_backend == "compact" and (
+            self.generate_cache != "auto" or self.fsdp or self.lora_r > 0
+        ):
+            raise ValueError(
+                "--rollout-backend compact decodes with its own static cache (no --generate-cache; "
+                "--generate-compile on compiles its step), without --fsdp and --lora-r"
+            )
         if self.eval_data is not None and not self.eval_every:
             raise ValueError("--eval-data is only read with --eval-every N > 0")
         for name in self.report_to:

@@ -37,9 +37,12 @@ grad-noise probe reads the member's batched gradient as ``g_rule`` and takes ``g
 member's own forward, so for a rule with certain keeps ``grad_rescue_var`` is float rounding, not 0.
 Like a run, an ensemble resumes (``--resume``: every member from its own checkpoint, all at one
 step) and checkpoints every member on SIGTERM / Ctrl-C and every ``--checkpoint-every`` steps.
-What it does not do (yet): the members' rollouts are generated one member after another with
-:func:`llm.rollout.generate` (batched decoding over members needs a cache that lives inside
-``vmap``); no torchrun, LoRA or vLLM. The members run without gradient
+Rollouts: with ``--rollout-backend compact`` every member's prompts are decoded in one loop
+(:func:`batched_rollout`, :mod:`llm.decode`: one batched matmul per layer over the stacked
+weights, a static KV cache, noise fixed per (seed, step, row, position)), each member's
+completions the ones its run samples alone; with the default ``hf`` backend the members'
+rollouts are generated one member after another with :func:`llm.rollout.generate`. No
+torchrun, LoRA or vLLM. The members run without gradient
 checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
 activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
 (``benchmarks/llm_throughput.py`` measures it).
@@ -67,11 +70,15 @@ from llm.rollout import pad_to_common
 from llm.train import (
     Run,
     UpdateFn,
+    draw_prompts,
     grad_noise_update,
     minibatch_counts,
     minibatch_order,
+    needs_sampler_logp,
     objective_generator,
     parse_args,
+    sample_compact,
+    score_rollout,
     signalled_exit,
     train_together,
     trim,
@@ -310,6 +317,7 @@ SHARED = (
     "lm_head",
     "logp_chunk",
     "device",
+    "rollout_backend",
 )
 
 
@@ -327,8 +335,10 @@ def check_members(cfgs: Sequence[TrainConfig]) -> None:
                 f"ensemble runs must share --{name.replace('_', '-')}: {sorted(values)}"
             )
     for c in cfgs:
-        if c.lora_r > 0 or c.rollout_backend != "hf" or c.fsdp:
-            raise ValueError("ensemble runs train without --lora-r and --fsdp, on the hf backend")
+        if c.lora_r > 0 or c.rollout_backend == "vllm" or c.fsdp:
+            raise ValueError(
+                "ensemble runs train without --lora-r and --fsdp, on the hf or compact backend"
+            )
     if len({c.out for c in cfgs}) < len(cfgs):
         raise ValueError("ensemble runs need one --out each")
     starts = [resume_step(c) for c in cfgs]
@@ -364,7 +374,30 @@ def train_ensemble(
     check_members(cfgs)
     if "WORLD_SIZE" in os.environ:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
-    return train_together(cfgs, batched_update, stop_after=stop_after)
+    rollout_fn = batched_rollout if cfgs[0].rollout_backend == "compact" else None
+    return train_together(cfgs, batched_update, stop_after=stop_after, rollout_fn=rollout_fn)
+
+
+def batched_rollout(runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
+    """The ensemble's rollout phase with ``--rollout-backend compact``: every member's prompts
+    decoded in one loop (:func:`llm.train.sample_compact`, :mod:`llm.decode`), each member's
+    completions the ones its run samples alone; then each run's own rewards and log-probs."""
+    requests = [draw_prompts(run, step) for run in runs]
+    needs = [needs_sampler_logp(run.cfg) for run in runs]
+    sampled = sample_compact(
+        runs,
+        [ids for ids, *_ in requests],
+        runs[0].cfg.group_size,
+        [keys for _, _, keys, _, _ in requests],
+        [first for _, _, _, first, _ in requests],
+        return_logp=any(needs),
+    )
+    hosts = []
+    for run, request, (out, texts), need in zip(runs, requests, sampled, needs, strict=True):
+        if not need:  # the run alone keeps no sampler log-probs
+            out.pop("rollout_logp", None)
+        hosts.append(score_rollout(run, request[4], out, texts))
+    return hosts
 
 
 def batched_update(runs: Sequence[Run]) -> UpdateFn:

@@ -106,7 +106,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm import checkpoint, dist, rollout
+from llm import checkpoint, decode, dist, rollout
 from llm import model as models
 from llm.config import (
     TrainConfig,
@@ -395,6 +395,8 @@ def sample(
             first_index=first,
             return_logp=return_logp,
         )
+    elif cfg.rollout_backend == "compact":  # llm.decode, this run alone (K = 1)
+        return sample_compact([run], [prompt_ids], k, [keys], [first], return_logp)[0]
     else:
         run.model.eval()
         cache, compile_decode = decode_settings(cfg)
@@ -417,6 +419,39 @@ def sample(
             )
     texts = run.tokenizer.batch_decode(out["completion"], skip_special_tokens=True)
     return out, texts
+
+
+def sample_compact(
+    runs: Sequence[Run],
+    prompt_ids: Sequence[list[list[int]]],
+    k: int,
+    keys: Sequence[tuple[int, ...]],
+    first: Sequence[int],
+    return_logp: bool = False,
+) -> list[tuple[dict[str, torch.Tensor], list[str]]]:
+    """:func:`sample` of every run in ``runs`` (one model architecture) in one decoding loop
+    (:func:`llm.decode.generate`): each run's completions are the ones it samples alone."""
+    cfg = runs[0].cfg
+    with runs[0].autocast:
+        outs = decode.generate(
+            [run.model for run in runs],
+            runs[0].tokenizer,
+            prompt_ids,
+            group_size=k,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            seed_keys=keys,
+            first_index=first,
+            device=runs[0].device,
+            return_logp=return_logp,
+            compile_step=cfg.generate_compile == "on",
+            max_prompt=runs[0].max_prompt,
+        )
+    texts = [
+        run.tokenizer.batch_decode(o["completion"], skip_special_tokens=True)
+        for run, o in zip(runs, outs, strict=True)
+    ]
+    return list(zip(outs, texts, strict=True))
 
 
 @torch.no_grad()
@@ -463,19 +498,42 @@ def needs_sampler_logp(cfg: TrainConfig) -> bool:
 def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
     """This rank's share of the step's prompts -> completions, rewards, old and reference
     log-probs; returns every rank's rows, gathered on the CPU."""
-    cfg, info, G = run.cfg, run.info, run.cfg.group_size
+    request = draw_prompts(run, step)
+    sampled = sample(run, *request[:4], return_logp=needs_sampler_logp(run.cfg))
+    return score_rollout(run, request[4], *sampled)
+
+
+def rollout_each(runs: Sequence[Run], step: int) -> list[dict[str, torch.Tensor]]:
+    """The rollout phase of each run alone (:func:`rollout_phase`): a run's :data:`RolloutFn`."""
+    return [rollout_phase(run, step) for run in runs]
+
+
+def draw_prompts(
+    run: Run, step: int
+) -> tuple[list[list[int]], int, tuple[int, ...], int, list[str]]:
+    """This rank's share of the step's prompts: ``(token ids, G, stream keys, index of the
+    first, answers)``."""
+    cfg, info = run.cfg, run.info
     prompts, answers = run.source.draw(run.rng, cfg.prompts_per_step)  # same on every rank
     P_local = cfg.prompts_per_step // info.world
     lo = info.rank * P_local
-    local, texts = sample(
-        run,
+    keys = (cfg.seed, Stream.ROLLOUT, step)
+    return (
         run.encode(prompts[lo : lo + P_local]),
-        G,
-        (cfg.seed, Stream.ROLLOUT, step),
+        cfg.group_size,
+        keys,
         lo,
-        return_logp=needs_sampler_logp(cfg),
+        answers[lo : lo + P_local],
     )
-    local_answers = [a for a in answers[lo : lo + P_local] for _ in range(G)]
+
+
+def score_rollout(
+    run: Run, answers: list[str], local: dict[str, torch.Tensor], texts: list[str]
+) -> dict[str, torch.Tensor]:
+    """Rewards, old and reference log-probs of this rank's completions; every rank's rows,
+    gathered on the CPU."""
+    cfg, G = run.cfg, run.cfg.group_size
+    local_answers = [a for a in answers for _ in range(G)]
     local["rewards"] = torch.tensor(
         [float(run.source.verify(a, t)) for a, t in zip(local_answers, texts, strict=True)]
     )
@@ -902,6 +960,8 @@ def stop_on_signals():
 #: The update phase of one step, for the runs of one loop: ``(runs, batches, hosts, keeps, step)``
 #: -> each run's :class:`StepMetrics`. :func:`update_each` updates each run alone (``llm.train``);
 #: :mod:`llm.ensemble` passes its batched update (the members' forward and backward as one).
+#: the rollout phase of the runs of :func:`loop` at a step: each run's gathered rollout
+RolloutFn = Callable[[Sequence[Run], int], list[dict[str, torch.Tensor]]]
 UpdateFn = Callable[
     [
         Sequence[Run],
@@ -937,22 +997,28 @@ def train_together(
     make_update: Callable[[list[Run]], UpdateFn],
     *,
     stop_after: int | None = None,
+    rollout_fn: RolloutFn | None = None,
 ) -> list[list[dict[str, float]]]:
     """Set up the runs ``cfgs`` and train them in step through :func:`loop`, whose update phase
     is ``make_update(runs)`` (:func:`train`: one run, :func:`update_each`; :mod:`llm.ensemble`:
-    K runs, batched); closes what setup opened (a vLLM engine, the reporters) at the end."""
+    K runs, batched) and rollout phase ``rollout_fn`` (default :func:`rollout_each`); closes what
+    setup opened (a vLLM engine, the reporters) at the end."""
     closers: list[Any] = []  # run last: a vLLM engine's shutdown ends the process group
     try:
         with stop_on_signals() as stop:
             runs = [setup(cfg, closers) for cfg in cfgs]
-            return loop(runs, make_update(runs), stop, stop_after)
+            return loop(runs, make_update(runs), stop, stop_after, rollout_fn or rollout_each)
     finally:
         for close in reversed(closers):
             close()
 
 
 def loop(
-    runs: list[Run], update_fn: UpdateFn, stop: StopRequest, stop_after: int | None
+    runs: list[Run],
+    update_fn: UpdateFn,
+    stop: StopRequest,
+    stop_after: int | None,
+    rollout_fn: RolloutFn = rollout_each,
 ) -> list[list[dict[str, float]]]:
     """The steps of one run, or of K runs in step (:mod:`llm.ensemble`), from their common start:
     evaluation before the first step, then per step 1. rollout, 2. score, 3. ``update_fn`` (with
@@ -978,7 +1044,7 @@ def loop(
     )
     for step in bar:
         t0 = time.perf_counter()
-        hosts = [rollout_phase(run, step) for run in runs]  # 1. rollout
+        hosts = rollout_fn(runs, step)  # 1. rollout
         scored = [score(run, host) for run, host in zip(runs, hosts, strict=True)]  # 2. advantages
         batches = [batch for batch, _ in scored]
         probes = [  # mechanism check (a): each run's logits before the step's updates

@@ -183,3 +183,46 @@ def test_script_runs_smoke_for_llm_train(tmp_path):
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --steps must be >= 1"
+
+
+@pytest.mark.slow  # four short trainings under a dispatch-mode counter: ~40 s on 2 idle cores
+def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
+    """``--proxy --smoke`` (the real command): one CSV row per path and K, the counts positive,
+    and the batched decoder's ensemble of 2 dispatches fewer operators per run-step than its run
+    alone (the members share every launch of the rollout)."""
+    import csv
+
+    out = tmp_path / "proxy"
+    argv = ["--proxy", "--smoke", "--proxy-k", "1,2", "--proxy-compile", "off", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader((out / "proxy.csv").open()))
+    assert [(r["path"], r["K"]) for r in rows] == [
+        ("today", "1"),
+        ("ensemble", "2"),
+        ("batched", "1"),
+        ("batched", "2"),
+    ]
+    for r in rows:
+        assert float(r["ops_per_run_step"]) > 100 and float(r["gflop_per_run_step"]) > 0
+        assert float(r["host_reads_per_run_step"]) >= 1  # llm.train logs each step's values
+    alone, pair = (float(r["ops_per_run_step"]) for r in rows[2:])
+    assert pair < alone and float(rows[3]["ops_ratio_to_K1"]) == pytest.approx(pair / alone)
+    assert "ratio batched K=2 / today, operators per run-step:" in proc.stdout
+
+
+@pytest.mark.parametrize("value", ["0,8", "8,16", "1,x"])
+def test_proxy_k_must_start_at_one(value):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--proxy", "--proxy-k", value],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --proxy-k must be")

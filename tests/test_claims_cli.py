@@ -5,29 +5,56 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from llm.claims import LLM_DEFAULTS, llm_epochs, llm_spec, main, parse_args
-from sandbox.experiments.study import RUNGS, calibration_jobs
+from llm.claims import llm_epochs, llm_spec, main, parse_args
+from sandbox.study import RUNGS, StudyJob, calibration_jobs
 
 
 def test_llm_flag_sets_the_rungs_grids_and_calibration_crosses_them():
-    config, _ = parse_args(
-        ["--quick", "--rungs", "llm", "--llm", "lrs=[1e-3,2e-3]", "epochs=[2,4]", "ensemble=2"]
-    )
-    assert config.extra["llm"]["ensemble"] == 2 and llm_epochs(config) == [2, 4]
+    grids = ["--llm-lrs", "1e-3", "2e-3", "--llm-epochs", "2", "4", "--llm-ensemble", "2"]
+    config, _ = parse_args(["--quick", "--rungs", "llm", *grids])
+    assert config.section("llm").ensemble == 2 and llm_epochs(config) == [2, 4]
     jobs = calibration_jobs(config)
-    assert sorted((j[3], j[4]) for j in jobs) == [(1e-3, 2), (1e-3, 4), (2e-3, 2), (2e-3, 4)]
+    assert sorted((j.lr, j.epochs) for j in jobs) == [(1e-3, 2), (1e-3, 4), (2e-3, 2), (2e-3, 4)]
     assert RUNGS["llm"].grid(config) == [1e-3, 2e-3]
 
 
-def test_llm_flag_names_an_unknown_setting(capsys):
-    assert main(["--quick", "--llm", "bogus=1"]) == 2
-    assert "--llm: unknown settings ['bogus']" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--llm", "lrs=[1e-5]"], "error: --llm KEY=VALUE is gone: one flag per setting: "),
+        (["--llm-extra=--lr 1e-5"], "error: --llm-extra is gone: one flag per setting: "),
+        (["--llm-lr", "1e-5"], "error: --llm-lr is gone: the step-size grid is --llm-lrs\n"),
+        (["--seeds", "3"], "error: --seeds is gone: paired seeds are set per rung (--bandit-seeds"),
+        (["--llm-bogus", "1"], "error: unrecognized arguments: --llm-bogus 1\n"),
+    ],
+)
+def test_a_removed_or_unknown_flag_is_one_line_naming_it(capsys, flags, message):
+    if "unrecognized" in message:  # argparse's own error, as one line
+        with pytest.raises(SystemExit, match="2"):
+            main(["--quick", *flags])
+    else:
+        assert main(["--quick", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_the_one_way_to_set_the_llm_step_size_grid_reaches_the_trainer():
+    """``--llm-lrs`` is the llm rung's grid; calibration runs each point, and a job's spec
+    gives ``llm.train`` that step size (TrainConfig.lr)."""
+    import llm.runs
+    from sandbox.study.plan import job_spec
+
+    config, _ = parse_args(["--quick", "--rungs", "llm", "--llm-lrs", "3e-5", "7e-5"])
+    jobs = calibration_jobs(config)
+    assert [j.lr for j in jobs] == [3e-5, 7e-5]
+    assert [llm.runs.train_config(job_spec(config, j)).lr for j in jobs] == [3e-5, 7e-5]
 
 
 def test_the_llm_rungs_default_task_is_the_tiny_tf_task_through_its_knobs():
     config, _ = parse_args(["--profile", "gpu"])
-    spec = llm_spec(config, "dapo", 1e-5, 1, 100, 0)
-    assert LLM_DEFAULTS["task"] == config.tf_task and LLM_DEFAULTS["task_knobs"] == config.tf_knobs
+    spec = llm_spec(config, StudyJob("study", "llm", "dapo", 1e-5, 2, 0), seeds=1, steps=100)
+    llm, tf = config.section("llm"), config.section("tf")
+    assert (llm.task, llm.task_knobs) == (tf.task, tf.knobs) == ("mod_arith", {"steps": 2})
     assert spec.setting == "mod_arith-steps2"
     assert dict(spec.definition) == {"task": "mod_arith", "steps": 2}
 

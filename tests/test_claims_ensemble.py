@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 import llm.ensemble
 from llm.claims import PROFILES, main, parse_args
 from sandbox.experiments.runs import RunSpec, run_specs
-from sandbox.experiments.study import StudyConfig, job_groups, job_part, part_fields
+from sandbox.study import StudyConfig
+from sandbox.study.plan import StudyJob, job_groups
 
 RULES = ["dapo", "nsr_dapo"]
 ARGV = ["--quick", "--rules", *RULES, "--rungs", "llm", "--workers", "1", "--no-progress"]
@@ -106,29 +107,30 @@ def quick_config(ensemble: int) -> StudyConfig:
 
 def test_jobs_group_one_rules_seeds_at_most_k_at_a_time():
     config = quick_config(2)
-    jobs = [("study", "llm", r, 1e-3, 2, s) for s in range(3) for r in RULES]  # study_jobs' order
+    jobs = [
+        StudyJob("study", "llm", r, 1e-3, 2, s) for s in range(3) for r in RULES
+    ]  # study_jobs' order
     # by hand: rule after rule, seeds (0, 1) then (2,); a resumed study groups what is left
     groups = job_groups(config, jobs)
-    assert [[j[5] for j in g] for g in groups] == [[0, 1], [2], [0, 1], [2]]
-    assert [{j[2] for j in g} for g in groups] == [{"dapo"}] * 2 + [{"nsr_dapo"}] * 2
-    left = [j for j in jobs if j[5] != 1 or j[2] != "dapo"]
-    assert [[j[5] for j in g] for g in job_groups(config, left)] == [[0, 2], [0, 1], [2]]
+    assert [[j.seed for j in g] for g in groups] == [[0, 1], [2], [0, 1], [2]]
+    assert [{j.rule for j in g} for g in groups] == [{"dapo"}] * 2 + [{"nsr_dapo"}] * 2
+    left = [j for j in jobs if j.seed != 1 or j.rule != "dapo"]
+    assert [[j.seed for j in g] for g in job_groups(config, left)] == [[0, 2], [0, 1], [2]]
     # calibration runs (one per step size) and K = 1 stay one job each
-    calib = [("calib", "llm", "dapo", lr, 2, 0) for lr in (1e-3, 2e-3)]
+    calib = [StudyJob("calib", "llm", "dapo", lr, 2, 0) for lr in (1e-3, 2e-3)]
     assert job_groups(config, calib) == [(calib[0],), (calib[1],)]
     assert job_groups(quick_config(1), jobs) == [(j,) for j in jobs]
     # the setting is an execution choice: parts made with any K are the same parts
-    assert part_fields(config.fields_of_parts()) == quick_config(1).fields_of_parts()
+    assert config.fields_of_parts() == quick_config(1).fields_of_parts()
     assert "ensemble" not in str(config.fields_of_parts())
 
 
 @pytest.mark.parametrize("bad", ["0", "-1"])
 def test_a_bad_ensemble_size_is_named(bad, capsys):
     assert main([*ARGV, "--llm-ensemble", bad, "--out", "unused"]) == 2
-    assert "--llm-ensemble must be >= 1" in capsys.readouterr().err
-    extra = {"llm": {**PROFILES["quick"]["extra"]["llm"], "ensemble": 2.5}}
-    with pytest.raises(ValueError, match=r"ensemble \(--llm-ensemble\) must be an integer >= 1"):
-        StudyConfig(**{**PROFILES["quick"], "rules": RULES, "extra": extra}).validate()
+    assert "llm_ensemble must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"llm_ensemble must be an integer >= 1, got 2.5"):
+        StudyConfig(rules=RULES, sections={"llm": {**PROFILES["quick"]["llm"], "ensemble": 2.5}})
 
 
 def parts_of(out) -> dict[str, pd.DataFrame]:
@@ -168,7 +170,7 @@ def test_the_study_with_ensembles_writes_the_separate_runs_parts_and_ledger(
     # a folder of separate-run parts resumes with ensembles: only the missing seeds run, as one
     mixed = tmp_path / "mixed"
     shutil.copytree(separate, mixed)
-    missing = [job_part(("study", "llm", "nsr_dapo", 1e-3, 2, s)) for s in (0, 2)]
+    missing = [StudyJob("study", "llm", "nsr_dapo", 1e-3, 2, s).part for s in (0, 2)]
     for name in missing:
         (mixed / "parts" / name).unlink()
     kept = {p.name: p.stat().st_mtime_ns for p in (mixed / "parts").glob("*.parquet")}

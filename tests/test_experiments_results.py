@@ -121,8 +121,7 @@ def _study_parts() -> list[Path]:
 
 
 def test_study_tables_are_the_same_bytes_whatever_the_order_of_the_parts(tmp_path):
-    from sandbox.experiments import study
-    from sandbox.experiments.study import StudyConfig, write_tables
+    from sandbox.study import StudyConfig, analysis, write_tables
 
     files = _study_parts()
     config = StudyConfig(rules=list(STUDY_RULES))
@@ -148,10 +147,10 @@ def test_study_tables_are_the_same_bytes_whatever_the_order_of_the_parts(tmp_pat
     assert len(tables["grad_noise"]) == 2 and len(tables["ledger"]) == 3  # one claim, 3 rungs
     # each table function alone gives the same table, to the last bit, from rows in any order
     for name, table_of in (
-        ("scores", study.run_scores),
-        ("calibration", study.calibration_curve),
-        ("entropy_law", study.entropy_law),
-        ("grad_noise", study.gradient_noise),
+        ("scores", analysis.run_scores),
+        ("calibration", analysis.calibration_curve),
+        ("entropy_law", analysis.entropy_law),
+        ("grad_noise", analysis.gradient_noise),
     ):
         pd.testing.assert_frame_equal(table_of(shuffled), tables[name], check_exact=True)
 

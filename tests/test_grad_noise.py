@@ -226,19 +226,24 @@ def test_tiny_tf_training_is_bit_identical_with_the_probe_on():
 
 
 def test_the_study_turns_the_probe_on_for_rules_with_a_counterpart_on_the_toy_trainers():
-    from sandbox.experiments.study import RUNGS, StudyConfig
+    from sandbox.study import RUNGS, StudyConfig, StudyJob
 
     config = StudyConfig()
     for rung in ("bandit_sampled", "tiny_tf"):
-        flags = {r: dict(RUNGS[rung].spec(config, r, 1.0, 2, 3, 0).train) for r in config.rules}
+        jobs = {r: StudyJob("study", rung, r, 1.0, 2, 0) for r in config.rules}
+        flags = {
+            r: dict(RUNGS[rung].spec(config, j, seeds=2, steps=3).train) for r, j in jobs.items()
+        }
         assert {r for r, t in flags.items() if t.get("grad_noise")} == {"nsr_dapo"}
     assert "grad_noise" not in dict(
-        RUNGS["bandit_exact"].spec(config, "nsr_dapo", 1.0, 1, 3, 0).train
+        RUNGS["bandit_exact"]
+        .spec(config, StudyJob("study", "bandit_exact", "nsr_dapo", 1.0, 2, 0), seeds=1, steps=3)
+        .train
     )
 
 
 def test_gradient_noise_table_by_hand():
-    from sandbox.experiments.study import gradient_noise
+    from sandbox.study.analysis import gradient_noise
 
     # nsr_dapo on one rung, 3 seeds x 2 steps: (rescue_var, sampling_var, signal) per step
     values = {

@@ -117,22 +117,21 @@ def test_tables_only_never_mixes_two_calibrations(study, tmp_path):
 # -- finding 3: every setting checked before anything runs or is written -----------------------
 
 BAD = [
-    (["--llm", "lrs=[abc]"], "--llm lrs must be a non-empty list of numbers > 0"),
-    (["--llm", "lrs=[0]"], "--llm lrs must be a non-empty list of numbers > 0"),
-    (["--llm", "lrs=[]"], "--llm lrs must be a non-empty list of numbers > 0"),
-    (["--llm", "steps=many"], "--llm steps must be an integer >= 1, got 'many'"),
-    (["--llm", "steps=0"], "--llm steps must be an integer >= 1, got 0"),
-    (["--llm", "seeds=1.5"], "--llm seeds must be an integer >= 1"),
-    (["--llm", "epochs=[0]"], "--llm epochs must be a non-empty list of integers >= 1"),
-    (["--llm", "bogus=1"], "--llm: unknown settings ['bogus']"),
-    (["--llm", "task=nope"], "--llm task, task_knobs: unknown task 'nope'"),
-    (["--llm", "model=no-such/model"], "--llm model='no-such/model' is not in the local"),
-    (["--llm-ensemble", "0"], "--llm-ensemble must be >= 1, got 0"),
+    (["--llm-lrs", "abc"], "--llm-lrs: invalid float value: 'abc'"),
+    (["--llm-lrs", "0"], "llm_lrs must be finite numbers > 0"),
+    (["--llm-steps", "many"], "--llm-steps: invalid int value: 'many'"),
+    (["--llm-steps", "0"], "llm_steps must be an integer >= 1, got 0"),
+    (["--llm-seeds", "1.5"], "--llm-seeds: invalid int value: '1.5'"),
+    (["--llm-epochs", "0"], "llm_epochs must be integers >= 1"),
+    (["--llm-bogus", "1"], "unrecognized arguments: --llm-bogus 1"),
+    (["--llm-task", "nope"], "llm_task, llm_task_knobs: unknown task 'nope'"),
+    (["--llm-model", "no-such/model"], "--llm-model='no-such/model' is not in the local"),
+    (["--llm-ensemble", "0"], "llm_ensemble must be an integer >= 1, got 0"),
     (["--bandit-steps", "0"], "bandit_steps must be an integer >= 1, got 0"),
     (["--group-size", "1"], "group_size must be an integer >= 2, got 1"),
     (["--bandit-setting", "nope"], "bandit_setting: unknown setting 'nope'"),
     (["--tf-task", "nope"], "tf_task, tf_knobs: unknown task 'nope'"),
-    (["--bandit-lrs", "abc"], "bandit_lrs must be numbers"),
+    (["--bandit-lrs", "abc"], "--bandit-lrs: invalid float value: 'abc'"),
     (["--rules", "dapo", "nope"], "nope"),
 ]
 
@@ -146,7 +145,7 @@ def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path, flags, needle)
 
 def test_an_llm_setting_without_the_llm_rung_does_not_apply(tmp_path):
     out = tmp_path / "never"
-    one_line_error(claims(*FAST, "--llm", "steps=2", "--out", str(out)), "--llm steps: does not")
+    one_line_error(claims(*FAST, "--llm-steps", "2", "--out", str(out)), "--llm-steps: does not")
     assert not out.exists()
 
 
@@ -161,12 +160,12 @@ def test_cuda_without_cuda_is_one_line_before_anything_runs(tmp_path):
 
 def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path):
     out = tmp_path / "study"
-    small = [*LLM, "--out", str(out), "--llm", "seeds=1"]
-    one_line_error(claims(*small, "steps=many"), "--llm steps")
-    proc = claims(*small, "steps=1")
+    small = [*LLM, "--out", str(out), "--llm-seeds", "1", "--llm-steps"]
+    one_line_error(claims(*small, "many"), "--llm-steps")
+    proc = claims(*small, "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
-    assert config["extra"]["llm"]["steps"] == 1 and config["extra"]["llm"]["seeds"] == 1
+    assert config["sections"]["llm"]["steps"] == 1 and config["sections"]["llm"]["seeds"] == 1
     assert sorted(pd.read_csv(out / "summary.csv").query("rung == 'llm'")["rule"]) == [
         "dapo",
         "nsr_dapo",
@@ -293,9 +292,10 @@ def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path):
         "--no-progress",
         "--workers",
         "1",
-        "--llm",
-        "seeds=1",
-        "steps=2",
+        "--llm-seeds",
+        "1",
+        "--llm-steps",
+        "2",
         "--out",
         str(out),
     ]

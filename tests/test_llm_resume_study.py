@@ -244,7 +244,8 @@ def _parts(out: Path) -> dict[str, pd.DataFrame]:
 
 def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps):
     # the calibration run (20 steps) is cut; no periodic checkpoint: SIGTERM writes the one
-    argv = [*QUICK, "--calib-steps", "20", "--llm", "steps=2", "seeds=1", "checkpoint_every=0"]
+    argv = [*QUICK, "--calib-steps", "20", "--llm-steps", "2", "--llm-seeds", "1"]
+    argv += ["--llm-checkpoint-every", "0"]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     folders = _cut([*argv, "--out", str(cut), "--workers", "1"], cut / "llm_scratch", after=3)
     assert len(folders) == 1 and not _parts(cut)
@@ -275,10 +276,12 @@ def test_a_study_llm_ensemble_cut_by_sigterm_resumes_mid_way(tmp_path, trained_s
         "1",
         "--llm-ensemble",
         "2",
-        "--llm",
-        "steps=8",
-        "seeds=2",
-        "checkpoint_every=100",
+        "--llm-steps",
+        "8",
+        "--llm-seeds",
+        "2",
+        "--llm-checkpoint-every",
+        "100",
     ]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     # in the pool (the default on a GPU machine): the driver's SIGTERM reaches the workers,

@@ -241,7 +241,7 @@ def test_a_folder_made_with_the_earlier_scheme_is_refused_in_one_line(tmp_path, 
 
 def test_the_study_and_compare_record_the_scheme_and_refuse_an_earlier_one(tmp_path):
     from sandbox.experiments.results import changed_settings, check_settings
-    from sandbox.experiments.study import StudyConfig, part_fields, read_record
+    from sandbox.study import StudyConfig, part_fields, read_record
 
     study = StudyConfig()
     assert study.rng == RNG and study.fields_of_parts()["rng"] == RNG

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 from sandbox.configs import check_int
 
+from .pool import DeadlineReached
 from .results import (
     check_settings,
     prepare_out_dir,
@@ -44,6 +46,10 @@ class Job:
     key: str
     parts: tuple[str, ...]
     args: tuple[Any, ...]
+    #: jobs of one ``cost`` class take about as long; :meth:`RunFolder.run`'s ``deadline``
+    #: expects the longest one of its class seen so far, else ``estimate`` seconds
+    cost: str = ""
+    estimate: float = 0.0
 
     def __str__(self) -> str:
         return self.key
@@ -102,6 +108,16 @@ class RunFolder:
         self.force = force
         self.device = device
         self._fresh = not any(self.parts.glob("*.parquet"))  # earlier runs' entries are stale
+        self.longest: dict[str, float] = {}  # seconds of the longest job of each cost class
+        self.stopped: list[Job] = []  # jobs a deadline stopped while they ran
+
+    def expected(self, job: Job) -> float:
+        """Seconds ``job`` is expected to take: the longest job of its cost class run by this
+        folder's :meth:`run` calls so far; before one has, its own ``estimate`` or the longest
+        job of any class, whichever is longer (0 before any: the first job starts)."""
+        if job.cost in self.longest:
+            return self.longest[job.cost]
+        return max([job.estimate, *self.longest.values()])
 
     def done(self, part: str) -> bool:
         """A finished part that this run keeps (``force`` recomputes every part)."""
@@ -121,17 +137,28 @@ class RunFolder:
         error: type[Exception] = RuntimeError,
         written: Callable[[Job], None] | None = None,
         threads: int | None = 1,
-    ) -> None:
+        deadline: float | None = None,
+    ) -> list[Job]:
         """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
         ``written(job)`` runs once all of a job's parts are on disk (a run's clean-up that must
         not happen before, e.g. removing the checkpoint a resumed run would read). ``backend``
         is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any run
         starts). ``threads``: torch's intra-op threads while jobs run in this process (restored
-        afterwards; ``None`` keeps the process's count); pool workers always use 1."""
+        afterwards; ``None`` keeps the process's count); pool workers always use 1.
+
+        ``deadline`` (a :func:`time.monotonic` time; a time budget): jobs start in order while
+        each is expected (:meth:`expected`) to end by it; the first that is not starts nothing
+        more. Jobs still running at the deadline are stopped as on SIGTERM (the pool's clean
+        path, :func:`.pool.imap_unordered`: an ``llm.train`` run checkpoints in its scratch
+        folder and resumes from there), so with a deadline jobs always run in the pool (one
+        worker for ``workers=1``). Returns the jobs left: not started or stopped (empty: all
+        done); their parts are missing and a later call runs them."""
         from tqdm import tqdm
 
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if deadline is not None and backend != "local":
+            raise ValueError(f"deadline: the {backend} backend has none (use backend='local')")
 
         todo = sum(len(job.parts) for job in jobs)
         if todo < total:
@@ -143,18 +170,36 @@ class RunFolder:
             )
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
         count = 0  # parts written by this call
+        started: dict[int, float] = {}  # id(job) -> time.monotonic() it was submitted
+        left = {id(job): job for job in jobs}
+
+        def admit(job: Job) -> bool:
+            if time.monotonic() + self.expected(job) > deadline:
+                return False
+            started[id(job)] = time.monotonic()
+            return True
+
         try:
-            with contextlib.closing(
+            stream = (
                 _stream(fn, jobs, workers, backend, address, error, threads)
-            ) as stream:
+                if deadline is None or not jobs
+                else _deadline_stream(fn, jobs, workers, error, admit, deadline)
+            )
+            with contextlib.closing(stream):
                 for job, frames in stream:
                     for part, frame in zip(job.parts, frames, strict=True):
                         write_parquet_atomic(frame, self.parts / part)
                         count += 1
                         bar.update()
+                    del left[id(job)]
+                    if id(job) in started:
+                        took = time.monotonic() - started[id(job)]
+                        self.longest[job.cost] = max(self.longest.get(job.cost, 0.0), took)
                     if written is not None:
                         written(job)
                     bar.set_postfix_str(job.key, refresh=False)
+        except DeadlineReached as exc:  # the running jobs were stopped (SIGTERM): left too
+            self.stopped += exc.keys
         finally:
             bar.close()
             if count:  # also when interrupted: the parts it wrote are the folder's now
@@ -162,6 +207,16 @@ class RunFolder:
                     self.out, device=self.device, fresh=self._fresh, parts=count, workers=workers
                 )
                 self._fresh = False
+        return list(left.values())
+
+
+def _deadline_stream(fn, jobs, workers, error, admit, deadline) -> Iterator[tuple[Job, Any]]:
+    """The jobs in the pool, each submitted once ``admit`` allows it, stopped at ``deadline``."""
+    from .pool import imap_unordered
+
+    workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(jobs)))
+    pairs = [(job, job.args) for job in jobs]
+    return imap_unordered(fn, pairs, workers, error, admit=admit, deadline=deadline)
 
 
 def _stream(fn, jobs, workers, backend, address, error, threads) -> Iterator[tuple[Job, Any]]:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
 from typing import Any
 
 #: Modules the forkserver imports once, so each worker starts with them loaded. torch imports
@@ -187,11 +187,23 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+class DeadlineReached(Exception):
+    """:func:`imap_unordered`'s ``deadline`` passed with runs still going; they were stopped as on
+    SIGTERM (:func:`_stop`). ``keys``: the runs stopped."""
+
+    def __init__(self, keys: list[Any]) -> None:
+        super().__init__(f"deadline reached; stopped {len(keys)} running runs")
+        self.keys = keys
+
+
 def imap_unordered(
     fn: Callable[..., Any],
     jobs: Iterable[tuple[Any, tuple[Any, ...]]],
     workers: int,
     error: type[Exception] = RuntimeError,
+    *,
+    admit: Callable[[Any], bool] | None = None,
+    deadline: float | None = None,
 ) -> Iterator[tuple[Any, Any]]:
     """Run ``fn(*args)`` for each ``(key, args)`` in ``workers`` processes; yield ``(key,
     result)`` as runs finish.
@@ -200,33 +212,81 @@ def imap_unordered(
     yielded, then the failure is raised as ``error`` naming the key (``__cause__`` holds
     the worker's exception). Ctrl-C, SIGTERM or an exception in the caller's loop cancel
     everything at once. ``fn`` must be importable by name (a module-level function).
+
+    ``admit(key)``: with it, a run is submitted only when a worker is free and ``admit`` says
+    yes at that moment (called after the caller has taken the previous result); the first no
+    starts nothing more, and the runs going finish. ``deadline`` (a :func:`time.monotonic`
+    time): runs still going then are stopped as on SIGTERM (:func:`_stop`: an ``llm.train`` run
+    checkpoints) and :class:`DeadlineReached` is raised.
     """
     start_forkserver()  # a no-op once running; started here with SIGINT ignored if not yet
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_worker_init)
     finished = False
     try:
         with terminate_raises():
-            with signals_deferred():  # every worker registered before an interrupt acts
-                futures: dict[Future, Any] = {pool.submit(fn, *args): key for key, args in jobs}
-            failure: tuple[Any, BaseException] | None = None
-            for future in as_completed(futures):
-                if future.cancelled():
-                    continue
-                try:
-                    result = future.result()
-                except Exception as exc:
-                    if failure is None:  # stop starting new runs; keep the ones already running
-                        failure = (futures[future], exc)
-                        for other in futures:
-                            other.cancel()
-                    continue
-                yield futures[future], result
-            if failure is not None:
-                key, exc = failure
-                raise error(f"run {key} failed: {exc!r}") from exc
+            if admit is None and deadline is None:
+                yield from _all_at_once(pool, fn, jobs, error)
+            else:
+                yield from _as_admitted(pool, fn, jobs, workers, error, admit, deadline)
             finished = True
     finally:
         if finished:
             pool.shutdown(wait=True)
         else:
             _stop(pool)
+
+
+def _all_at_once(pool, fn, jobs, error) -> Iterator[tuple[Any, Any]]:
+    with signals_deferred():  # every worker registered before an interrupt acts
+        futures: dict[Future, Any] = {pool.submit(fn, *args): key for key, args in jobs}
+    failure: tuple[Any, BaseException] | None = None
+    for future in as_completed(futures):
+        if future.cancelled():
+            continue
+        try:
+            result = future.result()
+        except Exception as exc:
+            if failure is None:  # stop starting new runs; keep the ones already running
+                failure = (futures[future], exc)
+                for other in futures:
+                    other.cancel()
+            continue
+        yield futures[future], result
+    if failure is not None:
+        key, exc = failure
+        raise error(f"run {key} failed: {exc!r}") from exc
+
+
+def _as_admitted(pool, fn, jobs, workers, error, admit, deadline) -> Iterator[tuple[Any, Any]]:
+    """:func:`imap_unordered` with at most ``workers`` runs submitted at a time, each once
+    ``admit`` allows it, and a ``deadline``."""
+    waiting = iter(jobs)
+    running: dict[Future, Any] = {}
+    closed = False  # admit said no, a run failed, or every job was submitted
+    failure: tuple[Any, BaseException] | None = None
+    while True:
+        while not closed and len(running) < workers:
+            nxt = next(waiting, None)
+            if nxt is None or (admit is not None and not admit(nxt[0])):
+                closed = True
+                break
+            with signals_deferred():  # the worker registered before an interrupt acts
+                running[pool.submit(fn, *nxt[1])] = nxt[0]
+        if not running:
+            break
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+        if not done:  # the deadline: stop what is going (the caller's finally calls _stop)
+            raise DeadlineReached(list(running.values()))
+        for future in done:
+            key = running.pop(future)
+            try:
+                result = future.result()
+            except Exception as exc:
+                if failure is None:
+                    failure, closed = (key, exc), True
+                continue
+            yield key, result
+    if failure is not None:
+        key, exc = failure
+        raise error(f"run {key} failed: {exc!r}") from exc

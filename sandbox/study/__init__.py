@@ -1,1 +1,64 @@
-"""The claims study engine (issue 26): the page (docs/claims.md) from page.md and the tables."""
+"""The claims study engine: the seed papers' claims tested on every rung, calibrated and paired by
+seed (``python -m llm.claims``).
+
+What is where:
+
+- :mod:`.claims`: claims as records, the ledger, Holm, headroom;
+- :mod:`.evidence`: paired intervals, power, tau-b, the verdict classes;
+- :mod:`.config`: :class:`StudyConfig`, the study's constants, a folder's record (``config.json``);
+- :mod:`.rungs`: :class:`Rung`, :data:`RUNGS`, :func:`register_rung`, the toy rungs and their bounds;
+- :mod:`.plan`: the jobs (calibration, study), their parts and specs, :func:`run_study`, calibration;
+- :mod:`.analysis`: per-run scores, the study's ledger, rank agreement, summaries, mechanism checks;
+- :mod:`.tables`: :func:`write_tables` and the figures (:func:`rebuild_tables` is in :mod:`.plan`);
+- :mod:`.transfer`: each claim's effect on every rung side by side, and their sign agreement;
+- :mod:`.page` (+ ``page.md``): the page (docs/claims.md) from a Markdown template and the tables.
+
+Imports flow one way: ``llm`` -> ``sandbox.study`` -> ``sandbox.experiments`` (the run kinds,
+the planner, result storage), never back.
+"""
+
+from __future__ import annotations
+
+from .analysis import calibration_curve, rank_agreement, run_scores, study_ledger
+from .claims import CLAIMS, Bounds, Claim, ledger
+from .config import MARGINS, REFERENCE, StudyConfig, part_fields, read_record, with_folder
+from .plan import (
+    BudgetSpent,
+    StudyJob,
+    calibrate,
+    calibration_jobs,
+    rebuild_tables,
+    run_study,
+    study_jobs,
+)
+from .rungs import RUNGS, Rung, register_rung, task_bounds
+from .tables import write_tables
+
+__all__ = [
+    "CLAIMS",
+    "MARGINS",
+    "REFERENCE",
+    "RUNGS",
+    "Bounds",
+    "BudgetSpent",
+    "Claim",
+    "Rung",
+    "StudyConfig",
+    "StudyJob",
+    "calibrate",
+    "calibration_curve",
+    "calibration_jobs",
+    "ledger",
+    "part_fields",
+    "rank_agreement",
+    "read_record",
+    "rebuild_tables",
+    "register_rung",
+    "run_scores",
+    "run_study",
+    "study_jobs",
+    "study_ledger",
+    "task_bounds",
+    "with_folder",
+    "write_tables",
+]

@@ -24,20 +24,15 @@ from string import Template
 
 import pandas as pd
 
-from sandbox.experiments import evidence
-from sandbox.experiments.claims import CLAIMS
 from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
-from sandbox.experiments.study import (
-    MARGINS,
-    NEVER_BINDS,
-    REFERENCE,
-    RUNGS,
-    STEP_SIZE_RULE,
-    StudyConfig,
-    fmt_interval,
-    same_on_exact_flow,
-)
 from sandbox.streams import RNG
+
+from . import evidence
+from .analysis import fmt_interval, same_on_exact_flow
+from .claims import CLAIMS
+from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
+from .rungs import RUNGS
+from .settings import migrate
 
 TEMPLATE = Path(__file__).with_name("page.md")
 
@@ -512,7 +507,7 @@ def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> s
                 f"`{EXACT_MU_COMMAND}`): at most {', '.join(map(_pct, peaks))}"
             )
             part = pd.concat([part, more])
-        if RUNGS.get(rung) and RUNGS[rung].deterministic and part["clip_share"].max() < low:
+        if RUNGS.get(rung) and RUNGS[rung].traits.deterministic and part["clip_share"].max() < low:
             said.append(
                 "the expected-gradient flow moves smoothly to the optimum, so few expected tokens "
                 "ever leave the trust region"
@@ -752,6 +747,13 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
     )
 
 
+def toy_seeds(config: dict) -> str:
+    """The toy rungs' paired seeds (the bandit and tf sections'; an old record's ``seeds``)."""
+    sections = migrate(config, FIELDS)["sections"]
+    seeds = [sections[n]["seeds"] for n in ("bandit", "tf") if "seeds" in sections.get(n, {})]
+    return " / ".join(str(n) for n in dict.fromkeys(seeds))
+
+
 def llm_floor() -> str:
     """The llm rung's answer baseline at its default settings, from the rung registry
     (``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``)."""
@@ -853,7 +855,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         ),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
-        "seeds": lambda: str(config["seeds"]),
+        "seeds": lambda: toy_seeds(config),
         "margins": lambda: ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         "reference": lambda: REFERENCE,
         "step_size_rule": lambda: STEP_SIZE_RULE,
@@ -871,4 +873,6 @@ def write_doc(out: Path, path: Path) -> None:
     out, path = Path(out), Path(path)
     if not (out / "config.json").exists():
         raise ValueError(f"--out: {out} has no config.json (not a claims-study folder)")
+    if not (out / "ledger.csv").read_text().strip():
+        raise ValueError("the study's rules make no claim (empty ledger.csv): no page")
     write_text(render(TEMPLATE.read_text(), page_values(out, path)), path)

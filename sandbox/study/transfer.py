@@ -33,8 +33,9 @@ import numpy as np
 import pandas as pd
 from scipy.stats import beta
 
-from sandbox.experiments.evidence import NOT_VERDICTS
 from sandbox.experiments.results import write_csv
+
+from .evidence import NOT_VERDICTS
 
 #: The columns of :func:`transfer_table` (and of ``transfer.csv``), in order.
 COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
@@ -81,6 +82,15 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 def _first_seen(values: pd.Series) -> dict[object, int]:
     return {v: i for i, v in enumerate(dict.fromkeys(values))}
+
+
+def _read_ledger(path: Path) -> pd.DataFrame:
+    """A ledger as written; an empty one (a study whose rules make no claim) as no rows."""
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        columns = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict", "seeds"]
+        return pd.DataFrame(columns=columns)
 
 
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
@@ -193,7 +203,7 @@ def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     found = [out / name for name in LEDGERS if (out / name).exists()]
     if not found:
         raise ValueError(f"out: no {' or '.join(LEDGERS)} in {out}")
-    table = transfer_table(*(pd.read_csv(path) for path in found))
+    table = transfer_table(*(_read_ledger(path) for path in found))
     agreement = transfer_agreement(table)
     write_csv(table, out / "transfer.csv")
     write_csv(agreement, out / "transfer_agreement.csv")

@@ -1,4 +1,4 @@
-"""sandbox.experiments.claims: the claim records and the ledger, on a score table whose paired
+"""sandbox.study.claims: the claim records and the ledger, on a score table whose paired
 differences are worked by hand."""
 
 import numpy as np
@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from sandbox.experiments import claims as cl
-from sandbox.experiments import evidence as ev
 from sandbox.objectives import get_objective
+from sandbox.study import claims as cl
+from sandbox.study import evidence as ev
 
 
 def test_every_claim_names_rules_the_registry_resolves():

@@ -3,7 +3,7 @@
 A claim is one record: rule A beats rule B on a metric, in a stated direction, as a paper says
 in a stated place. ``ledger`` turns a tidy score table (one row per rung, rule and seed) into one
 row per (claim, rung): the paired difference A - B over seeds with its 95% interval, the verdict
-(``sandbox.experiments.evidence.verdict``) and the power line. The seed papers' claims are the
+(``sandbox.study.evidence.verdict``) and the power line. The seed papers' claims are the
 records in ``CLAIMS``; a claim of your own needs no edit of the package: ``python -m llm.claims
 --claim NAME:A>B[:metric[:margin]]`` or ``--claims FILE`` (:func:`parse_claim`,
 :func:`read_claims`; CONTRIBUTING.md, "Adding a claim"). The rules are registry names or presets
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sandbox.experiments import evidence
+from . import evidence
 
 METRICS = ("final_pass", "reward_auc", "final_entropy")
 

@@ -1,11 +1,11 @@
-"""sandbox.experiments.evidence: paired intervals, verdicts, power and tau-b, against values
+"""sandbox.study.evidence: paired intervals, verdicts, power and tau-b, against values
 worked by hand (and scipy where it computes the same thing)."""
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from sandbox.experiments import evidence as ev
+from sandbox.study import evidence as ev
 
 
 def test_paired_difference_is_the_t_interval_of_the_seed_differences():

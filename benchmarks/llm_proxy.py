@@ -1,0 +1,258 @@
+"""CPU-measurable proxies of GPU speed for K runs (``benchmarks/llm_throughput.py --proxy``).
+
+A small model on a GPU is launch- and sync-bound, not compute-bound (issue 28), so what a CPU
+can count predicts much of its speed: operators dispatched per run-step (each is at least one
+kernel launch on a GPU, unless a compiled graph fuses it), device-to-host reads per run-step
+(each stalls the GPU's queue), and FLOPs per run-step (the work itself, which batching must not
+grow). Counted here on the tiny Llama, with the same llm.train step at K = 1, 8, 16:
+
+today     each run alone (``llm.train``, HF ``generate``, dynamic cache): a run-step's
+          operators do not depend on K, so K = 1 stands for every K;
+ensemble  ``llm.ensemble`` with the hf backend (the vmapped training forward; each member's
+          rollout generated alone);
+batched   ``llm.ensemble`` with ``--rollout-backend compact`` (every member decoded in one loop,
+          :mod:`llm.decode`); at K = 1 the run alone with the compact decoder.
+
+Counting: a ``TorchDispatchMode`` counts every aten operator dispatched during steps 1 and 2
+(after a step of warm-up; the step boundaries are the rollout phase's start), divided by K x 2.
+Host reads: ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``) plus the calls of
+``Tensor.cpu``, ``.tolist`` and ``.numpy`` (on a GPU run each reads device memory; on the CPU
+they are counted by call). FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over the same
+steps. Graph breaks and recompiles: ``torch._dynamo`` counters over 3 steps of the batched path
+with ``--generate-compile on`` (the compiled decoding step), counted without the dispatch mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime
+import os
+import platform
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SETTINGS = dict(
+    model="tiny",
+    task="addition",
+    task_knobs={"digits": 1},
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=8,
+    epochs=2,
+    minibatches=2,
+    lr=1e-3,
+    progress=False,
+    save_model=False,
+    device="cpu",
+)
+#: ``--smoke``: the smallest step that still has two updates (seconds instead of minutes)
+SMOKE = dict(prompts_per_step=2, group_size=2, max_new_tokens=4, epochs=1, minibatches=2)
+MEASURED = (1, 2)  # the steps counted (step 0 warms up)
+COLUMNS = (
+    "path",
+    "K",
+    "ops_per_run_step",
+    "host_reads_per_run_step",
+    "gflop_per_run_step",
+    "ops_ratio_to_K1",
+)
+
+
+class Counter(TorchDispatchMode):
+    """Operators dispatched and host reads (``_local_scalar_dense``), while ``on``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+        self.ops = 0
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.on:
+            self.ops += 1
+            self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counted_host_calls(counter: Counter) -> Iterator[None]:
+    """``Tensor.cpu``, ``.tolist`` and ``.numpy`` calls added to ``counter.reads`` while it is
+    on (``.item()`` is already its ``_local_scalar_dense``)."""
+    originals = {name: getattr(torch.Tensor, name) for name in ("cpu", "tolist", "numpy")}
+
+    def wrap(name: str, fn: Any) -> Any:
+        def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            counter.reads += counter.on
+            return fn(self, *args, **kwargs)
+
+        counted.__name__ = name
+        return counted
+
+    try:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, wrap(name, fn))
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(torch.Tensor, name, fn)
+
+
+def path_settings(path: str) -> dict[str, Any]:
+    if path == "batched":
+        return {"rollout_backend": "compact"}
+    return {"generate_cache": "dynamic", "generate_compile": "off"}
+
+
+def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | None = None):
+    """``steps`` steps of K runs (seeds 0..K-1) on ``path``; ``rollout_hook(step)`` is called at
+    each rollout phase's start."""
+    import llm.train
+    from llm.config import TrainConfig
+    from llm.ensemble import train_ensemble
+
+    with tempfile.TemporaryDirectory() as out:
+        cfgs = [
+            TrainConfig(
+                **{**SETTINGS, **path_settings(path), **(extra or {})},
+                steps=steps,
+                seed=s,
+                out=os.path.join(out, str(s)),
+            )
+            for s in range(K)
+        ]
+        real = llm.train.loop
+
+        def hooked(runs, update_fn, stop, stop_after, rollout_fn=llm.train.rollout_each):
+            def timed(rs: Sequence[Any], step: int) -> Any:
+                rollout_hook(step)
+                return rollout_fn(rs, step)
+
+            return real(runs, update_fn, stop, stop_after, timed)
+
+        llm.train.loop = hooked
+        try:
+            if K == 1:
+                llm.train.train(cfgs[0])
+            else:
+                train_ensemble(cfgs)
+        finally:
+            llm.train.loop = real
+        rollout_hook(steps)
+
+
+def measure(path: str, K: int, extra: dict | None = None) -> dict[str, Any]:
+    """Operators, host reads and GFLOP per run-step of ``path`` with K runs (steps 1, 2)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter, flops = Counter(), FlopCounterMode(display=False)
+    first, last = MEASURED[0], MEASURED[-1] + 1
+
+    def hook(step: int) -> None:
+        counter.on = first <= step < last
+        if step == first:
+            flops.__enter__()
+        if step == last:
+            flops.__exit__(None, None, None)
+
+    with counted_host_calls(counter), counter:
+        train_steps(path, K, last, hook, extra)
+    runs_steps = K * (last - first)
+    return {
+        "path": path,
+        "K": K,
+        "ops_per_run_step": counter.ops / runs_steps,
+        "host_reads_per_run_step": counter.reads / runs_steps,
+        "gflop_per_run_step": flops.get_total_flops() / runs_steps / 1e9,
+    }
+
+
+def compile_counters(K: int, extra: dict | None = None) -> dict[str, int]:
+    """Graph breaks and recompiles over 3 steps of the batched path with the compiled decoding
+    step (``--generate-compile on``)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    train_steps("batched", K, 3, lambda step: None, {**(extra or {}), "generate_compile": "on"})
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "graphs": counters["stats"]["unique_graphs"],
+        "recompiles": max(counters["stats"]["unique_graphs"] - 1, 0),
+    }
+
+
+def machine() -> str:
+    name = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def run_proxy(
+    out: str, ks: Sequence[int] = (1, 8, 16), compiled: bool = True, smoke: bool = False
+) -> list[dict]:
+    """Every path at every K, printed as ratios and written to ``out/proxy.csv`` (``smoke``:
+    the :data:`SMOKE` step)."""
+    extra = SMOKE if smoke else {}
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    print(f"proxy figures on {machine()}, {datetime.date.today().isoformat()}")
+    print(
+        "tiny Llama, "
+        + ", ".join(
+            f"{k}={v}"
+            for k, v in {**SETTINGS, **extra}.items()
+            if k not in ("progress", "save_model")
+        )
+    )
+    rows = [measure("today", 1, extra)]
+    for path in ("ensemble", "batched"):
+        for K in ks:
+            if K == 1 and path == "ensemble":
+                continue  # an ensemble holds two runs or more
+            rows.append(measure(path, K, extra))
+    base = {r["path"]: r["ops_per_run_step"] for r in rows if r["K"] == 1}
+    base["ensemble"] = base["today"]  # the ensemble of one is the run alone on the hf path
+    print(
+        f"{'path':<10}{'K':>4}{'ops/run-step':>14}{'host reads':>12}{'GFLOP':>10}{'ops / K=1':>11}"
+    )
+    for r in rows:
+        r["ops_ratio_to_K1"] = r["ops_per_run_step"] / base[r["path"]]
+        print(
+            f"{r['path']:<10}{r['K']:>4}{r['ops_per_run_step']:>14.0f}"
+            f"{r['host_reads_per_run_step']:>12.1f}{r['gflop_per_run_step']:>10.4f}"
+            f"{r['ops_ratio_to_K1']:>11.3f}"
+        )
+    top = max(ks)
+    best = next(r for r in rows if r["path"] == "batched" and r["K"] == top)
+    print(
+        f"ratio batched K={top} / today, operators per run-step: "
+        f"{best['ops_per_run_step'] / base['today']:.3f} (aim <= 0.125)"
+    )
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "proxy.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
+    if compiled:
+        c = compile_counters(min(ks[-1], 2), extra)
+        print(
+            f"compiled decoding step, 3 steps: {c['graph_breaks']} graph breaks, "
+            f"{c['graphs']} graphs, {c['recompiles']} recompiles"
+        )
+        with open(os.path.join(out, "proxy_compile.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(c), lineterminator="\n")
+            writer.writeheader()
+            writer.writerow(c)
+    return rows
+
+
+__all__ = ["compile_counters", "measure", "run_proxy"]

@@ -1,0 +1,334 @@
+"""The study's analysis: per run (rung, rule, seed) the scores are the metrics of :mod:`.claims`:
+``final_pass`` (bandits: the exact expected reward of the last logged policy; ``tiny_tf``: held-out pass@1 of the final
+model on ``tf_eval_prompts`` problems fixed by the seed, ``tf_eval_k`` samples each), ``reward_auc``
+(mean per-step training reward), ``final_entropy``; and the mechanism columns: ``clip_frac``,
+``rescue_frac`` and the advantage-weighted gradient mass shares (:func:`sandbox.loss.grad_mass_shares`:
+``grad_mass_zero_lo``, ``grad_mass_zero_hi``, ``grad_mass_rescued``), averaged over steps.
+Per step, on ``bandit_sampled`` and ``tiny_tf`` (``entropy_law=True``), the observed entropy change
+and the entropy-covariance law's prediction (``entropy_change``, ``entropy_change_pred``; on
+``tiny_tf`` over the visited prefixes of the step's rollout), tabulated by :func:`entropy_law`.
+
+Rules with a deterministic counterpart (:meth:`sandbox.objectives.Objective.expectation`: NSR ->
+NSR-decay) also log mechanism check (c) on the toy trainers' rungs (:mod:`sandbox.grad_noise`:
+``grad_rescue_var``, ``grad_sampling_var``, ``grad_signal``), tabled by :func:`gradient_noise`.
+
+Every table here is a function of the study's tidy rows (or of :func:`run_scores`), in one row
+order whatever order the parts were read in (:func:`canonical_rows`, :func:`ladder_order`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from sandbox.experiments.results import sorted_rows
+from sandbox.experiments.runs import objective_of
+from sandbox.grad_noise import GRAD_NOISE_COLUMNS
+
+from . import evidence
+from .claims import CLAIMS, Bounds, Claim, headroom, holm_by_rung, ledger, power_lines
+from .config import MARGINS, MECHANISM, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE
+from .rungs import RUNGS, evaluation_only
+
+#: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
+ROW_KEYS = ["phase", "rung", "rule", "lr", "epochs", "seed", "step"]
+
+
+def ladder_order(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``frame`` sorted by ``keys`` (stable), a ``rung`` column in ladder order (:data:`RUNGS`,
+    then unknown rungs by name), every other key by value; the index renumbered."""
+    ladder = {rung: i for i, rung in enumerate(RUNGS)}
+
+    def key(column: pd.Series) -> pd.Series:
+        if column.name != "rung":
+            return column
+        return column.map(lambda r: f"{ladder.get(r, len(ladder)):06d} {r}")
+
+    by = [k for k in keys if k in frame.columns]
+    if frame.empty or not by:
+        return frame.reset_index(drop=True)
+    return frame.sort_values(by, key=key, kind="stable").reset_index(drop=True)
+
+
+def canonical_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows in one order whatever order the parts were read in
+    (:func:`~.results.sorted_rows` by :data:`ROW_KEYS`): every table derived from them is then
+    the same to the last bit."""
+    return sorted_rows(rows, ROW_KEYS)
+
+
+def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per (rung, epochs, lr): the reference rule's clip share (mean over steps and seeds) and
+    the mean pass rate. No SE over seeds: the toy trainers pool the objective's metrics over the
+    seeds of a run (one value per step, repeated on every seed's row)."""
+    calib = canonical_rows(rows[rows["phase"] == "calib"])
+    calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
+    per_seed = calib.groupby(["rung", "epochs", "lr", "seed"], as_index=False)[
+        ["clip_share", "pass_rate"]
+    ].mean()
+    g = per_seed.groupby(["rung", "epochs", "lr"], as_index=False)
+    curve = g.agg(
+        clip_share=("clip_share", "mean"),
+        pass_rate=("pass_rate", "mean"),
+        seeds=("seed", "nunique"),
+    )
+    return ladder_order(curve, ["rung", "epochs", "lr"])
+
+
+def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns; rows in
+    ladder order, then by rule and seed."""
+    study = canonical_rows(rows[rows["phase"] == "study"])
+    study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
+    trained = study[~evaluation_only(study)]
+    g = trained.groupby(["rung", "rule", "seed"], sort=False)
+    scores = g.agg(
+        lr=("lr", "first"),
+        epochs=("epochs", "first"),
+        reward_auc=("train_reward", "mean"),
+        final_entropy=("entropy", "last"),
+        **{m: (m, "mean") for m in MECHANISM},
+    ).reset_index()
+    final = study.dropna(subset=["pass_rate"]).groupby(["rung", "rule", "seed"])["pass_rate"].last()
+    held_out = (
+        study.dropna(subset=["eval_pass"]).groupby(["rung", "rule", "seed"])["eval_pass"].last()
+    )
+    final = held_out.combine_first(final).rename("final_pass")
+    scores = scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
+    return ladder_order(scores, ["rung", "rule", "seed"])
+
+
+def study_ledger(
+    scores: pd.DataFrame,
+    claims: Sequence[Claim] = CLAIMS,
+    bounds: Mapping[str, Bounds] | None = None,
+    reading: str = "primary",
+) -> pd.DataFrame:
+    """:func:`.claims.ledger` with the study's margins, then:
+
+    - on a deterministic rung (one exact run) the difference is exact (a zero-width interval):
+      two rules that follow one expected coefficient there (:func:`same_on_exact_flow`: NSR and
+      its decay) are :data:`.evidence.IDENTICAL`, not a verdict; a gap within +- the margin is
+      equivalent; a larger one is supported or reversed by its sign (``p`` is NaN: no test);
+    - the headroom rule (:func:`.claims.headroom`) with ``bounds`` (:func:`study_bounds`;
+      None: no headroom check);
+    - Holm's adjustment over each rung's primary family (:func:`.claims.holm_by_rung`);
+    - ``below_margin``: every effect the interval allows (the exact gap) is within +- the margin.
+    """
+    table = ledger(scores, claims, margins=MARGINS, reading=reading)
+    if not len(table):
+        return table
+    for i, row in table.iterrows():
+        if not (
+            row["rung"] in RUNGS and RUNGS[row["rung"]].traits.deterministic and row["seeds"] == 1
+        ):
+            continue
+        d, m = float(row["estimate"]), float(row["margin"])
+        if same_on_exact_flow(row["rule_a"], row["rule_b"]):
+            verdict, reason = evidence.IDENTICAL, "one expected coefficient on the exact flow"
+        elif abs(d) < m:
+            verdict, reason = evidence.EQUIVALENT, f"exact difference within +-{m:g}"
+        else:
+            exact = evidence.PairedDifference(d, d, d, 0.0, 1)
+            verdict, reason = evidence.verdict(exact, row["direction"], m)[0], "exact difference"
+        table.loc[i, ["verdict", "reason", "p"]] = verdict, reason, np.nan
+    if bounds is not None:
+        keep = table["verdict"] == evidence.IDENTICAL  # not a comparison: no headroom to check
+        checked = headroom(table[~keep], scores, bounds, REFERENCE)
+        table = pd.concat([checked, table[keep]]).sort_index()
+    table = holm_by_rung(table)
+    lo = table["lo"].fillna(table["estimate"].where(table["seeds"] == 1))
+    hi = table["hi"].fillna(table["estimate"].where(table["seeds"] == 1))
+    table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
+    return table
+
+
+def same_on_exact_flow(rule_a: str, rule_b: str) -> bool:
+    """Whether two rules take the same step on an exact expected-gradient flow, which uses each
+    rule's expected coefficient: a stochastic rule acts there as its deterministic counterpart
+    (:meth:`~sandbox.objectives.base.Objective.expectation`)."""
+
+    def acts_as(rule: str) -> tuple[type, dict]:
+        objective = objective_of(rule)
+        objective = objective.expectation() or objective
+        return type(objective), dict(objective.params)
+
+    return acts_as(rule_a) == acts_as(rule_b)
+
+
+def auc_claims(claims: Sequence[Claim] = CLAIMS) -> list[Claim]:
+    """The ``final_pass`` claims restated on ``reward_auc`` (the area under the training-reward
+    curve: it separates rules that all end near a saturated optimum by how fast they got there)."""
+    return [replace(c, metric="reward_auc") for c in claims if c.metric == "final_pass"]
+
+
+def rung_power(scores: pd.DataFrame) -> pd.DataFrame:
+    """The power line of every rung with paired seeds, for every metric with a margin."""
+    sampled = scores[scores.groupby("rung")["seed"].transform("nunique") > 1]
+    frames = [power_lines(sampled, m, MARGINS[m]) for m in MARGINS if sampled[m].notna().any()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def rank_agreement(
+    scores: pd.DataFrame, metric: str = "final_pass", draws: int = 1000
+) -> pd.DataFrame:
+    """Tau-b (near-ties within the paired 95% interval count as ties) between the rule orders
+    of every pair of rungs, with a bootstrap interval over seeds, with and without
+    :data:`STEP_SIZE_RULE`."""
+    tables = {
+        r: s.pivot_table(index="seed", columns="rule", values=metric)
+        for r, s in scores.groupby("rung", sort=False)
+    }
+    ladder = list(RUNGS)
+    rungs = sorted(tables, key=lambda r: ladder.index(r) if r in ladder else len(ladder))
+    rows = []
+    for i, a in enumerate(rungs):
+        for b in rungs[i + 1 :]:
+            common = sorted(set(tables[a].columns) & set(tables[b].columns))
+            for without in (False, True):
+                rules = [r for r in common if not (without and r == STEP_SIZE_RULE)]
+                if len(rules) < 3:
+                    continue
+                tau, lo, hi = evidence.tau_b_interval(
+                    tables[a][rules].to_numpy(), tables[b][rules].to_numpy(), tol=1e-6, draws=draws
+                )
+                rows.append(
+                    {
+                        "metric": metric,
+                        "rung_a": a,
+                        "rung_b": b,
+                        "without": STEP_SIZE_RULE if without else "",
+                        "rules": len(rules),
+                        "tau_b": tau,
+                        "lo": lo,
+                        "hi": hi,
+                    }
+                )
+    columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per (rung, rule): seeds, the metrics' means, the mechanism columns, and ``never_binds``:
+    a rule that reports clip shares whose bounds (almost) never bound (below
+    :data:`NEVER_BINDS`); NaN ``clip_frac``: the rule reports none (no bounds, e.g. unclipped,
+    KL-Cov's penalty); ``like_unclipped``: its realised effect cannot be told from the unclipped
+    rule's (:func:`like_unclipped`)."""
+    cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
+    scores = ladder_order(scores, ["rung", "rule", "seed"])
+    out = scores.groupby(["rung", "rule"], sort=False)[cols].mean().reset_index()
+    out.insert(
+        2, "seeds", scores.groupby(["rung", "rule"], sort=False)["seed"].nunique().to_numpy()
+    )
+    first = scores.groupby(["rung", "rule"], sort=False)[["lr", "epochs"]].first()
+    out["lr"], out["epochs"] = first["lr"].to_numpy(), first["epochs"].to_numpy()
+    out["never_binds"] = out["clip_frac"] < NEVER_BINDS  # NaN (no bounds reported): False
+    pairs = zip(out["rung"], out["rule"], strict=True)
+    out["like_unclipped"] = [like_unclipped(scores, rung, rule) for rung, rule in pairs]
+    return out
+
+
+#: The rule without a trust region that :func:`like_unclipped` compares with.
+UNCLIPPED = "unclipped"
+
+
+def like_unclipped(scores: pd.DataFrame, rung: str, rule: str, metric: str = "reward_auc") -> bool:
+    """Whether ``rule`` is indistinguishable from :data:`UNCLIPPED` on ``rung`` by its realised
+    effect, whatever clip share it reports: the paired interval of its ``metric`` minus the
+    unclipped rule's lies within +- the metric's margin (:data:`.evidence.EQUIVALENT`), with
+    paired seeds. A rule that reports no clip share (KL-Cov's penalty) can be inert too; its
+    claims then test the absence of a clip, not its own mechanism. False without the pair."""
+    on = scores[(scores["rung"] == rung) & scores["rule"].isin([rule, UNCLIPPED])]
+    table = on.pivot_table(index="seed", columns="rule", values=metric)
+    if rule == UNCLIPPED or UNCLIPPED not in table or rule not in table or len(table) < 2:
+        return False
+    diff = evidence.paired_difference(table[rule].to_numpy(), table[UNCLIPPED].to_numpy())
+    return evidence.verdict(diff, "greater", MARGINS[metric])[0] == evidence.EQUIVALENT
+
+
+def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
+    """Mechanism check (a), per (rung, rule) where logged: the observed per-step entropy change
+    against the entropy-covariance law's first-order prediction from the same step's logit
+    change, over every step and seed: means, correlation, least-squares slope (1 where the law
+    holds) and the RMS of observed - predicted."""
+    study = canonical_rows(rows[(rows["phase"] == "study")]).dropna(
+        subset=["entropy_change", "entropy_change_pred"]
+    )
+    out = []
+    for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
+        obs, pred = g["entropy_change"].to_numpy(), g["entropy_change_pred"].to_numpy()
+        out.append(
+            {
+                "rung": rung,
+                "rule": rule,
+                "points": len(g),
+                "observed_mean": obs.mean(),
+                "predicted_mean": pred.mean(),
+                "corr": float(np.corrcoef(obs, pred)[0, 1]),
+                "slope": float(np.dot(pred, obs) / np.dot(pred, pred)),
+                "rms_error": float(np.sqrt(np.mean((obs - pred) ** 2))),
+            }
+        )
+    columns = [
+        "rung",
+        "rule",
+        "points",
+        "observed_mean",
+        "predicted_mean",
+        "corr",
+        "slope",
+        "rms_error",
+    ]
+    return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
+
+
+def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Mechanism check (c), per (rung, rule) where logged (:mod:`sandbox.grad_noise`): per seed,
+    the step-means of ``rescue_var`` (the rule's own noise, ``||g_rule - g_det||^2``),
+    ``sampling_var`` (the batch's, ``tr Cov[g_det]``) and ``signal`` (``||g_det||^2``); then over
+    seeds the means of ``rescue_var / signal`` and ``sampling_var / signal`` and of the variance
+    ratio ``Var(rule) / Var(det) ~ 1 + rescue_var / sampling_var``, with its Student-t
+    ``level`` interval over seeds (:func:`.evidence.paired_difference` against 0; a seed whose
+    sampling variance is 0 gives no ratio). ``points``: the (step, seed) rows used."""
+    columns = ["rung", "rule", "seeds", "points", "rescue_to_signal", "sampling_to_signal"]
+    columns += ["variance_ratio", "lo", "hi"]
+    if not set(GRAD_NOISE_COLUMNS) <= set(rows.columns):  # parts written before (c) was logged
+        return pd.DataFrame(columns=columns)
+    study = canonical_rows(rows[rows["phase"] == "study"]).dropna(subset=list(GRAD_NOISE_COLUMNS))
+    out = []
+    for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
+        per_seed = g.groupby("seed")[list(GRAD_NOISE_COLUMNS)].mean()
+        rescue, sampling, signal = (per_seed[c].to_numpy(float) for c in GRAD_NOISE_COLUMNS)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = 1.0 + rescue / sampling
+            to_signal = rescue / signal, sampling / signal
+        interval = evidence.paired_difference(ratio, np.zeros_like(ratio), level)
+        out.append(
+            {
+                "rung": rung,
+                "rule": rule,
+                "seeds": interval.n,
+                "points": len(g),
+                "rescue_to_signal": _finite_mean(to_signal[0]),
+                "sampling_to_signal": _finite_mean(to_signal[1]),
+                "variance_ratio": interval.estimate,
+                "lo": interval.lo,
+                "hi": interval.hi,
+            }
+        )
+    return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
+
+
+def _finite_mean(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if len(x) else float("nan")
+
+
+def fmt_interval(estimate: float, lo: float, hi: float) -> str:
+    """``+0.012 [-0.003, +0.027]`` (the estimate alone without an interval)."""
+    if not math.isfinite(lo):
+        return f"{estimate:+.4f}"
+    return f"{estimate:+.4f} [{lo:+.4f}, {hi:+.4f}]"

@@ -1,0 +1,274 @@
+"""The claims study's settings (:class:`StudyConfig`), its constants, and the record of a study
+folder (``config.json``: :func:`read_record`, :func:`record_calibration`, :func:`with_folder`;
+:func:`part_fields`: what a folder's parts depend on)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from sandbox.configs import arg, check_device, check_int
+from sandbox.experiments.runs import objective_of
+from sandbox.streams import RNG
+
+from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
+from .rungs import RUNGS, members_per_job
+from .settings import SECTIONS, migrate, mu_grid, section_settings
+
+#: The reference rule every rung is calibrated with.
+REFERENCE = "dapo"
+#: A rule whose gap is a step-size effect (its bounds are 1e3 x narrower): rank agreement is
+#: reported with and without it.
+STEP_SIZE_RULE = "gspo"
+#: The smallest effect of interest per metric (the power line and the "contradicted" margin):
+#: 0.02 pass@1 (a gap a paper would report), 0.05 nats of entropy.
+MARGINS = {"final_pass": 0.02, "reward_auc": 0.02, "final_entropy": 0.05}
+#: Rules whose clip share stays below this are flagged: their bounds never bind.
+NEVER_BINDS = 1e-3
+#: Mechanism columns averaged per run (the loss's gradient-mass metrics, the objective's shares).
+MECHANISM = (
+    "clip_frac",
+    "rescue_frac",
+    "grad_mass_zero_lo",
+    "grad_mass_zero_hi",
+    "grad_mass_rescued",
+)
+
+
+@dataclass
+class StudyConfig:
+    """Settings of the claims study; every field is a flag of ``python -m llm.claims``."""
+
+    rules: list[str] = arg([*claim_rules(), STEP_SIZE_RULE], "rules (default: every claim's)")
+    rungs: list[str] = arg(["bandit_exact", "bandit_sampled", "tiny_tf"], "rungs, cheapest first")
+    epochs: list[int] = arg(
+        [2], "mu grid: epochs (x minibatches) calibration tries on the bandit and llm rungs"
+    )
+    minibatches: int = arg(2, "optimizer steps per epoch (all rungs)")
+    group_size: int = arg(8, "G on the toy rungs")
+    paper_aggregation: bool = arg(False, "each rule's own aggregation (default: token-mean)")
+    target_low: float = arg(0.05, "calibration: lowest clip share of dapo")
+    target_high: float = arg(0.10, "calibration: highest clip share of dapo")
+    calib_seeds: int = arg(4, "calibration seeds per step size")
+    calib_steps: int = arg(
+        0,
+        "calibration steps (0: the rung's own run length; the clip share falls as the policy "
+        "sharpens, so a shorter window overstates it)",
+    )
+    sections: dict[str, Any] = arg(
+        {},
+        "each rung's typed settings by section (sandbox.study.settings: bandit, tf; llm from "
+        "llm.claims), given as settings or mappings; a section not given has its defaults",
+    )
+    rng: str | None = arg(
+        RNG,
+        "the toy trainers' random-number scheme (sandbox.streams.RNG; recorded, not a flag): a "
+        "folder recorded with another, or None (made before it was recorded), is refused; "
+        "--tables-only rebuilds its tables as they were made",
+    )
+    device: str = arg("cpu", "cpu | cuda")
+    claims: list[dict[str, Any]] = arg(
+        [], "claims of your own besides the papers' (records of sandbox.study.claims.Claim)"
+    )
+    dtype: str | None = arg(
+        None,
+        "float64: the sampled toy rungs in double precision (default: the trainers' float32)",
+        choices=("float32", "float64"),
+    )
+
+    def __post_init__(self) -> None:
+        self.epochs = mu_grid("epochs", self.epochs)
+        if not isinstance(self.sections, Mapping):
+            raise ValueError(f"sections must be a mapping of sections, got {self.sections!r}")
+        for name in self.sections:
+            if name not in SECTIONS:
+                raise ValueError(
+                    f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}"
+                )
+        given = dict(self.sections)
+        self.sections = {name: section_settings(name, given.get(name)) for name in SECTIONS}
+        if not isinstance(self.claims, list):
+            raise ValueError(f"claims must be a list of claim records, got {self.claims!r}")
+        self.claims = [claim_record(claim_from_record(c)) for c in self.claims]
+
+    def validate(self) -> None:
+        """``ValueError`` naming the first bad field: every setting is checked here, before
+        anything runs or a folder's ``config.json`` is written."""
+        self.check_claims()  # first: a claim's unknown rule is named with its claim
+        if self.rng != RNG:
+            raise ValueError(
+                f"rng: this code trains with the random-number scheme {RNG!r}, got {self.rng!r} "
+                "(a record of an earlier run: --tables-only rebuilds its tables)"
+            )
+        for name in self.rules:
+            objective_of(name)  # ValueError listing the valid names
+        if REFERENCE not in self.rules:
+            raise ValueError(f"rules must include the reference rule {REFERENCE!r}")
+        for rung in self.rungs:
+            if rung not in RUNGS:
+                raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
+            members_per_job(self, rung)  # ValueError naming the rung's setting
+        for name in ("minibatches", "calib_seeds"):
+            check_int(name, getattr(self, name))
+        check_int("group_size", self.group_size, 2)  # group-relative advantages
+        check_int("calib_steps", self.calib_steps, 0)
+        for name in ("target_low", "target_high"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if not 0 <= self.target_low < self.target_high <= 1:
+            raise ValueError(
+                f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
+                f"{self.target_low}, {self.target_high}"
+            )
+        if self.dtype not in (None, "float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        mus = [mu for rung in self.rungs for mu in RUNGS[rung].epochs(self)]
+        if min(self.epochs + mus) * self.minibatches < 2:
+            raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
+        check_device(self.device)
+        for name in dict.fromkeys(RUNGS[rung].section for rung in self.rungs):
+            check = getattr(self.sections[name], "check", None)
+            if check is not None:
+                check()  # ValueError naming the section's setting
+        for rung in self.rungs:
+            if RUNGS[rung].check is not None:
+                RUNGS[rung].check(self)  # ValueError naming the rung's setting
+
+    def section(self, name: str) -> Any:
+        """The settings of section ``name`` (:mod:`.settings`), e.g. ``config.section("tf")``."""
+        if name not in self.sections:
+            raise ValueError(f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}")
+        return self.sections[name]
+
+    def seeds(self, rung: str) -> int:
+        """The paired seeds of ``rung``: its section's ``seeds``."""
+        return self.section(RUNGS[rung].section).seeds
+
+    def check_claims(self) -> None:
+        """``ValueError`` for an own claim whose rule is unknown or not in ``rules``, or a claim
+        name used twice (the papers' included)."""
+        for claim in own_claims(self):
+            for rule in claim.rules:
+                try:
+                    objective_of(rule)
+                except ValueError as exc:
+                    raise ValueError(f"claim {claim.name}: {exc}") from None
+                if rule not in self.rules:
+                    raise ValueError(f"claim {claim.name}: rule {rule!r} is not in rules")
+        names = [c.name for c in study_claims(self)]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"claims: the name(s) {twice} are used twice (the papers' included)")
+
+    def fields_of_parts(self) -> dict[str, Any]:
+        """What every part depends on besides its name (rung, rule, step size, base seed): a
+        folder's parts are reused only while these are unchanged (:func:`part_fields`; ``rng``
+        among them)."""
+        return part_fields(asdict(self))
+
+
+#: The study's own fields (a section's are under ``sections``).
+FIELDS = tuple(f.name for f in fields(StudyConfig))
+
+
+def own_claims(config: StudyConfig) -> list[Claim]:
+    """The claims given with ``--claim`` / ``--claims FILE`` (recorded in ``config.json``)."""
+    return [claim_from_record(c) for c in config.claims]
+
+
+def study_claims(config: StudyConfig | None) -> tuple[Claim, ...]:
+    """The claims a study's ledger tests: the papers' (:data:`.claims.CLAIMS`) and its own."""
+    return CLAIMS if config is None else (*CLAIMS, *own_claims(config))
+
+
+def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a study (a :class:`StudyConfig` as a dict, or a folder's recorded
+    ``config.json``) that its parts depend on. Not among them: the rules, rungs and claims (a
+    folder's study grows by them: :func:`with_folder`), the calibrated point (recorded after
+    calibration) and a rung's execution settings (:attr:`Rung.execution`, e.g. the llm rung's
+    ``ensemble``: parts made with any value are interchangeable). The step-size and mu grids are
+    among them: another grid calibrates to another point, and a folder holding study runs at two
+    points would mix them."""
+    skip = ("rules", "rungs", "claims", "sections", CALIBRATED)
+    values = migrate(values, FIELDS)
+    out = {k: v for k, v in values.items() if k not in skip}
+    sections = values.get("sections") or {}
+    for name, section in SECTIONS.items():
+        settings = asdict(section_settings(name, sections.get(name)))
+        out.update({f"{name}_{k}": v for k, v in settings.items() if k not in section.execution})
+    return out
+
+
+#: The key of a study folder's ``config.json`` that records each rung's calibrated point.
+CALIBRATED = "calibrated"
+
+
+def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, int]] | None]:
+    """A study folder's ``config.json``: its settings and, once calibrated, each rung's
+    calibrated (step size, epochs). A record without ``rng`` was made with the toy trainers'
+    earlier random-number scheme: its config's ``rng`` is ``None``."""
+    path = Path(out) / "config.json"
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable study record ({exc})") from None
+    point = values.pop(CALIBRATED, None)
+    values.setdefault("rng", None)
+    values = migrate(values, FIELDS)
+    try:
+        config = StudyConfig(**values)
+    except TypeError as exc:
+        raise ValueError(f"{path}: not a study record of this version ({exc})") from None
+    calibrated = None if point is None else {r: (float(v[0]), int(v[1])) for r, v in point.items()}
+    return config, calibrated
+
+
+def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
+    """Write ``config.json`` with the calibrated point of every rung (atomically)."""
+    values = asdict(config)
+    if values["rng"] is None:  # a record made before rng was recorded stays without it
+        del values["rng"]
+    record = {**values, CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
+    tmp = out / "config.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str))
+    tmp.replace(out / "config.json")
+
+
+def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> StudyConfig:
+    """``config`` grown by what the study folder ``out`` already holds: the union of its rules,
+    rungs and own claims with the folder's (in the folder's order, new ones after), so that a
+    run with a subset or other rules adds to the folder's tables instead of shrinking them (the
+    folder's runs are reused). With ``force`` (the parts are recomputed) or a new folder:
+    ``config`` itself. A claim of the folder's name that says something else is refused."""
+    path = Path(out) / "config.json"
+    if force or not path.is_file() or not any((Path(out) / "parts").glob("*.parquet")):
+        return config
+    try:
+        previous, _ = read_record(out)
+    except ValueError:
+        return config  # the planner refuses an unreadable record
+    rules = list(dict.fromkeys([*previous.rules, *config.rules]))
+    rungs = list(dict.fromkeys([*previous.rungs, *config.rungs]))
+    claims = {c["name"]: c for c in previous.claims}
+    for c in config.claims:
+        if claims.setdefault(c["name"], c) != c:
+            raise ValueError(
+                f"claim {c['name']}: {out} records another claim of that name; rename it, or use "
+                "another --out"
+            )
+    rules += [r for c in claims.values() for r in (c["rule_a"], c["rule_b"]) if r not in rules]
+    grown = replace(config, rules=rules, rungs=rungs, claims=list(claims.values()))
+    if (rules, rungs) != (config.rules, config.rungs):
+        print(
+            f"{out} holds a study of {len(previous.rules)} rules on {', '.join(previous.rungs)}: "
+            f"this run adds to it (tables over {len(rules)} rules on {', '.join(rungs)}; a new "
+            "--out for a study of its own)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return grown

@@ -1,0 +1,387 @@
+"""The claims study's plan: calibrate each rung, then run every claim rule paired by seed; the
+jobs, their parts and specs, and the calibration.
+
+Two phases, both run specs (:mod:`sandbox.experiments.runs`) through the one planner
+(:class:`sandbox.experiments.planner.RunFolder`:
+resumable parts, progress bar, the refusal of a folder made with other settings):
+
+1. **Calibration** (parts ``calib__<rung>__lr=<lr>``): the reference rule ``dapo`` on a short grid
+   of step sizes, ``calib_seeds`` seeds, ``calib_steps`` steps (default: the rung's run length). Its clip share (``clip_low_frac +
+   clip_high_frac``, the objective's own Z_lo/Z_hi token shares, averaged over steps and seeds)
+   against the step size is the curve; :func:`pick_step_size` takes the grid point inside the
+   target band (default 5-10%) closest to its middle, else the one closest to the band.
+2. **Study** (parts ``study__<rung>__<rule>__lr=<lr>``): every rule at the rung's calibrated step
+   size, ``seeds`` paired seeds. The same aggregation for every rule (``token-mean``; the papers'
+   own with ``paper_aggregation``).
+
+Pairing: a seed fixes the prompts, the held-out set and the initial model for every rule on a rung.
+On the toy rungs the ``seeds`` paired seeds are the replicates of one vectorised run (replicate
+``s`` of every rule starts from the same weights and sees the same prompt stream and the same first
+rollout: ``tests/test_study_plan.py`` checks it; every later rollout comes from the same
+fixed noise, :mod:`sandbox.streams`, so pairs stay paired while the policies agree; on tiny_tf
+replicate ``s`` of every rule scores the same held-out set, each replicate its own, and a study
+records the scheme as ``rng``); the exact flow is deterministic (one
+"seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed, and one
+job runs up to :attr:`Rung.members` of one rule's seeds (``llm``: as one ensemble), each seed
+still its own part (``study__<rung>__<rule>__lr=<lr>__s<seed>``), so parts made either way are
+interchangeable and a resumed study reruns no finished seed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sandbox.experiments.planner import Job, RunFolder
+from sandbox.experiments.results import changed_settings, part_name, read_parts
+from sandbox.experiments.runs import RunSpec, run_specs
+from sandbox.grad_noise import GRAD_NOISE_COLUMNS
+
+from .analysis import calibration_curve
+from .config import (
+    REFERENCE,
+    StudyConfig,
+    part_fields,
+    read_record,
+    record_calibration,
+    with_folder,
+)
+from .rungs import RUNGS, members_per_job, rung_rules
+from .tables import write_tables
+
+ROW_COLUMNS = (
+    "pass_rate",
+    "train_reward",
+    "eval_pass",
+    "entropy",
+    "clip_low_frac",
+    "clip_high_frac",
+    "rescue_frac",
+    "grad_mass_zero_lo",
+    "grad_mass_zero_hi",
+    "grad_mass_rescued",
+    "entropy_change",
+    "entropy_change_pred",
+    *GRAD_NOISE_COLUMNS,
+)
+
+
+# -- planning ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StudyJob:
+    """One run of the study: ``phase`` (``calib`` or ``study``), ``rung``, ``rule``, step size
+    ``lr``, ``epochs`` (mu) and base ``seed`` (the paired seed of a rung without replicates; 0
+    where one spec trains every paired seed). :attr:`part` names its result part."""
+
+    phase: str
+    rung: str
+    rule: str
+    lr: float
+    epochs: int
+    seed: int
+
+    @property
+    def part(self) -> str:
+        """The job's part file name (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``):
+        parts on disk are found again by it, so it never changes."""
+        lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
+        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
+
+    @property
+    def point(self) -> tuple[str, str, str, float, int]:
+        """Everything but the seed: the jobs of one point may run as one group."""
+        return self.phase, self.rung, self.rule, self.lr, self.epochs
+
+
+def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
+    """Every calibration run: the reference rule on the rung's step-size grid times its mu
+    grid."""
+    return [
+        StudyJob("calib", rung, REFERENCE, lr, mu, 0)
+        for rung in config.rungs
+        for mu in RUNGS[rung].epochs(config)
+        for lr in RUNGS[rung].grid(config)
+    ]
+
+
+def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -> list[StudyJob]:
+    """Every study run at each rung's calibrated (step size, epochs); a rung without replicates
+    runs one spec per seed."""
+    out = []
+    for rung in config.rungs:
+        r = RUNGS[rung]
+        seeds = [0] if r.traits.replicates else range(config.seeds(rung))
+        lr, mu = settings[rung]
+        rules = rung_rules(config, rung)
+        out += [StudyJob("study", rung, rule, lr, mu, s) for s in seeds for rule in rules]
+    return out
+
+
+def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[StudyJob, ...]]:
+    """``jobs`` in groups run as one job: the seeds of one (phase, rung, rule, step size, mu) in
+    order, at most :func:`members_per_job` per group; every other job alone. Pass the unfinished
+    jobs only: a resumed study groups what is left and reruns no finished seed."""
+    groups: dict[Any, list[StudyJob]] = {}
+    for job in jobs:
+        key = job.point if members_per_job(config, job.rung) > 1 else job
+        groups.setdefault(key, []).append(job)
+    out = []
+    for members in groups.values():
+        size = members_per_job(config, members[0].rung)
+        out += [tuple(members[i : i + size]) for i in range(0, len(members), size)]
+    return out
+
+
+def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
+    """The run spec of ``job``: a calibration run trains ``calib_seeds`` seeds for
+    ``calib_steps`` steps (0: the rung's run length), a study run the rung's paired seeds (one
+    per spec on a rung without replicates)."""
+    r = RUNGS[job.rung]
+    if job.phase == "calib":
+        seeds, steps = config.calib_seeds, config.calib_steps or r.steps(config)
+    else:
+        seeds, steps = (config.seeds(job.rung) if r.traits.replicates else 1), r.steps(config)
+    return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
+
+
+def run_job(config: StudyConfig, job: StudyJob) -> list[pd.DataFrame]:
+    """One run as the study's tidy rows: phase, rung, rule, lr, epochs, seed (paired id), step
+    and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
+    return run_jobs(config, (job,))
+
+
+def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame]:
+    """The runs of ``jobs`` (a group of :func:`job_groups`) in one :func:`~.runs.run_specs`
+    call (a batched kind runs them as one program), one frame of tidy rows per job
+    (:func:`job_rows`)."""
+    frames = run_specs([job_spec(config, job) for job in jobs])
+    return [job_rows(job, frame) for job, frame in zip(jobs, frames, strict=True)]
+
+
+def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
+    """A run kind's frame of ``job`` as the study's rows."""
+    kind = RUNGS[job.rung].traits
+    if kind.replicates and not kind.deterministic:  # replicate s -> base + s
+        seed = frame["seed"] + job.seed
+    else:  # one trajectory (the flow's seed -1) or the spec's own seed: the base seed
+        seed = pd.Series(job.seed, index=frame.index)
+    ids = {"phase": job.phase, "rung": job.rung, "rule": job.rule, "lr": job.lr}
+    rows = pd.DataFrame({**ids, "epochs": job.epochs, "seed": seed})
+    rows["step"] = frame["step"]
+    for name in ROW_COLUMNS:
+        column = kind.column(name)
+        rows[name] = frame[column].astype(float) if column in frame else np.nan
+    return rows
+
+
+def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
+    """The planner's job of one group: its key, parts, arguments and cost class (phase and
+    rung: a time budget expects the longest unit of the class seen so far, else the rung's
+    ``unit_seconds``)."""
+    first = group[0]
+    guess = RUNGS[first.rung].unit_seconds
+    return Job(
+        "/".join(map(str, first.point[1:])) + "/" + ",".join(str(j.seed) for j in group),
+        tuple(j.part for j in group),
+        (config, group),
+        cost=f"{first.phase}/{first.rung}",
+        estimate=float(guess(config, group)) if guess is not None else 0.0,
+    )
+
+
+def _run(
+    folder: RunFolder, config: StudyConfig, jobs: list[StudyJob], desc: str, **kw: Any
+) -> list[Job]:
+    left = [j for j in jobs if not folder.done(j.part)]
+    todo = [_unit(config, group) for group in job_groups(config, left)]
+
+    def written(job: Job) -> None:  # the job's parts are on disk: a rung's clean-up may run
+        for one in job.args[1]:
+            hook = RUNGS[one.rung].written
+            if hook is not None:
+                hook(job_spec(config, one))
+
+    return folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
+
+
+def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
+    """The parts of the study ``config`` in ``parts``: its calibration grid and its rules at each
+    rung's calibrated ``point``, never a run at another step size or mu."""
+    rungs = [r for r in config.rungs if r in point]
+    at = replace(config, rungs=rungs)
+    wanted = {j.part for j in calibration_jobs(config) + study_jobs(at, dict(point))}
+    return [f for f in sorted(Path(parts).glob("*.parquet")) if f.name in wanted]
+
+
+class BudgetSpent(Exception):
+    """:func:`run_study`'s time budget ended the call before every unit ran. ``left``: units
+    (planner jobs: one rule x one group of seeds) still to run, ``calibration`` of them in the
+    calibration phase (the study's units then count all of them); ``done``: units this call
+    finished; ``stopped``: units the budget's end stopped while they ran (an llm run keeps its
+    checkpoint and goes on from it). The folder's parts are complete and resumable."""
+
+    def __init__(self, budget: float, left: int, calibration: int, done: int, stopped: int):
+        self.budget, self.left, self.calibration = budget, left, calibration
+        self.done, self.stopped = done, stopped
+        where = f"{calibration} of them calibration" if calibration else "all in the study"
+        cut = (
+            f"; stopped {stopped} running (llm runs go on from their checkpoints)"
+            if stopped
+            else ""
+        )
+        super().__init__(
+            f"time budget of {budget:g} s spent: {done} units run, {left} left ({where}){cut}"
+        )
+
+
+def check_time_budget(value: Any) -> float:
+    """A time budget in seconds: a finite number > 0 (a ``ValueError`` saying so)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"time_budget must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
+    """Units still to run: in the calibration and in the study (a rung whose calibration is
+    unfinished counts every study unit)."""
+    calib = [j for j in calibration_jobs(config) if not folder.done(j.part)]
+    open_rungs = {j.rung for j in calib}
+    done_rungs = replace(config, rungs=[r for r in config.rungs if r not in open_rungs])
+    point = {}
+    if done_rungs.rungs:
+        point = calibrate(calibration_curve(read_parts(folder.parts)), done_rungs)
+    for rung in open_rungs:  # any grid point: the count of units is the same at every one
+        point[rung] = (RUNGS[rung].grid(config)[0], RUNGS[rung].epochs(config)[0])
+    study = [j for j in study_jobs(config, point) if not folder.done(j.part)]
+    return len(job_groups(config, calib)), len(job_groups(config, study))
+
+
+def run_study(
+    config: StudyConfig,
+    out: str | Path,
+    *,
+    progress: bool = True,
+    force: bool = False,
+    workers: int | None = None,
+    time_budget: float | None = None,
+) -> pd.DataFrame:
+    """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows.
+
+    ``time_budget`` (seconds from this call's start): units start while each is expected to end
+    within it (the longest unit of its phase and rung seen so far, else the rung's
+    ``unit_seconds``), units still running when it ends are stopped as on SIGTERM
+    (:meth:`RunFolder.run`'s ``deadline``), and :class:`BudgetSpent` says what is left when any
+    unit is; every finished unit is a part, so the same call again goes on."""
+    deadline = None if time_budget is None else time.monotonic() + check_time_budget(time_budget)
+    config.validate()
+    config = with_folder(config, out, force)
+    config.validate()
+    folder = RunFolder(
+        out,
+        config.fields_of_parts(),
+        contents=asdict(config),
+        force=force,
+        compare=lambda previous, now: changed_settings(part_fields(previous), now),
+        device=config.device,
+    )
+    calib = calibration_jobs(config)
+    kw = {"progress": progress, "workers": workers, "deadline": deadline}
+    done = 0
+    for phase, desc in (("calib", "calibration"), ("study", "claims")):
+        if phase == "calib":
+            jobs = calib
+        else:
+            point = calibrate(calibration_curve(read_parts(folder.parts)), config)
+            record_calibration(folder.out, config, point)
+            jobs = study_jobs(config, point)
+        before = len(job_groups(config, [j for j in jobs if not folder.done(j.part)]))
+        left = _run(folder, config, jobs, desc, **kw)
+        done += before - len(left)
+        if left:
+            in_calib, in_study = _units_left(folder, config)
+            assert time_budget is not None  # only a deadline leaves units without an error
+            stopped = len(folder.stopped)
+            raise BudgetSpent(time_budget, in_calib + in_study, in_calib, done, stopped)
+    files = study_files(folder.parts, config, point)
+    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    write_tables(rows, folder.out, config)
+    return rows
+
+
+def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[str, pd.DataFrame]:
+    """``--tables-only``: the tables of the study recorded in ``out/config.json`` (else
+    ``config``) from its parts: the calibration grid and every rule at the calibrated point the
+    record holds (a record without one: calibrated again from the parts). Parts of other
+    settings in ``out/parts`` (another step size or mu, rules or rungs of no record) are left
+    out, so the tables never mix two calibrations."""
+    out = Path(out)
+    files = sorted((out / "parts").glob("*.parquet"))
+    if not files:
+        raise ValueError(f"--tables-only: no result parts in {out}/parts")
+    point, given = None, config.claims if config is not None else []
+    if (out / "config.json").exists():
+        config, point = read_record(out)
+        if given:  # claims given now join the recorded ones (and the record)
+            names = {c["name"] for c in given}
+            claims = [*(c for c in config.claims if c["name"] not in names), *given]
+            config = replace(config, claims=claims)
+            config.check_claims()
+    elif config is None:
+        raise ValueError(f"--tables-only: no config.json in {out}")
+    if point is None:
+        curve = calibration_curve(read_parts(out / "parts"))
+        point = calibrate(
+            curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
+        )
+    chosen = study_files(out / "parts", config, point)
+    if not any(f.name.startswith("study__") for f in chosen):
+        raise ValueError(
+            f"--tables-only: no study parts of {out}/config.json's study in {out}/parts"
+        )
+    rows = pd.concat([pd.read_parquet(f) for f in chosen], ignore_index=True)
+    if given and (out / "config.json").exists():
+        record_calibration(out, config, point)
+    return write_tables(rows, out, config)
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+
+def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> tuple[float, int]:
+    """The (step size, epochs) of ``curve`` (columns ``lr``, ``epochs``, ``clip_share``) whose
+    clip share lies in ``[low, high]`` closest to the band's middle; with none inside, the one
+    closest to the band; at equal distance the fewer epochs (cheaper), then the smaller step."""
+    if curve.empty:
+        raise ValueError("curve: no calibration points")
+    curve = curve.sort_values(["epochs", "lr"], kind="stable")
+    share = curve["clip_share"].to_numpy(float)
+    inside = (share >= low) & (share <= high)
+    distance = np.where(
+        inside, np.abs(share - (low + high) / 2), np.maximum(low - share, share - high) + 1
+    )
+    best = int(np.nanargmin(distance))
+    return float(curve["lr"].to_numpy(float)[best]), int(curve["epochs"].to_numpy()[best])
+
+
+def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, tuple[float, int]]:
+    """The calibrated (step size, epochs) of each rung of ``config`` from the tidy ``rows`` (or
+    their :func:`calibration_curve`)."""
+    curve = rows if "clip_share" in rows.columns else calibration_curve(rows)
+    out = {}
+    for rung in config.rungs:
+        r = RUNGS[rung]
+        keep = curve["lr"].isin(r.grid(config)) & curve["epochs"].isin(r.epochs(config))
+        out[rung] = pick_step_size(
+            curve[(curve["rung"] == rung) & keep], config.target_low, config.target_high
+        )
+    return out

@@ -1,0 +1,51 @@
+"""``benchmarks/gpu_lend.sh dry-run`` (issue 28 item 6): the prepared GPU lend run end to end on CPU
+with the tiny model, within its 2-minute bound: prepare's split of a stand-in GGUF, command 1
+(stash piece 1, the gpu-marked tests: skipped without CUDA), command 2 (join and sha256 check,
+llm_throughput.py --smoke, llm.claims --quick --rungs llm under --time-budget), each command's
+provenance. A real subprocess; the figures of the benchmark are not asserted (CPU, loaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_both_commands_within_two_minutes(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_lend.sh"), "dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.monotonic() - start
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert took < 125, took  # 30 s + 85 s of limits, and the set-up around them
+    tests = (out / "gpu_tests.txt").read_text()
+    assert " skipped" in tests and "error" not in tests.lower(), tests  # no CUDA here
+    first = json.loads((out / "provenance_1.json").read_text())
+    second = json.loads((out / "provenance_2.json").read_text())
+    for record in (first, second):
+        assert record["device_kind"] == "cpu" and record["command"].endswith("dry-run")
+        assert len(record["commit"]) == 40 and record["date"].endswith("Z")
+    assert first["exit_codes"] == {"gpu_tests": "0"}
+    assert set(second["exit_codes"]) == {"throughput_k8", "throughput_k16", "claims"}
+    assert second["exit_codes"]["claims"] in ("0", "75"), second  # done, or the budget spent
+    claims = (out / "claims.txt").read_text()
+    assert "time budget of" in claims or "wrote" in claims, claims
+    assert (out / "claims" / "config.json").is_file()
+    assert not (out / "claims" / "llm_scratch").exists()  # never carried back
+    assert "device cpu" in (out / "throughput_k8.txt").read_text()

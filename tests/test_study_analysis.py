@@ -1,0 +1,135 @@
+"""The study's analysis (sandbox.study.analysis): its ledger (exact rungs by sign, NSR and its
+decay on the flow), like_unclipped and rank agreement, on rows worked by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sandbox.study import evidence, run_scores, study_ledger
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- the study's analysis ---------------------------------------------------------------------
+
+
+def _rows(values: dict[tuple[str, str], list[float]]) -> pd.DataFrame:
+    """Study rows of one step per (rung, rule, seed) with the given final pass."""
+    out = []
+    for (rung, rule), finals in values.items():
+        for seed, v in enumerate(finals):
+            out.append(
+                {
+                    "phase": "study",
+                    "rung": rung,
+                    "rule": rule,
+                    "lr": 1.0,
+                    "epochs": 2,
+                    "seed": seed,
+                    "step": 1,
+                    "pass_rate": v,
+                    "train_reward": v,
+                    "eval_pass": np.nan,
+                    "entropy": 1.0,
+                    "clip_low_frac": 0.01,
+                    "clip_high_frac": 0.02,
+                    "rescue_frac": np.nan,
+                    "grad_mass_zero_lo": 0.0,
+                    "grad_mass_zero_hi": 0.0,
+                    "grad_mass_rescued": 0.0,
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def test_study_ledger_by_hand_and_exact_rung_by_sign():
+    from sandbox.study.claims import CLAIMS
+
+    claim = [c for c in CLAIMS if c.name == "nsr_beats_dapo"]
+    # sampled: differences 0.1, 0.2, 0.3 -> mean 0.2, sd 0.1, t(0.975, 2) = 4.302653:
+    # half-width 4.302653 * 0.1 / sqrt(3) = 0.248414
+    rows = _rows(
+        {
+            ("bandit_sampled", "nsr_dapo"): [0.6, 0.7, 0.8],
+            ("bandit_sampled", "dapo"): [0.5, 0.5, 0.5],
+            ("bandit_exact", "nsr_dapo"): [0.4],
+            ("bandit_exact", "dapo"): [0.45],
+        }
+    )
+    table = study_ledger(run_scores(rows), claim).set_index("rung")
+    s = table.loc["bandit_sampled"]
+    assert s["estimate"] == pytest.approx(0.2, abs=1e-12)
+    assert s["lo"] == pytest.approx(0.2 - 0.248414, abs=1e-6)
+    assert s["hi"] == pytest.approx(0.2 + 0.248414, abs=1e-6)
+    assert s["verdict"] == evidence.UNRESOLVED
+    e = table.loc["bandit_exact"]
+    assert e["estimate"] == pytest.approx(-0.05, abs=1e-12)
+    assert e["verdict"] == evidence.REVERSED and e["reason"] == "exact difference"
+    assert np.isnan(e["p"])  # an exact difference is not a test
+    # an exact gap of +0.01 is within the 0.02 margin: equivalent, not "supported"
+    rows = _rows({("bandit_exact", "nsr_dapo"): [0.46], ("bandit_exact", "dapo"): [0.45]})
+    e = study_ledger(run_scores(rows), claim).iloc[0]
+    assert e["estimate"] == pytest.approx(0.01, abs=1e-12)
+    assert e["verdict"] == evidence.EQUIVALENT
+    assert e["reason"] == "exact difference within +-0.02"
+
+
+def test_nsr_and_its_decay_are_identical_by_construction_on_the_exact_flow_only():
+    from sandbox.study.analysis import same_on_exact_flow
+    from sandbox.study.claims import CLAIMS
+
+    assert same_on_exact_flow("nsr_dapo", "nsr_decay_dapo")  # NSR acts as its expectation there
+    assert not same_on_exact_flow("dapo", "grpo") and not same_on_exact_flow("nsr_dapo", "dapo")
+    claim = [c for c in CLAIMS if c.name == "nsr_beats_its_decay"]
+    rows = _rows(
+        {
+            ("bandit_exact", "nsr_dapo"): [0.5],
+            ("bandit_exact", "nsr_decay_dapo"): [0.5],
+            ("bandit_sampled", "nsr_dapo"): [0.6, 0.7, 0.8],
+            ("bandit_sampled", "nsr_decay_dapo"): [0.5, 0.5, 0.5],
+        }
+    )
+    table = study_ledger(run_scores(rows), claim).set_index("rung")
+    assert table.loc["bandit_exact", "verdict"] == evidence.IDENTICAL
+    assert table.loc["bandit_sampled", "verdict"] == evidence.UNRESOLVED  # sampled: a comparison
+
+
+def test_like_unclipped_reads_the_realised_effect():
+    from sandbox.study.analysis import like_unclipped
+
+    base = [0.5, 0.6, 0.7, 0.8]
+    rows = []
+    for rule, shift in (("unclipped", 0.0), ("kl_cov_verl", 0.001), ("dapo", -0.1)):
+        for seed, b in enumerate(base):
+            wobble = 0.002 * (-1) ** seed if rule == "kl_cov_verl" else 0.0
+            rows.append({"rung": "r", "rule": rule, "seed": seed, "reward_auc": b + shift + wobble})
+    scores = pd.DataFrame(rows)
+    # kl_cov - unclipped: 0.003, -0.001, 0.003, -0.001 -> mean 0.001, interval within +-0.02
+    assert like_unclipped(scores, "r", "kl_cov_verl")
+    assert not like_unclipped(scores, "r", "dapo")  # 0.1 below: reversed, not equivalent
+    assert not like_unclipped(scores, "r", "unclipped")  # not compared with itself
+    assert not like_unclipped(scores[scores["seed"] == 0], "r", "kl_cov_verl")  # one pair: no
+
+
+def test_rank_agreement_with_and_without_the_step_size_rule():
+    from sandbox.study import rank_agreement
+
+    # rung a orders dapo > grpo > nsr_dapo > gspo on every seed; rung b agrees on gspo last but
+    # reverses the other three: with gspo, 3 concordant (pairs with gspo) and 3 discordant of 6
+    # untied pairs -> tau-b 0; without gspo, all 3 discordant -> -1
+    base = np.array([0.0, 0.01, -0.01])
+    a = {
+        ("a", r): list(v + base)
+        for r, v in zip(["dapo", "grpo", "nsr_dapo", "gspo"], [0.9, 0.6, 0.3, 0.0], strict=True)
+    }
+    b = {
+        ("b", r): list(v + base)
+        for r, v in zip(["dapo", "grpo", "nsr_dapo", "gspo"], [0.3, 0.6, 0.9, 0.0], strict=True)
+    }
+    table = rank_agreement(run_scores(_rows({**a, **b})), draws=50).set_index("without")
+    assert table.loc["", "tau_b"] == pytest.approx(0.0, abs=1e-12)
+    assert table.loc["gspo", "tau_b"] == pytest.approx(-1.0, abs=1e-12)
