@@ -93,6 +93,6 @@ def test_choose_says_when_no_candidate_passes():
 
 
 def test_labels_name_the_settings():
-    assert regimes.label({"bandit_setting": "mixed", "bandit_steps": 30}) == "setting=mixed,steps=30"
-    got = regimes.label({"tf_task": "bits", "tf_knobs": {"op": "reverse", "length": 2}})
+    assert regimes.label({"setting": "mixed", "steps": 30}) == "setting=mixed,steps=30"
+    got = regimes.label({"task": "bits", "knobs": {"op": "reverse", "length": 2}})
     assert got == "task=bits,length=2,op=reverse"

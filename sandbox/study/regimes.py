@@ -11,13 +11,20 @@ any full study runs:
    ``WIDE`` = 5 margins (0.10) above the larger of the constant-answer and answer-prior baselines
    (:func:`envs.reasoning.answer_baselines`), and above them on most seeds: it learned the task,
    not the answer distribution.
-3. **Power**: among the candidates passing 1 and 2, the one whose primary claims need the fewest
-   paired seeds for 80% power at the margin, from the pilot's SD of the paired differences, at the
-   Bonferroni level 0.05 / (primary claims on the rung) (Holm is at least as powerful), the largest
-   over the claims (ties: the longer horizon). That count is the study's seed count for the rung,
-   capped at ``CAP_SECONDS`` of study time on the machine the pilot ran on (a projection, linear
-   in the seeds, from the pilot's wall time with calibration included, which overstates the cost
-   of a vectorised rung; the cap is printed whenever it binds).
+3. **Power within the cap**: a candidate's seed count is the paired seeds its primary claims need
+   for 80% power at the margin (from the pilot's SD of the paired differences, paired t-test at the
+   Bonferroni level 0.05 / (primary claims on the rung); Holm is at least as powerful), the largest
+   over the claims, capped at ``CAP_SECONDS`` of study time on the machine the pilot ran on (a
+   projection, linear in the seeds, from the pilot's wall time with calibration included, which
+   overstates the cost of a vectorised rung). Among the candidates passing 1 and 2, the one with
+   the highest mean power over its primary claims at that seed count (ties: fewer seeds, then the
+   longer horizon); the cap is printed whenever it binds.
+
+   Revised once, after the tiny_tf pilots and before the study ran: step 3 first chose the fewest
+   seeds needed. Every tiny_tf candidate needs over 2,400 seeds, so the cap binds for all of them
+   and the fewest-needed order (3,714 / 4,077 / 4,484 at 8 pilot seeds) is noise; it picked the
+   80-step task, whose cost per seed caps it at 39 seeds (mean power 0.25) where the 40-step one
+   reaches 119 (0.37).
 
 ``python -m sandbox.study.regimes --out results/regimes`` runs the pilots and writes
 ``pilot.csv`` (one row per candidate and claim), ``choice.csv`` (per rung: the choice, seeds and
@@ -28,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -37,9 +43,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sandbox.experiments.evidence import seeds_needed
 from sandbox.experiments.results import record_run, write_csv
-from sandbox.experiments.study import MARGINS, REFERENCE, StudyConfig, run_study
+
+from .config import MARGINS, REFERENCE, StudyConfig
+from .evidence import paired_power, seeds_needed
+from .plan import run_study
 
 #: Margins below the ceiling the comparator must stay (the headroom rule).
 ROOM = 2
@@ -51,17 +59,20 @@ ALPHA = 0.05
 CAP_SECONDS = 3600
 PILOT_SEEDS = {"bandit_sampled": 16, "tiny_tf": 8}
 
-#: The candidates of each rung: StudyConfig fields.
+#: The section of each rung's settings (:mod:`.settings`).
+SECTION = {"bandit_sampled": "bandit", "tiny_tf": "tf"}
+
+#: The candidates of each rung: its section's settings.
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
     "bandit_sampled": [
-        {"bandit_setting": s, "bandit_steps": n}
+        {"setting": s, "steps": n}
         for s in ("mixed", "easy", "gaussian", "needle")
         for n in (15, 30, 60)
     ],
     "tiny_tf": [  # mod_arith steps=2 (the earlier study's) fails rule 2: results/claims/bounds.csv
-        {"tf_task": "bits", "tf_knobs": {"op": "reverse", "length": 2}, "tf_steps": 40},
-        {"tf_task": "bits", "tf_knobs": {"op": "sort", "length": 3}, "tf_steps": 40},
-        {"tf_task": "bits", "tf_knobs": {"op": "reverse", "length": 3}, "tf_steps": 80},
+        {"task": "bits", "knobs": {"op": "reverse", "length": 2}, "steps": 40},
+        {"task": "bits", "knobs": {"op": "sort", "length": 3}, "steps": 40},
+        {"task": "bits", "knobs": {"op": "reverse", "length": 3}, "steps": 80},
     ],
 }
 
@@ -73,7 +84,7 @@ def label(candidate: dict[str, Any]) -> str:
         if isinstance(value, dict):
             parts += [f"{k}={v}" for k, v in sorted(value.items())]
         else:
-            parts.append(f"{key.split('_', 1)[-1]}={value}")
+            parts.append(f"{key}={value}")
     return ",".join(parts)
 
 
@@ -81,7 +92,10 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
     """Run (or resume) the pilot study of one candidate; its tables and its wall time
     (calibration included, one worker: an upper bound on the study phase's; recorded in the
     folder's ``pilot_seconds.json`` by the call that computed it, so a resumed pilot keeps it)."""
-    config = StudyConfig(rungs=[rung], seeds=PILOT_SEEDS[rung], **candidate, **settings)
+    n = PILOT_SEEDS[rung]  # every section's seeds (only this rung runs; a record holds them all)
+    sections = {name: {"seeds": n} for name in set(SECTION.values())}
+    sections[SECTION[rung]].update(candidate)
+    config = StudyConfig(rungs=[rung], sections=sections, **settings)
     timing = out / "pilot_seconds.json"
     start = time.perf_counter()
     run_study(config, out, progress=False, workers=1)
@@ -143,31 +157,59 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
     return table
 
 
+def mean_power(rows: pd.DataFrame, seeds: int) -> float:
+    """Mean power over a candidate's primary claims at ``seeds`` paired seeds (the level of
+    :func:`assess`: 0.05 / the rung's primary claims)."""
+    level = ALPHA / len(rows)
+    powers = [
+        paired_power(seeds, sd, MARGINS[metric], alpha=level) if np.isfinite(sd) else np.nan
+        for sd, metric in zip(rows["diff_sd"], rows["metric"], strict=True)
+    ]
+    return float(np.nanmean(powers))
+
+
 def choose(pilots: pd.DataFrame) -> pd.DataFrame:
     """Per rung, the candidate the rule picks (module docstring) and why."""
     out = []
     for rung, rows in pilots.groupby("rung", sort=False):
-        per = rows.groupby("candidate", sort=False).agg(
-            headroom=("headroom", "all"),
-            beats=("beats_baselines", "all"),
-            seeds=("seeds_needed", "max"),
-            steps=("steps", "first"),
-            seconds=("study_seconds_per_seed", "first"),
-        )
-        ok = per[per["headroom"] & per["beats"]]
+        per = []
+        for name, one in rows.groupby("candidate", sort=False):
+            cost = float(one["study_seconds_per_seed"].iloc[0])
+            cap = int(CAP_SECONDS // cost) if cost > 0 else 10**9
+            needed = int(one["seeds_needed"].max())
+            seeds = max(2, min(needed, cap))
+            per.append(
+                {
+                    "candidate": name,
+                    "ok": bool(one["headroom"].all() and one["beats_baselines"].all()),
+                    "needed": needed,
+                    "seeds": seeds,
+                    "power": mean_power(one, seeds),
+                    "steps": int(one["steps"].iloc[0]),
+                }
+            )
+        table = pd.DataFrame(per)
+        ok = table[table["ok"]]
         if not len(ok):
             out.append({"rung": rung, "candidate": None, "why": "no candidate passes the rule"})
             continue
-        best = ok.sort_values(["seeds", "steps"], ascending=[True, False], kind="stable").iloc[0]
-        cap = int(CAP_SECONDS // best["seconds"]) if best["seconds"] > 0 else math.inf
-        seeds = int(min(best["seeds"], cap))
+        best = ok.sort_values(
+            ["power", "seeds", "steps"], ascending=[False, True, False], kind="stable"
+        ).iloc[0]
         why = (
-            f"{len(ok)} of {len(per)} candidates keep headroom"
+            f"{len(ok)} of {len(table)} candidates keep headroom"
             + (" and beat the answer baselines" if rung == "tiny_tf" else "")
-            + f"; this one needs the fewest seeds ({int(best['seeds'])}) for {POWER:.0%} power"
-            + (f"; capped at {seeds} by {CAP_SECONDS} s" if seeds < best["seeds"] else "")
+            + f"; the highest mean power over its primary claims, {best['power']:.2f} at "
+            + f"{int(best['seeds'])} seeds"
+            + (
+                f" (needs {int(best['needed'])}: capped by {CAP_SECONDS} s)"
+                if best["seeds"] < best["needed"]
+                else ""
+            )
         )
-        out.append({"rung": rung, "candidate": best.name, "seeds": seeds, "why": why})
+        out.append(
+            {"rung": rung, "candidate": best["candidate"], "seeds": int(best["seeds"]), "why": why}
+        )
     return pd.DataFrame(out)
 
 
@@ -180,7 +222,7 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             table = assess(rung, found).assign(
                 rung=rung,
                 candidate=name,
-                steps=candidate.get("bandit_steps", candidate.get("tf_steps")),
+                steps=candidate["steps"],
                 pilot_seeds=PILOT_SEEDS[rung],
                 study_seconds_per_seed=found["seconds"] / PILOT_SEEDS[rung],
             )
