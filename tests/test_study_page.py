@@ -104,8 +104,8 @@ def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(tmp_path
 
 def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
     before = page(folder)
-    line = "- **bandit_sampled** — reversed: kl_cov_keeps_entropy (survives Holm); "
-    assert line in before
+    line = section(before, "- **bandit_sampled** — supported:")
+    assert "reversed: kl_cov_keeps_entropy (survives Holm), clip_beats_unclipped" in line
     nsr = 'The paper\'s "consistently more effective" has no support on the toys'
     assert nsr in section(before, "- **Mechanism (c)**")
     edit(
@@ -121,8 +121,9 @@ def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
         verdict="supported",
     )
     after = page(folder)
-    assert line not in after
-    assert "- **bandit_sampled** — supported: kl_cov_keeps_entropy (survives Holm); " in after
+    line = section(after, "- **bandit_sampled** — supported:")
+    assert "reversed: clip_beats_unclipped (survives Holm)" in line
+    assert "clip_cov_keeps_entropy (survives Holm), kl_cov_keeps_entropy (survives Holm)" in line
     mechanism = section(after, "- **Mechanism (c)**")
     assert nsr not in mechanism
     assert (
@@ -134,26 +135,30 @@ def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
 
 def test_headroom_and_rank_agreement_sentences_follow_their_tables(folder):
     before = page(folder)
-    closed = "bandit_exact, bandit_sampled and tiny_tf, as run, cannot answer the pass-rate claims"
-    assert closed in before
-    assert "No rule's mean `final_pass` on tiny_tf beats its answer baseline 0.199" in before
-    agree = "bandit_exact ~ tiny_tf (all rules: agree, +0.51 [+0.05, +0.59]"
+    closed = "bandit_exact, as run, cannot answer the pass-rate claims"
+    assert closed in before and "**Headroom decides 4 of 15 pass-rate rows.**" in before
+    assert "On tiny_tf, 10 of 10 rules' mean `final_pass` beat its answer baseline 0.272" in before
+    agree = "bandit_exact ~ bandit_sampled (all rules: agree, +0.96 [+0.91, +0.96]"
     assert agree in before
-    # tiny_tf's pass-rate rows get verdicts (left without headroom: 4 on bandit_exact, 5 on
-    # bandit_sampled), grpo clears the baseline, and the orders disagree
-    edit(folder, "ledger.csv", {"rung": "tiny_tf", "metric": "final_pass"}, verdict="equivalent")
-    edit(folder, "summary.csv", {"rung": "tiny_tf", "rule": "grpo"}, final_pass=0.25)
-    where = {"metric": "final_pass", "rung_a": "bandit_exact", "rung_b": "tiny_tf", "rules": "8"}
-    edit(folder, "agreement.csv", where, tau_b=-0.51, lo=-0.59, hi=-0.05)
-    after = page(folder)
-    assert "bandit_exact and bandit_sampled, as run, cannot answer the pass-rate claims" in after
-    assert (
-        "tiny_tf, as run" not in after and "**Headroom decides 9 of 15 pass-rate rows.**" in after
+    # the exact rung's pass-rate rows get verdicts, grpo falls below the baseline, and the
+    # orders disagree
+    edit(
+        folder, "ledger.csv", {"rung": "bandit_exact", "metric": "final_pass"}, verdict="equivalent"
     )
-    assert "On tiny_tf, 1 of 10 rules' mean `final_pass` beat its answer baseline 0.199" in after
-    assert "grpo 0.250" in after
+    edit(folder, "summary.csv", {"rung": "tiny_tf", "rule": "grpo"}, final_pass=0.25)
+    where = {
+        "metric": "final_pass",
+        "rung_a": "bandit_exact",
+        "rung_b": "bandit_sampled",
+        "rules": "8",
+    }
+    edit(folder, "agreement.csv", where, tau_b=-0.96, lo=-0.96, hi=-0.91)
+    after = page(folder)
+    assert "as run, cannot answer the pass-rate claims" not in after
+    assert "**Headroom decides 0 of 15 pass-rate rows.**" in after
+    assert "On tiny_tf, 9 of 10 rules' mean `final_pass` beat its answer baseline 0.272" in after
     assert agree not in after
-    assert "bandit_exact ~ tiny_tf (all rules: disagree, -0.51 [-0.59, -0.05]" in after
+    assert "bandit_exact ~ bandit_sampled (all rules: disagree, -0.96 [-0.96, -0.91]" in after
 
 
 def test_the_template_has_a_value_for_every_placeholder_and_nothing_else(folder):

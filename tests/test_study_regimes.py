@@ -1,12 +1,14 @@
 """The regime rule (sandbox.study.regimes): headroom, the answer baselines, power, the cap."""
 
-import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from sandbox.study import regimes
 from sandbox.study.evidence import seeds_needed
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _found(comparator=0.5, ceiling=1.0, floor=0.2, reference=0.6, sd=0.05, metric="final_pass"):
@@ -54,42 +56,63 @@ def _pilots(rows):
             {
                 "rung": "bandit_sampled",
                 "candidate": c,
+                "metric": "final_pass",
                 "headroom": h,
                 "beats_baselines": True,
-                "seeds_needed": n,
+                "diff_sd": sd,
+                "seeds_needed": seeds_needed(sd, 0.02, alpha=0.05),
                 "steps": s,
                 "study_seconds_per_seed": sec,
             }
-            for c, h, n, s, sec in rows
+            for c, h, sd, s, sec in rows
         ]
     )
 
 
-def test_choose_takes_the_fewest_seeds_among_those_passing_and_the_longer_on_ties():
+def test_choose_takes_the_most_power_within_the_cap_among_those_passing():
+    cap = regimes.CAP_SECONDS
     pilots = _pilots(
         [
-            ("x15", True, 40, 15, 1.0),
-            ("x15", True, 12, 15, 1.0),  # the candidate needs its claims' largest: 40
-            ("x30", True, 40, 30, 1.0),  # tie at 40: the longer horizon
-            ("x60", False, 3, 60, 1.0),  # fewest, but no headroom
+            ("cheap", True, 0.20, 40, cap / 100),  # needs ~790 seeds, gets 100
+            ("dear", True, 0.15, 80, cap / 30),  # less noisy, but only 30 seeds fit
+            ("ceiling", False, 0.01, 60, 1.0),  # the most power, but no headroom
         ]
     )
+    table = regimes.candidates(pilots).set_index("candidate")
+    assert (table.loc["cheap", "seeds"], table.loc["dear", "seeds"]) == (100, 30)
+    assert table.loc["cheap", "power"] == pytest.approx(
+        regimes.mean_power(pilots[pilots.candidate == "cheap"], 100)
+    )
     choice = regimes.choose(pilots).iloc[0]
-    assert choice["candidate"] == "x30" and choice["seeds"] == 40
+    assert choice["candidate"] == "cheap" and choice["seeds"] == 100
     assert "2 of 3 candidates keep headroom" in choice["why"]
+    assert f"capped by {cap} s" in choice["why"]
 
 
-def test_choose_caps_the_seeds_by_the_time_budget_and_says_so():
-    pilots = _pilots([("slow", True, 500, 40, regimes.CAP_SECONDS / 100)])
-    choice = regimes.choose(pilots).iloc[0]
-    assert choice["seeds"] == 100
-    assert f"capped at 100 by {regimes.CAP_SECONDS} s" in choice["why"]
+def test_choose_breaks_power_ties_by_fewer_seeds_then_the_longer_horizon():
+    pilots = _pilots([("short", True, 0.001, 15, 1.0), ("long", True, 0.001, 30, 1.0)])
+    assert regimes.choose(pilots).iloc[0]["candidate"] == "long"  # same seeds, same power
 
 
 def test_choose_says_when_no_candidate_passes():
-    choice = regimes.choose(_pilots([("a", False, 5, 15, 1.0)])).iloc[0]
+    choice = regimes.choose(_pilots([("a", False, 0.1, 15, 1.0)])).iloc[0]
     assert choice["candidate"] is None and choice["why"] == "no candidate passes the rule"
-    assert math.isnan(choice.get("seeds", float("nan")))
+
+
+def test_the_committed_pilot_gives_the_committed_choice_and_the_revision_note_is_true():
+    """results/regimes: the rule picks the 40-step bits reversal at 119 seeds; the first rule
+    (fewest seeds needed) would have picked the 80-step task, capped at 39 (the page says so)."""
+    pilots = pd.read_csv(ROOT / "results" / "regimes" / "pilot.csv")
+    choice = regimes.choose(pilots).set_index("rung")
+    committed = pd.read_csv(ROOT / "results" / "regimes" / "choice.csv").set_index("rung")
+    assert choice["candidate"].to_dict() == committed["candidate"].to_dict()
+    assert choice.loc["tiny_tf", "candidate"] == "task=bits,length=2,op=reverse,steps=40"
+    assert choice.loc["tiny_tf", "seeds"] == 119
+    table = regimes.candidates(pilots)
+    tf = table[table["rung"] == "tiny_tf"]
+    first_rule = tf.sort_values(["needed", "steps"], ascending=[True, False]).iloc[0]
+    assert first_rule["candidate"] == "task=bits,length=3,op=reverse,steps=80"
+    assert first_rule["seeds"] == 39 and tf["needed"].min() > 1000
 
 
 def test_labels_name_the_settings():

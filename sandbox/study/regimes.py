@@ -27,7 +27,8 @@ any full study runs:
    reaches 119 (0.37).
 
 ``python -m sandbox.study.regimes --out results/regimes`` runs the pilots and writes
-``pilot.csv`` (one row per candidate and claim), ``choice.csv`` (per rung: the choice, seeds and
+``pilot.csv`` (one row per candidate and claim), ``candidates.csv`` (per candidate: the rule's
+figures), ``choice.csv`` (per rung: the choice, seeds and
 why) and ``provenance.json``; a candidate's pilot folder under ``pilots/`` resumes like any study.
 """
 
@@ -168,27 +169,33 @@ def mean_power(rows: pd.DataFrame, seeds: int) -> float:
     return float(np.nanmean(powers))
 
 
+def candidates(pilots: pd.DataFrame) -> pd.DataFrame:
+    """Per rung and candidate: whether it passes rules 1 and 2 (``ok``), the seeds its primary
+    claims need, its seed count (capped), the mean power there and its horizon."""
+    per = []
+    for (rung, name), one in pilots.groupby(["rung", "candidate"], sort=False):
+        cost = float(one["study_seconds_per_seed"].iloc[0])
+        cap = int(CAP_SECONDS // cost) if cost > 0 else 10**9
+        needed = int(one["seeds_needed"].max())
+        seeds = max(2, min(needed, cap))
+        per.append(
+            {
+                "rung": rung,
+                "candidate": name,
+                "ok": bool(one["headroom"].all() and one["beats_baselines"].all()),
+                "needed": needed,
+                "seeds": seeds,
+                "power": mean_power(one, seeds),
+                "steps": int(one["steps"].iloc[0]),
+            }
+        )
+    return pd.DataFrame(per)
+
+
 def choose(pilots: pd.DataFrame) -> pd.DataFrame:
     """Per rung, the candidate the rule picks (module docstring) and why."""
     out = []
-    for rung, rows in pilots.groupby("rung", sort=False):
-        per = []
-        for name, one in rows.groupby("candidate", sort=False):
-            cost = float(one["study_seconds_per_seed"].iloc[0])
-            cap = int(CAP_SECONDS // cost) if cost > 0 else 10**9
-            needed = int(one["seeds_needed"].max())
-            seeds = max(2, min(needed, cap))
-            per.append(
-                {
-                    "candidate": name,
-                    "ok": bool(one["headroom"].all() and one["beats_baselines"].all()),
-                    "needed": needed,
-                    "seeds": seeds,
-                    "power": mean_power(one, seeds),
-                    "steps": int(one["steps"].iloc[0]),
-                }
-            )
-        table = pd.DataFrame(per)
+    for rung, table in candidates(pilots).groupby("rung", sort=False):
         ok = table[table["ok"]]
         if not len(ok):
             out.append({"rung": rung, "candidate": None, "why": "no candidate passes the rule"})
@@ -231,6 +238,7 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     pilots = pd.concat(tables, ignore_index=True)
     choice = choose(pilots)
     write_csv(pilots, out / "pilot.csv")
+    write_csv(candidates(pilots), out / "candidates.csv")
     write_csv(choice, out / "choice.csv")
     return pilots, choice
 
