@@ -119,3 +119,16 @@ def test_labels_name_the_settings():
     assert regimes.label({"setting": "mixed", "steps": 30}) == "setting=mixed,steps=30"
     got = regimes.label({"task": "bits", "knobs": {"op": "reverse", "length": 2}})
     assert got == "task=bits,length=2,op=reverse"
+
+
+def test_the_llm_task_rule_picks_the_committed_llm_task():
+    """results/llm_pilot/pilot.csv: among the tasks with a group signal >= 0.2, the lowest target
+    is two chained + / - mod 7, the llm rung's default task."""
+    llm_claims = pytest.importorskip("llm.claims")
+    pilot = pd.read_csv(ROOT / "results" / "llm_pilot" / "pilot.csv")
+    chosen = regimes.llm_task_choice(pilot)
+    assert (chosen["task"], chosen["knobs"]) == ("mod_arith", "ops=['+', '-'],steps=2")
+    settings = llm_claims.LlmSettings()
+    assert (settings.task, settings.task_knobs) == ("mod_arith", {"steps": 2, "ops": ["+", "-"]})
+    with pytest.raises(ValueError, match="group signal"):
+        regimes.llm_task_choice(pilot.assign(group_signal=0.0))

@@ -220,6 +220,22 @@ def choose(pilots: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+#: The llm task rule's least group signal: a group of 8 has a success at least 1 time in 5.
+LLM_SIGNAL = 0.2
+
+
+def llm_task_choice(pilot: pd.DataFrame) -> pd.Series:
+    """The CPU part of the rule for the llm rung, on ``python -m llm.pilot``'s table (step-0
+    pass@1 of the base model and the answer baselines of the same problems): among the tasks
+    whose ``group_signal`` is at least :data:`LLM_SIGNAL`, the lowest ``target`` (the larger
+    baseline + 5 margins, what the trained reference rule must reach). Whether it is reached is
+    the study's headroom rule once the rung runs. ``ValueError`` when no task qualifies."""
+    able = pilot[pilot["group_signal"] >= LLM_SIGNAL]
+    if not len(able):
+        raise ValueError(f"no task has a group signal >= {LLM_SIGNAL}")
+    return able.sort_values(["target", "task", "knobs"], kind="stable").iloc[0]
+
+
 def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     tables = []
     for rung in rungs:
