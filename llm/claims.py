@@ -59,6 +59,7 @@ from sandbox.study.cli import parse_study_args
 from sandbox.study.settings import (
     check_fields,
     check_task,
+    knob_text,
     knobs,
     mu_grid,
     register_section,
@@ -182,7 +183,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         train["checkpoint_every"] = s.checkpoint_every
     return RunSpec.make(
         "llm",
-        "-".join([s.task, *(f"{k}{_slug(v)}" for k, v in sorted(s.task_knobs.items()))]),
+        "-".join([s.task, *(f"{k}{knob_text(v)}" for k, v in sorted(s.task_knobs.items()))]),
         job.rule,
         seed=job.seed,
         steps=steps,
@@ -195,11 +196,6 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         definition={"task": s.task, **s.task_knobs},
         train=train,
     )
-
-
-def _slug(value: Any) -> str:
-    """A knob's value in a setting name: a list as its items joined (``ops=['+','-']`` -> ``+-``)."""
-    return "".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def llm_bounds(config: StudyConfig) -> Any:

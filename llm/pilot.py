@@ -53,9 +53,7 @@ from llm.streams import Stream
 from sandbox.configs import check_device, key_values
 from sandbox.experiments.results import prepare_out_dir
 from sandbox.study.config import MARGINS
-
-#: Margins above the answer baselines the trained reference rule must reach (the regime rule).
-WIDE = 5
+from sandbox.study.regimes import WIDE
 
 PREFILL = "The answer is"
 #: ``--out`` when none is given: under ``runs/`` (git-ignored), never the committed results.

@@ -32,7 +32,7 @@ from .analysis import fmt_interval, same_on_exact_flow
 from .claims import CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
-from .settings import migrate, section_settings
+from .settings import knob_text, migrate, section_settings
 
 TEMPLATE = Path(__file__).with_name("page.md")
 
@@ -794,12 +794,8 @@ def llm_task() -> str:
     if rung is None:
         raise ValueError("the llm rung is not registered (python -m llm.claims registers it)")
     s = section_settings(rung.section)
-    knobs = ", ".join(f"{k}={_knob(v)}" for k, v in sorted(s.task_knobs.items()))
+    knobs = ", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s.task_knobs.items()))
     return f"`{s.model}` on `{s.task}` ({knobs})"
-
-
-def _knob(value: object) -> str:
-    return "".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def llm_pilot(out: Path) -> str:

@@ -23,7 +23,7 @@ from sandbox.experiments.runs import (
 from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
-from .settings import section_settings
+from .settings import knob_text, section_settings
 
 if TYPE_CHECKING:
     from .config import StudyConfig
@@ -148,7 +148,7 @@ def _bandit(kind: str) -> Callable[..., RunSpec]:
 def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     tf, shared = config.section("tf"), _shared(config, job.rule)
     shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k, entropy_law=True)
-    knobs = "-".join(f"{k}{v}" for k, v in sorted(tf.knobs.items()))
+    knobs = "-".join(f"{k}{knob_text(v)}" for k, v in sorted(tf.knobs.items()))
     return RunSpec.make(
         "tiny_tf",
         f"{tf.task}-{knobs}",

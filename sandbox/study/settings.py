@@ -160,6 +160,12 @@ def knobs(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def knob_text(value: Any) -> str:
+    """A knob's value in a setting name or on the page: a list as its items joined
+    (``ops=['+','-']`` -> ``+-``), anything else as ``str``."""
+    return "".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
 def check_task(name: str, task: str, task_knobs: Mapping[str, Any]) -> None:
     """``ValueError`` naming ``name`` if ``envs.reasoning`` has no task ``task`` with these
     knobs."""
