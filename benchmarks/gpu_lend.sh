@@ -79,10 +79,13 @@ packages() { # the wheels the GPU machine lacks, installed once under $STASH/sit
 
 prepare() { # CPU machine: the pieces that travel (ignored by git: .gpu_lend/)
   local exclude gguf
-  exclude="$(git rev-parse --git-common-dir)/info/exclude"
-  grep -qx '/.gpu_lend/' "$exclude" 2>/dev/null || echo '/.gpu_lend/' >>"$exclude"
+  # best effort: a clone without .git/info (or no git at all) still prepares the pieces
+  if exclude="$(git rev-parse --git-common-dir 2>/dev/null)/info/exclude"; then
+    mkdir -p "$(dirname "$exclude")" 2>/dev/null &&
+      { grep -qx '/.gpu_lend/' "$exclude" 2>/dev/null || echo '/.gpu_lend/' >>"$exclude"; } || true
+  fi
   mkdir -p "$STAGE"
-  git rev-parse HEAD >"$STAGE/commit"
+  git rev-parse HEAD >"$STAGE/commit" 2>/dev/null || echo unknown >"$STAGE/commit"
   if [ "$DRY" = 1 ]; then # a stand-in for the GGUF: the split and the join are what is checked
     gguf=$STAGE/standin.gguf
     head -c 3000001 /dev/urandom >"$gguf"
