@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from sandbox.experiments.planner import Job, RunFolder
-from sandbox.experiments.results import part_name, read_parts
+from sandbox.experiments.results import read_parts
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
@@ -53,6 +53,7 @@ from .config import (
     record_calibration,
     with_folder,
 )
+from .jobs import StudyJob
 from .rungs import RUNGS, members_per_job, rung_rules
 from .tables import write_tables
 
@@ -74,32 +75,6 @@ ROW_COLUMNS = (
 
 
 # -- planning ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StudyJob:
-    """One run of the study: ``phase`` (``calib`` or ``study``), ``rung``, ``rule``, step size
-    ``lr``, ``epochs`` (mu) and base ``seed`` (the paired seed of a rung without replicates; 0
-    where one spec trains every paired seed). :attr:`part` names its result part."""
-
-    phase: str
-    rung: str
-    rule: str
-    lr: float
-    epochs: int
-    seed: int
-
-    @property
-    def part(self) -> str:
-        """The job's part file name (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``):
-        parts on disk are found again by it, so it never changes."""
-        lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
-        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
-
-    @property
-    def point(self) -> tuple[str, str, str, float, int]:
-        """Everything but the seed: the jobs of one point may run as one group."""
-        return self.phase, self.rung, self.rule, self.lr, self.epochs
 
 
 def calibration_jobs(config: StudyConfig) -> list[StudyJob]:

@@ -23,11 +23,11 @@ from sandbox.experiments.runs import (
 from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
+from .jobs import StudyJob
 from .settings import knob_text, section_settings
 
 if TYPE_CHECKING:
     from .config import StudyConfig
-    from .plan import StudyJob
 
 
 @dataclass(frozen=True)
@@ -221,8 +221,6 @@ def rung_rules(config: StudyConfig, rung: str) -> list[str]:
     r = RUNGS[rung]
     if not r.traits.deterministic:
         return list(config.rules)
-    from .plan import StudyJob
-
     lr, mu = r.grid(config)[0], r.epochs(config)[0]
 
     def admitted(rule: str) -> bool:
