@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Rung:
     """A rung: a run kind (``kind``, default the rung's name) with its spec for a job
-    (:class:`~.plan.StudyJob`: rule, step size, mu, base seed; ``spec(config, job, seeds=...,
+    (:class:`~.jobs.StudyJob`: rule, step size, mu, base seed; ``spec(config, job, seeds=...,
     steps=...)``) and its typed settings (``section``, default the rung's name: a registered
     section of :mod:`.settings`, ``config.section(name)``; its ``seeds`` are the rung's paired
     seeds). Its step-size ``grid`` and run length ``steps`` default to the section's ``lrs`` and
