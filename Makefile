@@ -53,7 +53,7 @@ notebooks: install
 test: install-test
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 -q --durations=15
 
 # The CUDA paths (tests marked gpu; they skip without CUDA). Install a CUDA build of torch first.
 test-gpu: install-test
