@@ -18,8 +18,10 @@ Counting: a ``TorchDispatchMode`` counts every aten operator dispatched during s
 Host reads: ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``) plus the calls of
 ``Tensor.cpu``, ``.tolist`` and ``.numpy`` (on a GPU run each reads device memory; on the CPU
 they are counted by call). FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over the same
-steps. Graph breaks and recompiles: ``torch._dynamo`` counters over 3 steps of the batched path
-with ``--generate-compile on`` (the compiled decoding step), counted without the dispatch mode.
+steps; printed with them, the prefill's share (batched path: the FLOPs of
+:func:`llm.decode.prefill`, one forward per distinct prompt, over the run-step's). Graph breaks
+and recompiles: ``torch._dynamo`` counters over 3 steps of the batched path with
+``--generate-compile on`` (the compiled decoding step), counted without the dispatch mode.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import math
 import os
 import platform
 import tempfile
@@ -61,6 +64,8 @@ COLUMNS = (
     "gflop_per_run_step",
     "ops_ratio_to_K1",
 )
+#: printed, not in the CSV: the prefill's share of the FLOPs (batched path)
+PREFILL = "prefill_flop_share"
 
 
 class Counter(TorchDispatchMode):
@@ -145,8 +150,34 @@ def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | 
         rollout_hook(steps)
 
 
+@contextlib.contextmanager
+def counted_prefill(counter: Counter) -> Iterator[list[int]]:
+    """FLOPs of the compact decoder's prefills (:func:`llm.decode.prefill`) while ``counter`` is
+    on, summed into the one-element list it yields."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import llm.decode
+
+    real, total = llm.decode.prefill, [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if not counter.on:
+            return real(*args, **kwargs)
+        with FlopCounterMode(display=False) as flops:
+            out = real(*args, **kwargs)
+        total[0] += flops.get_total_flops()
+        return out
+
+    llm.decode.prefill = counted
+    try:
+        yield total
+    finally:
+        llm.decode.prefill = real
+
+
 def measure(path: str, K: int, extra: dict | None = None) -> dict[str, Any]:
-    """Operators, host reads and GFLOP per run-step of ``path`` with K runs (steps 1, 2)."""
+    """Operators, host reads and GFLOP per run-step of ``path`` with K runs (steps 1, 2), and
+    the prefill's share of the FLOPs."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter, flops = Counter(), FlopCounterMode(display=False)
@@ -159,15 +190,17 @@ def measure(path: str, K: int, extra: dict | None = None) -> dict[str, Any]:
         if step == last:
             flops.__exit__(None, None, None)
 
-    with counted_host_calls(counter), counter:
+    with counted_host_calls(counter), counted_prefill(counter) as prefill, counter:
         train_steps(path, K, last, hook, extra)
     runs_steps = K * (last - first)
+    total = flops.get_total_flops()
     return {
         "path": path,
         "K": K,
         "ops_per_run_step": counter.ops / runs_steps,
         "host_reads_per_run_step": counter.reads / runs_steps,
-        "gflop_per_run_step": flops.get_total_flops() / runs_steps / 1e9,
+        "gflop_per_run_step": total / runs_steps / 1e9,
+        PREFILL: prefill[0] / total if path == "batched" else float("nan"),
     }
 
 
@@ -185,6 +218,11 @@ def compile_counters(K: int, extra: dict | None = None) -> dict[str, int]:
         "graphs": counters["stats"]["unique_graphs"],
         "recompiles": max(counters["stats"]["unique_graphs"] - 1, 0),
     }
+
+
+def share(value: float) -> str:
+    """A fraction as a percentage, ``-`` where none was counted (NaN)."""
+    return f"{value:.1%}" if math.isfinite(value) else "-"
 
 
 def machine() -> str:
@@ -223,13 +261,14 @@ def run_proxy(
     base["ensemble"] = base["today"]  # the ensemble of one is the run alone on the hf path
     print(
         f"{'path':<10}{'K':>4}{'ops/run-step':>14}{'host reads':>12}{'GFLOP':>10}{'ops / K=1':>11}"
+        f"{'prefill':>9}"
     )
     for r in rows:
         r["ops_ratio_to_K1"] = r["ops_per_run_step"] / base[r["path"]]
         print(
             f"{r['path']:<10}{r['K']:>4}{r['ops_per_run_step']:>14.0f}"
             f"{r['host_reads_per_run_step']:>12.1f}{r['gflop_per_run_step']:>10.4f}"
-            f"{r['ops_ratio_to_K1']:>11.3f}"
+            f"{r['ops_ratio_to_K1']:>11.3f}{share(r[PREFILL]):>9}"
         )
     top = max(ks)
     best = next(r for r in rows if r["path"] == "batched" and r["K"] == top)

@@ -6,7 +6,8 @@ weights are stacked on a leading dimension and every linear layer is one batched
 members (``torch.bmm`` over ``[K, rows, in] @ [K, in, out]``), so a decoding step costs one
 launch per operation whatever K is:
 
-    prefill:  h = body_k(prompt_k)                     one forward over the prompt bucket, K at once
+    prefill:  h = body_k(prompt_k)                   one forward over the prompt bucket, K at once,
+                                                     once per prompt (KV cache copied to its G rows)
     step t:   logits[k, b] = head_k(body_k(token_{t-1}; KV cache))          [K, B, V], one forward
               token[k, b]   = argmax_v (logits[k, b, v] / T + g[k, b, t, v])     Gumbel-max
               g = -log(-log u),  u = U(key_k, row_b, t, v)                   fixed per position
@@ -26,6 +27,13 @@ hash, no generator state): ``key`` is ``derive_seed(seed, Stream.ROLLOUT, step)`
 So two runs with one seed draw from the same uniforms at every position, whatever their rules
 (common random numbers): where their policies agree they sample the same tokens. A completion
 does not depend on the batch it was decoded in (chunks, ranks, members).
+
+One prefill per prompt: GRPO samples each prompt G times, rows prompt-major (row ``p * G + g``
+is prompt ``p``'s completion ``g``, the layout of :func:`llm.rollout.generate`, of the rewards and
+of the group advantages). A prompt's forward depends on that prompt alone, so :func:`prefill`
+runs it once and copies its KV cache and last logits to its G rows (``repeat_interleave``): the
+prefill costs 1/G of a forward over every row, and every row samples what it sampled from its own
+prefill (the tests: token for token against ``group_size=1`` over repeated prompts).
 
 Fixed shapes, no host read in the loop: prompts are left-padded to a length bucket
 (:func:`bucket`, multiples of :data:`BUCKET`), the static KV cache holds ``bucket +
@@ -348,6 +356,39 @@ def sample_into(
     return token
 
 
+def prefill(
+    w: Stacked, prompt: Tensor, valid: Tensor, max_new_tokens: int, group_size: int
+) -> tuple[list[tuple[Tensor, Tensor]], Tensor]:
+    """The KV caches ``[K, P x G, kv_heads, Tp + N, D]`` (per layer; slots ``Tp ..`` zero) and
+    the last position's logits ``[K, P x G, V]`` of the left-padded prompts ``[K, P, Tp]``, each
+    prompt's forward run once and repeated over its ``G = group_size`` rows (``repeat_interleave``
+    on the row dimension: row ``p * G + g`` is prompt ``p``'s). The forward of a prompt does not
+    depend on the other rows of its batch, so this is what a forward of every row computes."""
+    s, device = w.shape, prompt.device
+    K, P, Tp = prompt.shape
+    dtype = compute_dtype(w, device)
+    caches = [
+        tuple(
+            torch.zeros(
+                K, P, s.kv_heads, Tp + max_new_tokens, s.head_dim, dtype=dtype, device=device
+            )
+            for _ in "kv"
+        )
+        for _ in range(s.layers)
+    ]
+    # causal over the prompt, padding keys masked (a padding query sees itself only)
+    causal = torch.ones(Tp, Tp, dtype=torch.bool, device=device).tril()
+    own = torch.eye(Tp, dtype=torch.bool, device=device)
+    mask = (causal & valid[:, :, None, :]) | own
+    mask = torch.nn.functional.pad(mask, (0, max_new_tokens))
+    positions = (valid.cumsum(-1) - 1).clamp(min=0)
+    logits = forward(w, prompt, positions, mask, caches, torch.arange(Tp, device=device))
+    if group_size == 1:
+        return caches, logits
+    caches = [tuple(c.repeat_interleave(group_size, 1) for c in pair) for pair in caches]
+    return caches, logits.repeat_interleave(group_size, 1)
+
+
 @torch.no_grad()
 def decode(
     w: Stacked,
@@ -360,23 +401,29 @@ def decode(
     temperature: float,
     eos_id: int,
     pad_id: int,
+    group_size: int = 1,
     compile_step: bool | str = False,
 ) -> tuple[Tensor, Tensor]:
     """Completions ``[K, B, N]`` (pad after the first EOS) and their log-probs (float32, 0 after
-    EOS) of left-padded prompts ``[K, B, Tp]``, ``N = max_new_tokens`` steps, noise keyed by
-    ``keys [K, 2]`` and ``rows [K, B]`` (:func:`counter_uniform`). No host read.
+    EOS), ``G = group_size`` per left-padded prompt ``[K, P, Tp]``, prompt-major: row ``b = p * G
+    + g`` is prompt ``p``'s ``g``-th completion (``B = P x G``, the layout of
+    :func:`llm.rollout.generate`, of the rewards and of the group advantages); each prompt's
+    prefill runs once for its group (:func:`prefill`). ``N = max_new_tokens`` steps, noise keyed
+    by ``keys [K, 2]`` and ``rows [K, B]`` (:func:`counter_uniform`). No host read.
     ``compile_step``: compile the step (:func:`compiled_step`; a string: that backend)."""
-    K, B, Tp = prompt.shape
-    s, N, device = w.shape, max_new_tokens, prompt.device
-    dtype = compute_dtype(w, device)
-    S = Tp + N
-    caches = [
-        tuple(
-            torch.zeros(K, B, s.kv_heads, S, s.head_dim, dtype=dtype, device=device) for _ in "kv"
+    K, P = prompt.shape[:2]
+    G, N, device = group_size, max_new_tokens, prompt.device
+    if G < 1:
+        raise ValueError(f"group_size must be >= 1, got {G}")
+    if tuple(rows.shape) != (K, P * G):
+        raise ValueError(
+            f"rows has shape {tuple(rows.shape)}; {P} prompts x group_size {G} for {K} members "
+            f"need [{K}, {P * G}] (row p x G + g is prompt p's completion g)"
         )
-        for _ in range(s.layers)
-    ]
     valid = prompt_mask.bool()
+    caches, logits = prefill(w, prompt, valid, N, G)
+    valid = valid.repeat_interleave(G, 1)
+    B = P * G
     st = DecodeState(
         caches=caches,
         prompt_keys=valid,
@@ -387,14 +434,7 @@ def decode(
         tokens=torch.full((K, B, N), pad_id, dtype=torch.long, device=device),
         logp=torch.zeros(K, B, N, device=device),
     )
-    # prefill: causal over the prompt, padding keys masked (a padding query sees itself only)
-    causal = torch.ones(Tp, Tp, dtype=torch.bool, device=device).tril()
-    own = torch.eye(Tp, dtype=torch.bool, device=device)
-    mask = (causal & valid[:, :, None, :]) | own
-    mask = torch.nn.functional.pad(mask, (0, N))
-    positions = (valid.cumsum(-1) - 1).clamp(min=0)
     steps = torch.arange(N, device=device)
-    logits = forward(w, prompt, positions, mask, caches, torch.arange(Tp, device=device))
     token = sample_into(st, logits, steps[0], temperature, eos_id, pad_id)
     step = compiled_step(device, caches, compile_step) if compile_step else decode_step
     for t in range(1, N):
@@ -448,9 +488,10 @@ def generate(
     """Member k's rollout of its prompts ``prompt_ids[k]`` (G completions each, row ``i * G +
     g``), as :func:`llm.rollout.generate` returns one (:func:`llm.rollout.rollout_batch`, on the
     CPU: prompts left-padded to the member's longest, completions cut after EOS and to its
-    longest), all members decoded in one loop (:func:`decode`). Row ``i * G + g`` draws its noise
-    from ``derive_seed(*seed_keys[k])`` and global row ``(first_index[k] + i) * G + g``, so a
-    member's completions do not depend on the others. ``max_prompt``: the widest bucket."""
+    longest), all members decoded in one loop (:func:`decode`; each prompt prefilled once for its
+    G rows). Row ``i * G + g`` draws its noise from ``derive_seed(*seed_keys[k])`` and global row
+    ``(first_index[k] + i) * G + g``, so a member's completions do not depend on the others.
+    ``max_prompt``: the widest bucket."""
     K = len(prompt_ids)
     if not (len(seed_keys) == len(first_index) == K) or K < 1:
         raise ValueError("prompt_ids, seed_keys and first_index need one entry per member")
@@ -462,7 +503,7 @@ def generate(
     G, pad = group_size, tokenizer.pad_token_id
     widths = [max((len(r) for r in p), default=1) for p in prompt_ids]
     Tp = bucket(max(widths), max_prompt)
-    packed = [stack_left_padded([r for r in p for _ in range(G)], pad, Tp) for p in prompt_ids]
+    packed = [stack_left_padded(p, pad, Tp) for p in prompt_ids]  # one row per prompt
     rows = torch.stack(
         [
             torch.arange(first * G, (first + len(p)) * G)
@@ -479,11 +520,13 @@ def generate(
         temperature=temperature,
         eos_id=tokenizer.eos_token_id,
         pad_id=pad,
+        group_size=G,
         compile_step=compile_step,
     )
     tokens, logp = tokens.cpu(), logp.cpu()  # the one host read, after the loop
     out = []
     for k, (ids, mask) in enumerate(packed):
+        ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
         Tc = max(int(completion_masks(tokens[k], tokenizer.eos_token_id)[0].sum(-1).max()), 1)
         out.append(
             rollout_batch(

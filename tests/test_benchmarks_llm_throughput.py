@@ -215,6 +215,14 @@ def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
     alone, pair = (float(r["ops_per_run_step"]) for r in rows[2:])
     assert pair < alone and float(rows[3]["ops_ratio_to_K1"]) == pytest.approx(pair / alone)
     assert "ratio batched K=2 / today, operators per run-step:" in proc.stdout
+    # the last column: the prefill's share of the FLOPs, counted on the compact decoder only
+    table = [
+        line.split()
+        for line in proc.stdout.splitlines()
+        if line.startswith(("today ", "ensemble ", "batched "))
+    ]
+    assert len(table) == 4 and [cells[-1] for cells in table[:2]] == ["-", "-"]
+    assert all(0 < float(cells[-1].rstrip("%")) < 100 for cells in table[2:])
 
 
 @pytest.mark.parametrize("value", ["0,8", "8,16", "1,x"])

@@ -70,6 +70,76 @@ def test_members_together_equal_each_alone(models, tok):
     assert any(o["completion_mask"].sum() < o["completion_mask"].numel() for o in together)
 
 
+def grouped_and_per_row(models, tok, members, group_size):
+    """:func:`llm.decode.decode` of the members' prompts (of different lengths) with one prefill
+    per prompt (``group_size``), and today's path: every prompt repeated ``group_size`` times,
+    row ``p * G + g``, one prefill per row (``group_size=1``); the same keys and rows."""
+    from llm.rollout import stack_left_padded
+
+    K, w = len(members), decode.stack_members([models[k] for k in members])
+    prompts = [ids_of(tok, k) for k in members]
+    P, pad = len(prompts[0]), tok.pad_token_id
+    Tp = decode.bucket(max(len(r) for p in prompts for r in p))
+    kw = dict(
+        keys=torch.tensor([decode.key_words((k, 0, 3)) for k in members]),
+        rows=torch.arange(5 * group_size, (5 + P) * group_size).expand(K, -1),
+        max_new_tokens=N,
+        temperature=1.0,
+        eos_id=tok.eos_token_id,
+        pad_id=pad,
+    )
+    outs = []
+    for copies, G in ((1, group_size), (group_size, 1)):
+        packed = [
+            stack_left_padded([r for r in p for _ in range(copies)], pad, Tp) for p in prompts
+        ]
+        ids, mask = (torch.stack([x[i] for x in packed]) for i in (0, 1))
+        outs.append(decode.decode(w, ids, mask, group_size=G, **kw))
+    return outs
+
+
+@pytest.mark.parametrize("members", [[1], [0, 1, 2]], ids=["K1", "K3"])
+@pytest.mark.parametrize("group_size", [G, 8])
+def test_one_prefill_per_prompt_samples_what_a_prefill_per_row_samples(
+    models, tok, members, group_size, monkeypatch
+):
+    """Each prompt's prefill runs once (the prefill forward sees P rows, not P x G) and its
+    cache and logits reach its G rows: every row samples the tokens it samples from a prefill
+    of its own, token for token (float32), log-probs to float rounding, alone and with K - 1
+    other members; and the group's rows differ (the noise is per row, not per prompt)."""
+    seen, real = [], decode.forward
+    monkeypatch.setattr(
+        decode, "forward", lambda w, ids, *a: seen.append(tuple(ids.shape)) or real(w, ids, *a)
+    )
+    (tokens, logp), (tokens_rows, logp_rows) = grouped_and_per_row(models, tok, members, group_size)
+    K, P = len(members), len(PROMPTS[0])
+    assert seen[0] == (K, P, 16) and seen[N] == (K, P * group_size, 16)  # the two prefills
+    assert tokens.shape == (K, P * group_size, N)
+    assert torch.equal(tokens, tokens_rows)
+    torch.testing.assert_close(logp, logp_rows, atol=1e-6, rtol=0)
+    groups = tokens.view(K, P, group_size, N)
+    assert all(len({tuple(r.tolist()) for r in g}) > 1 for g in groups.flatten(0, 1))
+
+
+def test_decode_refuses_rows_not_grouped_as_stated(models, tok):
+    """Prompts repeated per row while ``group_size`` says one prompt per group: the rows do not
+    match the stated layout, one line says so (and a group size below 1)."""
+    w = decode.stack_members(models[:1])
+    prompt = torch.full((1, 6, 16), 7)
+    kw = dict(
+        keys=torch.zeros(1, 2, dtype=torch.long),
+        rows=torch.arange(6)[None],
+        max_new_tokens=2,
+        temperature=1.0,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+    )
+    with pytest.raises(ValueError, match=r"rows has shape \(1, 6\); 6 prompts x group_size 3"):
+        decode.decode(w, prompt, torch.ones_like(prompt), group_size=3, **kw)
+    with pytest.raises(ValueError, match="group_size must be >= 1, got 0"):
+        decode.decode(w, prompt, torch.ones_like(prompt), group_size=0, **kw)
+
+
 def reference_sample(model, out, key, temperature):
     """Sampling from the Hugging Face model's full forward over the growing sequence (no
     cache), with the same noise: what the compact decoder must reproduce."""
