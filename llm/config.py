@@ -91,6 +91,12 @@ class TrainConfig:
         "loop; Gumbel-max from noise fixed per seed, step, row and position)",
         choices=("hf", "vllm", "compact"),
     )
+    old_logp: str = arg(
+        "recompute",
+        "pi_old when mu > 1: a no-grad forward after sampling (recompute), or the sampler's own "
+        "log-probs (sampler: hf and compact backends; one forward less per step)",
+        choices=("recompute", "sampler"),
+    )
     vllm_gpu_memory_utilization: float = arg(0.3, "vLLM: GPU memory share (weights + KV cache)")
     vllm_sleep: bool = arg(False, "vLLM: release its memory between rollouts (CUDA)")
     vllm_enforce_eager: bool = arg(False, "vLLM: no CUDA graphs (faster start, slower decode)")
@@ -252,6 +258,14 @@ class TrainConfig:
             raise ValueError(
                 "--rollout-backend compact decodes with its own static cache (no --generate-cache; "
                 "--generate-compile on compiles its step), without --fsdp and --lora-r"
+            )
+        if self.old_logp == "sampler" and (
+            self.rollout_backend == "vllm" or self.rollout_is != "none"
+        ):
+            raise ValueError(
+                "--old-logp sampler takes pi_old from generate's or the compact decoder's own "
+                "log-probs: not with --rollout-backend vllm (another engine's numbers) nor "
+                "--rollout-is (pi_old/pi_rollout would be 1 by construction)"
             )
         if self.eval_data is not None and not self.eval_every:
             raise ValueError("--eval-data is only read with --eval-every N > 0")

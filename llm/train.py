@@ -488,11 +488,13 @@ def forward_logp(
 
 
 def needs_sampler_logp(cfg: TrainConfig) -> bool:
-    """The sampler's own log-probs are kept for the rollout correction, and for the off-policy
+    """The sampler's own log-probs are kept for the rollout correction, for the off-policy
     mask with vLLM (TRL's ``sampling_per_token_logps``: the mask then also sees the
-    trainer/sampler mismatch; with ``generate`` the trainer's pi_old is the sampler)."""
+    trainer/sampler mismatch; with ``generate`` the trainer's pi_old is the sampler), and as
+    pi_old itself with ``--old-logp sampler`` at mu > 1."""
     vllm_mask = cfg.off_policy_mask is not None and cfg.rollout_backend == "vllm"
-    return cfg.rollout_is != "none" or vllm_mask
+    as_old = cfg.old_logp == "sampler" and cfg.epochs * cfg.minibatches > 1
+    return cfg.rollout_is != "none" or vllm_mask or as_old
 
 
 def rollout_phase(run: Run, step: int) -> dict[str, torch.Tensor]:
@@ -538,8 +540,11 @@ def score_rollout(
         [float(run.source.verify(a, t)) for a, t in zip(local_answers, texts, strict=True)]
     )
     chunks = min(cfg.minibatches * cfg.grad_accum, local["prompt"].shape[0])
-    if run.need_old:
-        local["logp_old"] = logprobs(run, run.model, local, chunks)
+    if run.need_old:  # --old-logp sampler: the sampler's own, one forward less
+        sampled = cfg.old_logp == "sampler"
+        local["logp_old"] = (
+            local["rollout_logp"] if sampled else logprobs(run, run.model, local, chunks)
+        )
     if cfg.kl_coef > 0:
         if run.reference is None:  # LoRA: the reference is the model without its adapters
             with dist.unwrap(run.model).disable_adapter():

@@ -286,3 +286,45 @@ def test_llm_defines_no_loss():
             assert "PolicyLoss(" in text, path
             for name in ("aggregate(", "kl_divergence(", "rollout_is_weights(", "k3("):
                 assert name not in text, (path, name)
+
+
+# ------------------------------------------------------------------------------------------
+# --old-logp sampler: pi_old from the sampler's own log-probs (issue 28 item 3)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["hf", "compact"])
+def test_old_logp_from_the_sampler_equals_the_recomputed_one_without_its_forward(
+    tmp_path, backend, monkeypatch
+):
+    """At mu > 1 ``--old-logp sampler`` takes pi_old from the rollout's own log-probs: the same
+    completions as ``recompute`` (one seed), pi_old equal to the recomputing forward's on every
+    completion token to float32 rounding (the sampler's forward runs with a KV cache, the
+    recomputation over the whole sequence), and no second forward over the rollout."""
+    kw = dict(epochs=2, rollout_backend=backend)
+    runs = {
+        how: train_mod.setup(config(tmp_path, how, old_logp=how, **kw), [])
+        for how in ("recompute", "sampler")
+    }
+    recomputed = train_mod.rollout_phase(runs["recompute"], 0)
+    forwards = []
+    real = train_mod.logprobs
+    monkeypatch.setattr(train_mod, "logprobs", lambda *a, **k: forwards.append(1) or real(*a, **k))
+    sampled = train_mod.rollout_phase(runs["sampler"], 0)
+    assert forwards == []  # pi_old needed no forward of its own
+    assert torch.equal(sampled["completion"], recomputed["completion"])
+    mask = sampled["completion_mask"].bool()
+    assert mask.sum() > 0
+    assert torch.equal(sampled["logp_old"], sampled["rollout_logp"])
+    gap = (sampled["logp_old"] - recomputed["logp_old"])[mask].abs().max().item()
+    assert gap < 1e-4, gap  # float32 rounding of two forwards; a wrong token or shift is > 0.1
+
+
+@pytest.mark.parametrize(
+    "extra", [dict(rollout_backend="vllm"), dict(rollout_is="truncate")], ids=["vllm", "is"]
+)
+def test_old_logp_from_the_sampler_refuses_another_engine_and_the_rollout_correction(
+    tmp_path, extra
+):
+    with pytest.raises(ValueError, match="--old-logp sampler"):
+        config(tmp_path, old_logp="sampler", **extra).validate(launched=False)
