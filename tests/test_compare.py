@@ -9,7 +9,7 @@ import pytest
 from sandbox.cli import main
 from sandbox.exact import exact_flow
 from sandbox.experiments import CompareConfig, load_results, run_compare
-from sandbox.experiments.compare import parse_objective_params
+from sandbox.experiments.compare import compare_plan, parse_objective_params
 from sandbox.experiments.plots import mean_ci
 from sandbox.objectives import get_objective
 
@@ -59,6 +59,36 @@ def test_compare_writes_results_summary_figures_and_resumes(tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in parts}
     run_compare(CompareConfig(**SMALL), out, workers=1, progress=False, figures=False)
     assert all(p.stat().st_mtime_ns == stamps[p] for p in parts)
+
+
+def test_a_comparison_is_a_grid_planned_in_compare_layout():
+    """The sweep engine's plan of a comparison: a part per (setting, rule, flow), in plan order;
+    per setting the exact flows in one job, then the sampled runs in two near-equal jobs (one per
+    run with rules_per_job=1); only the parts asked for are planned."""
+    plan = compare_plan(CompareConfig(**SMALL))
+    assert plan.layout == "compare" and plan.seeds == [0]
+    parts = plan.parts()
+    assert [name for name, _ in parts[:5]] == [
+        "easy__grpo__sampled.parquet",
+        "easy__grpo__exact.parquet",
+        "easy__nsr_dapo__sampled.parquet",
+        "easy__nsr_dapo__exact.parquet",
+        "easy__clip_cov__sampled.parquet",  # no exact flow: no closed form
+    ]
+    assert len(parts) == 10 and all(len(specs) == 1 for _, specs in parts)
+    jobs = [(job.key, job.parts) for job in plan.jobs(parts)]
+    assert jobs[:3] == [
+        ("easy/exact", ("easy__grpo__exact.parquet", "easy__nsr_dapo__exact.parquet")),
+        ("easy/sampled", ("easy__grpo__sampled.parquet", "easy__nsr_dapo__sampled.parquet")),
+        ("easy/sampled", ("easy__clip_cov__sampled.parquet",)),
+    ]
+    assert [key for key, _ in jobs[3:]] == ["mixed/exact", "mixed/sampled", "mixed/sampled"]
+    alone = compare_plan(CompareConfig(**SMALL), rules_per_job=1).jobs(parts)
+    assert [len(job.parts) for job in alone] == [2, 1, 1, 1] * 2
+    todo = [part for part in parts if part[0] != "easy__grpo__exact.parquet"]
+    assert plan.jobs(todo)[0].parts == ("easy__nsr_dapo__exact.parquet",)
+    with pytest.raises(ValueError, match="rules_per_job must be an integer >= 1"):
+        compare_plan(CompareConfig(**SMALL), rules_per_job=0)
 
 
 def test_compare_cli_prints_the_table(tmp_path, capsys):

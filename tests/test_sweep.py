@@ -15,8 +15,8 @@ from sandbox.experiments.sweep import (
     load_sweep,
     parse_sweep,
     run_id,
+    run_parts,
     run_sweep,
-    run_variant,
 )
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
@@ -228,9 +228,14 @@ def test_example_sweeps_validate_and_one_run_each_works(path):
     # smoke: the file's last variant on its first setting, 2 seeds x 2 steps (the full sweeps
     # run in minutes)
     smoke = sweep.with_overrides(plan, seeds=2, steps=2)
-    spec = next(s for s in smoke.runs() if (s.rule, s.params) == plan.variants[-1])
+    name, specs = next(
+        p for p in smoke.parts() if (p[1][0].rule, p[1][0].params) == plan.variants[-1]
+    )
+    spec = specs[0]
     assert spec.setting == plan.settings[0] and (spec.seeds, spec.steps) == (2, 2)
-    frame = run_variant(spec, plan.suite)
+    assert name == f"{run_id(spec)}.parquet"
+    [job] = smoke.jobs([(name, specs)])  # the engine's job for this one run
+    [frame] = run_parts(*job.args)
     assert set(frame["objective"]) == {spec.label} and frame["expected_reward"].notna().all()
 
 
@@ -239,7 +244,7 @@ def test_example_sweeps_validate_and_one_run_each_works(path):
 # ------------------------------------------------------------------------------------------------
 
 
-def test_run_variant_columns_and_custom_env(tiny):
+def test_run_columns_and_custom_env(tiny):
     spec = {
         "name": "c",
         "settings": ["needle-10"],
@@ -257,7 +262,9 @@ def test_run_variant_columns_and_custom_env(tiny):
     }
     plan = parse_sweep(spec)
     run = plan.runs()[0]
-    [frame] = sweep._execute(run, plan.suite)  # one frame per part of the run
+    [job] = plan.jobs(plan.parts())  # one run: one job, one part
+    assert job.key == run_id(run) and job.parts == (f"{run_id(run)}.parquet",)
+    [frame] = run_parts(*job.args)  # one frame per part of the job
     label = "nsr[seed=7,sigma=0.2]"
     assert set(frame["objective"]) == set(frame["variant"]) == {label}
     assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run_id(run)}
@@ -317,18 +324,19 @@ def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
     missing = f"{TINY_RUN_IDS[2]}.parquet"
     (parts / missing).unlink()
     calls = []
-    real = sweep.run_variant
+    real = sweep.run_specs
 
-    def counting(spec, suite):
-        calls.append((spec.setting, spec.rule, dict(spec.params), spec.seed))
-        return real(spec, suite)
+    def counting(specs):
+        calls.append([(s.setting, s.rule, dict(s.params), s.seed) for s in specs])
+        return real(specs)
 
-    sweep.run_variant = counting
+    sweep.run_specs = counting
     try:
         again, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
     finally:
-        sweep.run_variant = real
-    assert calls == [("easy", "nsr", {"noise": "band", "sigma": 0.1}, 0)]
+        sweep.run_specs = real
+    # one call: the missing run's sampled spec and its exact flow
+    assert calls == [[("easy", "nsr", {"noise": "band", "sigma": 0.1}, 0)] * 2]
     now = _mtimes(parts)
     assert now.keys() == stamps.keys()
     assert all(now[name] == stamps[name] for name in stamps if name != missing)
@@ -337,7 +345,7 @@ def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
 
 def test_interrupted_sweep_keeps_complete_parts_and_resumes(tiny, tmp_path, monkeypatch):
     out = tmp_path / "crash"
-    real = sweep.run_variant
+    real = sweep.run_specs
     calls = []
 
     def crash_on_second(*args, **kwargs):
@@ -346,7 +354,7 @@ def test_interrupted_sweep_keeps_complete_parts_and_resumes(tiny, tmp_path, monk
             raise RuntimeError("simulated crash")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "run_variant", crash_on_second)
+    monkeypatch.setattr(sweep, "run_specs", crash_on_second)
     with pytest.raises(SweepRunError, match=r"run easy__dapo__seed1 failed: .*simulated crash"):
         run_sweep(tiny, out, workers=1, progress=False, figures=False)
     files = sorted(p.name for p in (out / "parts").iterdir())
@@ -354,7 +362,7 @@ def test_interrupted_sweep_keeps_complete_parts_and_resumes(tiny, tmp_path, monk
     assert not (out / "results.parquet").exists()
     stamp = (out / "parts" / files[0]).stat().st_mtime_ns
 
-    monkeypatch.setattr(sweep, "run_variant", real)
+    monkeypatch.setattr(sweep, "run_specs", real)
     results, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
     assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
     assert (out / "parts" / files[0]).stat().st_mtime_ns == stamp

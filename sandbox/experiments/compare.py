@@ -8,13 +8,15 @@ For each (setting, objective) pair it runs
   GRPO advantage and ``epochs * minibatches`` inner updates per step: the deterministic dynamics the
   sampled runs follow in expectation (rules without a closed form, clip_cov and kl_cov, have none).
 
-The exact flows of all rules of a setting run as one batched program
-(:func:`sandbox.exact.exact_flows`), and its sampled runs in a few jobs whose rules train as one
-program each (:func:`sandbox.train.bandit.run_bandits`; results equal one run per rule). Each finished run is written atomically as
-``<out>/parts/<setting>__<label>__<kind>.parquet`` (``kind`` sampled or exact), so an interrupted
-comparison resumes where it stopped; ``config.json`` records the training fields, and a rerun with
-other ones is refused rather than mixed with the old parts. Then ``results.parquet`` (tidy: one
-row per setting, objective, kind, seed, step), ``summary.csv`` and the figures are written.
+A comparison is a grid with one entry per objective and one base seed (:func:`compare_plan`), run
+by the sweep engine (:func:`~.sweep.run_sweep`) in compare's layout: each finished run is written
+atomically as ``<out>/parts/<setting>__<label>__<kind>.parquet`` (``kind`` sampled or exact), so
+an interrupted comparison resumes where it stopped; ``config.json`` records the training fields,
+and a rerun with other ones is refused rather than mixed with the old parts. A setting's exact
+flows run as one batched program, its sampled runs in a few jobs whose rules train as one program
+each. Then ``results.parquet`` (tidy: one row per setting, objective, kind, seed, step),
+``summary.csv`` and the figures. This module also holds what every grid shares: the suites, the
+training fields (:class:`CompareConfig`) and one run's spec (:func:`run_spec`).
 
 Steps are 1-based, as in ``llm.train``'s ``metrics.jsonl``: the row of step s is logged after the
 s-th rollout + update round, and its ``reward``, ``expected_reward`` and ``entropy`` describe the
@@ -29,15 +31,12 @@ updates.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import re
-import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -46,21 +45,10 @@ from sandbox.configs import arg, check_int, literal
 from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
 
-from .planner import Job, RunFolder, check_workers
-from .plots import HIGHLIGHT, final_scores, format_scores, render_all
-from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
-from .runs import (
-    EXACT,
-    SAMPLED,
-    RunSpec,
-    freeze,
-    has_exact_flow,
-    objective_of,
-    run_kind,
-    run_specs,
-    trainer_config,
-    variant_label,
-)
+from .runs import RunSpec, freeze, objective_of, trainer_config, variant_label
+
+if TYPE_CHECKING:
+    from .sweep import SweepPlan
 
 
 def default_objectives() -> list[str]:
@@ -92,7 +80,7 @@ REASONING_OBJECTIVES = (
 )
 
 #: The run kind of each suite's runs (a rule's exact flow, where its kind has a counterpart that
-#: admits it, runs beside: :func:`with_exact_flow`).
+#: admits it, runs beside: :func:`~.sweep.with_exact_flow`).
 SUITE_KINDS = {"bandit": "bandit_sampled", "reasoning": "tiny_tf"}
 
 #: Per-suite defaults of the fields left as None.
@@ -193,7 +181,7 @@ class CompareConfig:
             self.objectives = default_objectives()
         self.objectives = list(dict.fromkeys(self.objectives))  # dapo dapo -> one run
         self.settings = list(dict.fromkeys(self.settings))
-        valid = sorted(make_bandit_suite() if self.suite == "bandit" else REASONING_SUITE)
+        valid = sorted(standard_settings(self.suite))
         for name in self.settings:
             if name not in valid:
                 raise ValueError(f"settings: unknown setting {name!r}; valid: {valid}")
@@ -242,14 +230,20 @@ class CompareConfig:
         return json.loads(json.dumps(with_rng(fields)))
 
 
+def standard_settings(suite: str) -> dict[str, dict[str, Any]]:
+    """The suite's settings, each as :attr:`RunSpec.definition` holds it: ``env`` and the env's
+    kwargs (bandit), or ``task`` and its knobs (reasoning)."""
+    if suite == "bandit":
+        return {n: {"env": s.env_id, **s.kwargs} for n, s in make_bandit_suite().items()}
+    return {n: {"task": task, **knobs} for n, (task, knobs) in REASONING_SUITE.items()}
+
+
 def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) -> RunSpec:
     """The sampled run of ``objective`` on ``setting`` with the shared training fields; ``given``
     (``params``, ``seed``, ``definition``, ``train``) replaces the defaults: the comparison's
     parameters and base seed, the standard setting."""
     values = dict(params=config.params(objective), seed=config.seed)
-    if config.suite == "reasoning":
-        task, knobs = REASONING_SUITE.get(setting, (None, {}))
-        values["definition"] = {"task": task, **knobs}
+    values["definition"] = standard_settings(config.suite).get(setting, {})
     values.update(given)
     if config.dtype is not None:  # a trainer field: into the spec's train mapping
         values["train"] = {"dtype": config.dtype, **dict(values.get("train") or {})}
@@ -269,78 +263,26 @@ def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) 
     )
 
 
-def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
-    """A sampled run and, where its kind has an exact counterpart (:attr:`~.runs.RunKind.exact`)
-    with this rule's flow (:func:`~.runs.has_exact_flow`), that flow: what compare and sweep
-    run for each (setting, rule)."""
-    kind = run_kind(spec.kind)
-    if kind.deterministic or kind.exact is None:
-        return [spec]
-    exact = replace(spec, kind=kind.exact)
-    return [spec, exact] if has_exact_flow(exact) else [spec]
+def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> SweepPlan:
+    """The comparison as a grid for the sweep engine: one entry per objective with its
+    parameters, the standard settings, one base seed, compare's folder layout.
+    ``rules_per_job``: at most this many sampled runs per job (None: a setting's runs in
+    :data:`~.sweep.SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run)."""
+    from .sweep import SweepPlan  # sweep imports this module
 
-
-def label_frame(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
-    """A run kind's frame in compare's columns: ``suite``, ``setting``, ``objective`` (the
-    variant label) and ``kind`` (the run kind's :attr:`~.runs.RunKind.flow`: sampled or exact)
-    first."""
-    frame = frame.rename(columns={"rule": "objective"})
-    frame["kind"] = frame["kind"].map(lambda name: run_kind(name).flow)
-    frame.insert(0, "suite", suite)
-    head = ["suite", "setting", "objective", "kind", "step", "seed"]
-    return frame[head + [c for c in frame.columns if c not in head]]
-
-
-def _job(suite: str, specs: list[RunSpec]) -> list[pd.DataFrame]:
-    """Worker entry: a chunk of a setting's sampled runs, or its exact flows (each batched)."""
-    return [label_frame(frame, suite) for frame in run_specs(specs)]
-
-
-def plan_runs(config: CompareConfig) -> list[tuple[str, RunSpec]]:
-    """Every (part, spec) of the comparison: per setting, each objective's sampled run and,
-    where it has one (:func:`~.runs.has_exact_flow`), its exact flow."""
-    planned = []
-    for setting in config.settings:
-        for objective in config.objectives:
-            for spec in with_exact_flow(run_spec(config, setting, objective)):
-                planned.append((part_name(setting, spec.label, run_kind(spec.kind).flow), spec))
-    return planned
-
-
-#: Sampled runs of a setting are split into this many jobs of near-equal size (fewer when there
-#: are fewer runs): each job trains its rules as one program (:func:`~.runs.bandit_sampled`; the
-#: more rules, the less each costs), and two per setting keep a pool's two workers busy to the end.
-SAMPLED_JOBS_PER_SETTING = 2
-
-
-def chunks(items: list, size: int | None) -> list[list]:
-    """``items`` in consecutive chunks: of at most ``size`` each, or (``size`` None)
-    :data:`SAMPLED_JOBS_PER_SETTING` chunks of near-equal size."""
-    count = len(items)
-    parts = -(-count // size) if size else min(SAMPLED_JOBS_PER_SETTING, count)
-    bounds = [round(i * count / parts) for i in range(parts + 1)] if parts else [0]
-    return [items[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-def plan_jobs(
-    config: CompareConfig, done: Callable[[str], bool], rules_per_job: int | None = None
-) -> list[Job]:
-    """The jobs for the parts not ``done``: per setting, the batched exact flows first, then the
-    sampled runs in chunks (:func:`chunks`; ``rules_per_job=1``: one job per run), each chunk
-    trained as one program."""
-    todo = [(part, spec) for part, spec in plan_runs(config) if not done(part)]
-    jobs = []
-    for setting in config.settings:
-        here = [(p, s) for p, s in todo if s.setting == setting]
-        exact = [(p, s) for p, s in here if run_kind(s.kind).deterministic]
-        if exact:
-            parts, specs = zip(*exact, strict=True)
-            jobs.append(Job(f"{setting}/{EXACT}", parts, (config.suite, list(specs))))
-        sampled = [(p, s) for p, s in here if not run_kind(s.kind).deterministic]
-        for chunk in chunks(sampled, rules_per_job):
-            parts, specs = zip(*chunk, strict=True)
-            jobs.append(Job(f"{setting}/{SAMPLED}", parts, (config.suite, list(specs))))
-    return jobs
+    if rules_per_job is not None:
+        check_int("rules_per_job", rules_per_job)
+    standard = standard_settings(config.suite)
+    return SweepPlan(
+        name="compare",
+        config=config,
+        settings=list(config.settings),
+        seeds=[config.seed],
+        variants=[(rule, freeze(config.params(rule))) for rule in config.objectives],
+        setting_defs={setting: standard[setting] for setting in config.settings},
+        layout="compare",
+        rules_per_job=rules_per_job,
+    )
 
 
 def run_compare(
@@ -353,67 +295,26 @@ def run_compare(
     figures: bool = True,
     rules_per_job: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run (or resume) a comparison into ``out_dir``; returns ``(results, scores)``.
+    """Run (or resume) a comparison into ``out_dir``; returns ``(results, scores)``: its plan
+    (:func:`compare_plan`; results do not depend on ``rules_per_job``) in the sweep engine
+    (:func:`~.sweep.run_sweep`: the refusal of other training fields, ``force``, the pool of
+    ``workers``, interruption and resume)."""
+    from .sweep import run_sweep
 
-    Finished parts are reused only if ``config.json`` shows the same training fields; otherwise
-    a ``ValueError`` (``force``: recompute everything). ``workers`` processes (default
-    ``min(cpus, 4)``; 1 runs here) from a forkserver pool (:mod:`.pool`). Ctrl-C or SIGTERM stop
-    at once with ``KeyboardInterrupt`` (:class:`~.pool.Terminated` for SIGTERM); every finished
-    run is on disk, and the same call resumes with the missing ones. ``rules_per_job``: at most
-    this many sampled runs per job (default: a setting's runs in
-    :data:`SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run); results do not depend on it.
-    """
-    check_workers(workers)
-    if rules_per_job is not None:
-        check_int("rules_per_job", rules_per_job)
-    folder = RunFolder(
-        out_dir,
-        config.training_fields(),
-        contents=with_rng(asdict(config)),
-        force=force,
-        hint="run the same command as before to resume, or use another --name, or --force to "
-        "recompute",
+    plan = compare_plan(config, rules_per_job)
+    return run_sweep(
+        plan, out_dir, workers=workers, progress=progress, force=force, figures=figures
     )
-    out_dir, parts = folder.out, folder.parts
-    wanted = [part for part, _ in plan_runs(config)]
-    jobs = plan_jobs(config, folder.done, rules_per_job)
-    folder.run(_job, jobs, total=len(wanted), workers=workers, progress=progress, desc="compare")
-
-    # Every part in the folder was made with these training settings (check_resume), so the
-    # tables cover them all: a later run of a subset of rules adds to the tables, never shrinks them.
-    known = set(wanted)
-    others = sorted(p.name for p in parts.glob("*.parquet") if p.name not in known)
-    results = pd.concat([pd.read_parquet(parts / n) for n in [*wanted, *others]], ignore_index=True)
-    with recording_tables(out_dir):  # files rewritten only when their bytes change
-        write_parquet_if_changed(results, out_dir / "results.parquet")
-        scores = final_scores(results)
-        write_csv(scores, out_dir / "summary.csv")
-        if figures:
-            labels = [config.label(o) for o in config.objectives]
-            highlight = [config.label(o) for o in HIGHLIGHT if o in config.objectives]
-            highlight += [label for label in labels if label not in highlight]
-            # drawn in the pool's processes too (two groups of figures at once), unless the
-            # runs were made here
-            drawers = workers or min(os.cpu_count() or 1, 4)
-            render_all(results, out_dir, highlight[:12], scores, workers=drawers)
-    return results, scores
 
 
 def progress_line(config: CompareConfig, out_dir: str | Path) -> str:
     """``N of M runs finished in OUT`` (for the resume hint after an interruption)."""
-    wanted = [part for part, _ in plan_runs(config)]
-    done = sum((Path(out_dir) / "parts" / part).exists() for part in wanted)
-    return f"{done} of {len(wanted)} runs finished in {out_dir}"
+    done, total = compare_plan(config).finished(out_dir)
+    return f"{done} of {total} runs finished in {out_dir}"
 
 
 def main(config: CompareConfig, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
     """Run, then print the summary table and the wall time (the CLI entry)."""
-    start = time.perf_counter()
-    _, scores = run_compare(config, out_dir, **kwargs)
-    print(format_scores(scores))
-    print(
-        f"\n{len(config.objectives)} objectives x {len(config.settings)} settings, "
-        f"{config.seeds} seeds x {config.steps} steps: {time.perf_counter() - start:.1f} s. "
-        f"Wrote {Path(out_dir) / 'results.parquet'}, summary.csv and figures."
-    )
-    return scores
+    from .sweep import main as run_and_print
+
+    return run_and_print(compare_plan(config), out_dir, **kwargs)

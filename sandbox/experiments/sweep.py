@@ -1,4 +1,5 @@
-"""Sweeps: a grid over objectives x hyperparameters x settings x seeds, from a TOML or YAML file.
+"""Sweeps: a grid over objectives x hyperparameters x settings x seeds, and the one engine that
+runs every grid (a sweep file's, and the default comparison's: :mod:`.compare`).
 
 A sweep file names the suite, the shared training fields of :class:`CompareConfig` and a grid::
 
@@ -22,15 +23,15 @@ custom setting, ``env = "sandbox/SoftmaxBandit-v0"`` plus the env's kwargs) and 
 (reasoning suite: ``task = "bits"`` plus the task's knobs). Everything is validated before any run
 starts; a bad name or value raises ``ValueError`` naming the field (``grid[1].params.sigma``).
 
-One run is one (setting, variant, base seed): the sampled trainer over ``seeds`` seeds and, on
-bandits where the objective has a closed form, the exact expected-gradient flow. Each finished run
-is written atomically as ``<out>/parts/<run_id>.parquet``; a restart skips finished runs, so an
-interrupted sweep loses nothing and recomputes nothing. Runs go to a local process pool or, with
-``backend="ray"``, to Ray tasks (the driver writes the parts, so workers need no shared disk).
-At the end: ``results.parquet`` (tidy; ``objective`` holds the variant label such as
-``nsr[noise=band,sigma=0.1]``, plus ``base_objective``, ``variant``, ``run_id``, ``run_seed`` and
-one column per swept parameter), ``summary.csv`` (final scores with the parameter columns) and the
-standard figures.
+One run is one (setting, variant, base seed): the sampled trainer over ``seeds`` seeds and, where
+the objective has one (:func:`with_exact_flow`), the exact expected-gradient flow. The one engine
+(:func:`run_sweep`, which runs compare's plans too) writes each finished part atomically as
+``<out>/parts/<run_id>.parquet``; a restart skips finished parts, so an interrupted sweep loses
+nothing and recomputes nothing. Runs go to a local process pool or, with ``backend="ray"``, to Ray
+tasks (the driver writes the parts, so workers need no shared disk). At the end:
+``results.parquet`` (tidy; ``objective`` holds the variant label such as
+``nsr[noise=band,sigma=0.1]``, plus :data:`RUN_COLUMNS` and one column per swept parameter),
+``summary.csv`` (final scores with the parameter columns) and the standard figures.
 
     clip-sandbox sweep sweeps/atr_delta.toml                      # local process pool
     clip-sandbox sweep sweeps/atr_delta.toml --dry-run            # validate and list the runs
@@ -44,38 +45,35 @@ import copy
 import importlib.util
 import itertools
 import json
+import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import torch
 
-from envs import make_bandit_suite
 from envs.bandit import BanditSetting
 from envs.reasoning import make_task
 from sandbox.configs import check_int, read_mapping
 from sandbox.objectives import get_objective
+from sandbox.streams import with_rng
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
-from .compare import (
-    REASONING_SUITE,
-    SUITE_DEFAULTS,
-    CompareConfig,
-    check_name,
-    label_frame,
-    run_spec,
-    with_exact_flow,
-)
+from .compare import SUITE_DEFAULTS, CompareConfig, check_name, run_spec, standard_settings
 from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
-from .plots import final_scores, format_scores, render_all
+from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
 from .runs import (
+    EXACT,
+    SAMPLED,
     RunSpec,
     format_value,
     freeze,
+    has_exact_flow,
+    run_kind,
     run_specs,
     trainer_config,
     variant_label,
@@ -104,6 +102,17 @@ RESERVED_COLUMNS = (
     "optimum",
     *RUN_COLUMNS,
 )
+#: Compare's sampled runs of a setting are split into this many jobs of near-equal size (fewer
+#: when there are fewer runs): each job trains its rules as one program
+#: (:func:`~.runs.bandit_sampled`; the more rules, the less each costs), and two per setting keep
+#: a pool's two workers busy to the end.
+SAMPLED_JOBS_PER_SETTING = 2
+#: The way to a fresh start named by the refusal of a folder made with other settings.
+HINTS = {
+    "sweep": "use --force to recompute them, or another --out/--name",
+    "compare": "run the same command as before to resume, or use another --name, or --force to "
+    "recompute",
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -113,7 +122,14 @@ RESERVED_COLUMNS = (
 
 @dataclass
 class SweepPlan:
-    """A validated sweep: shared training fields, settings, base seeds and variants."""
+    """A validated grid: shared training fields, settings, base seeds and variants.
+
+    ``layout``: how its runs are stored. ``"sweep"``: a part per run (its sampled run and exact
+    flow, :func:`run_part`), a job each, ``plan.json``, tables of the plan's runs with
+    :data:`RUN_COLUMNS`. ``"compare"`` (:func:`~.compare.compare_plan`): a part per (setting,
+    rule, flow), a setting's exact flows in one job and its sampled runs in chunks of
+    ``rules_per_job`` (:func:`chunks`), ``config.json``, tables of every part in the folder (a
+    later run of a subset of rules adds to them, never shrinks them)."""
 
     name: str
     config: CompareConfig  # the shared training fields (and the suite)
@@ -124,6 +140,8 @@ class SweepPlan:
     train: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: str | None = field(default=None, compare=False)
+    layout: Literal["sweep", "compare"] = "sweep"
+    rules_per_job: int | None = 1
 
     @property
     def suite(self) -> str:
@@ -145,6 +163,53 @@ class SweepPlan:
                 self.settings, self.variants, self.seeds
             )
         ]
+
+    def parts(self) -> list[tuple[str, list[RunSpec]]]:
+        """Every part file the plan wants, in plan order, with the specs whose frames it holds:
+        a run's sampled spec and exact flow (a sweep's), or one of them (compare's)."""
+        if self.layout == "compare":
+            flows = [s for run in self.runs() for s in with_exact_flow(run)]
+            return [(part_name(s.setting, s.label, run_kind(s.kind).flow), [s]) for s in flows]
+        return [(run_part(run), with_exact_flow(run)) for run in self.runs()]
+
+    def jobs(self, todo: list[tuple[str, list[RunSpec]]]) -> list[Job]:
+        """The jobs of the parts ``todo``: per setting, the parts that are exact flows in one
+        batched job, then the others in chunks of :attr:`rules_per_job` (:func:`chunks`), each
+        chunk's specs run as one :func:`~.runs.run_specs` call. A sweep's job is one run, named
+        by its id; compare's are named ``setting/sampled`` or ``setting/exact``."""
+        jobs = []
+        for setting in self.settings:
+            here = [part for part in todo if part[1][0].setting == setting]
+            exact = [p for p in here if all(run_kind(s.kind).deterministic for s in p[1])]
+            groups = [(EXACT, exact)] if exact else []
+            sampled = [p for p in here if p not in exact]
+            groups += [(SAMPLED, chunk) for chunk in chunks(sampled, self.rules_per_job)]
+            for flow, group in groups:
+                names, specs = zip(*group, strict=True)
+                sweep = self.layout == "sweep"
+                key = names[0].removesuffix(".parquet") if sweep else f"{setting}/{flow}"
+                jobs.append(Job(key, names, (self.suite, list(specs), sweep)))
+        return jobs
+
+    def folder(self, out_dir: str | Path, force: bool) -> RunFolder:
+        """The results folder, refused if its parts were made with other training fields."""
+        if self.layout == "compare":  # the flat record of compare's config.json
+            record = dict(
+                settings=self.config.training_fields(), contents=with_rng(asdict(self.config))
+            )
+        else:
+            record = dict(
+                settings=self.training_fields(),
+                compare=changed_fields,
+                record="plan.json",
+                contents=self.to_dict(),
+            )
+        return RunFolder(out_dir, force=force, hint=HINTS[self.layout], **record)
+
+    def finished(self, out_dir: str | Path) -> tuple[int, int]:
+        """(parts on disk, parts wanted) in ``out_dir``."""
+        names = [name for name, _ in self.parts()]
+        return sum((Path(out_dir) / "parts" / name).exists() for name in names), len(names)
 
     def training_fields(self) -> dict[str, Any]:
         """What every run shares (a finished part is only reused if these are unchanged)."""
@@ -202,6 +267,25 @@ def run_part(spec: RunSpec) -> str:
 def run_id(spec: RunSpec) -> str:
     """Stable across processes and restarts: the part name less ``.parquet``."""
     return run_part(spec).removesuffix(".parquet")
+
+
+def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
+    """A sampled run and, where its kind has an exact counterpart (:attr:`~.runs.RunKind.exact`)
+    with this rule's flow (:func:`~.runs.has_exact_flow`), that flow."""
+    kind = run_kind(spec.kind)
+    if kind.deterministic or kind.exact is None:
+        return [spec]
+    exact = replace(spec, kind=kind.exact)
+    return [spec, exact] if has_exact_flow(exact) else [spec]
+
+
+def chunks(items: list, size: int | None) -> list[list]:
+    """``items`` in consecutive chunks: of at most ``size`` each, or (``size`` None)
+    :data:`SAMPLED_JOBS_PER_SETTING` chunks of near-equal size."""
+    count = len(items)
+    parts = -(-count // size) if size else min(SAMPLED_JOBS_PER_SETTING, count)
+    bounds = [round(i * count / parts) for i in range(parts + 1)] if parts else [0]
+    return [items[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -276,10 +360,7 @@ def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[s
     own_key, other_key = ("envs", "tasks") if suite == "bandit" else ("tasks", "envs")
     if other_key in spec:
         raise ValueError(f"{other_key}: not used by the {suite} suite (use [{own_key}.NAME])")
-    if suite == "bandit":
-        standard = {n: {"env": s.env_id, **s.kwargs} for n, s in make_bandit_suite().items()}
-    else:
-        standard = {n: {"task": task, **knobs} for n, (task, knobs) in REASONING_SUITE.items()}
+    standard = standard_settings(suite)
     custom = spec.get(own_key, {})
     if not isinstance(custom, dict):
         raise ValueError(f"{own_key}: expected tables [{own_key}.NAME], got {custom!r}")
@@ -411,21 +492,24 @@ def with_overrides(
 
 
 # ------------------------------------------------------------------------------------------------
-# one run
+# the engine
 # ------------------------------------------------------------------------------------------------
 
 
-def run_variant(spec: RunSpec, suite: str) -> pd.DataFrame:
-    """One sweep run as a tidy frame: the sampled run ``spec`` and, where the rule has one, its
-    exact flow (:func:`~.compare.with_exact_flow`).
+def label_frame(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
+    """A run kind's frame in the results' columns: ``suite``, ``setting``, ``objective`` (the
+    variant label) and ``kind`` (the run kind's :attr:`~.runs.RunKind.flow`: sampled or exact)
+    first."""
+    frame = frame.rename(columns={"rule": "objective"})
+    frame["kind"] = frame["kind"].map(lambda name: run_kind(name).flow)
+    frame.insert(0, "suite", suite)
+    head = ["suite", "setting", "objective", "kind", "step", "seed"]
+    return frame[head + [c for c in frame.columns if c not in head]]
 
-    ``objective`` in the frame holds the variant label (so the standard figures and tables group
-    by variant); ``base_objective``, ``variant``, ``run_id``, ``run_seed`` (the base seed) and one
-    column per parameter are added.
-    """
-    frames = [label_frame(f, suite) for f in run_specs(with_exact_flow(spec))]
-    frame = pd.concat(frames, ignore_index=True)
-    frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
+
+def add_run_columns(frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
+    """A sweep run's columns: ``base_objective``, ``variant``, ``run_id``, ``run_seed`` (the base
+    seed) and one per parameter (``param_<name>`` where the name is taken)."""
     taken = list(frame.columns)
     frame["base_objective"] = spec.rule
     frame["variant"] = spec.label
@@ -436,19 +520,23 @@ def run_variant(spec: RunSpec, suite: str) -> pd.DataFrame:
     return frame
 
 
-def _execute(spec: RunSpec, suite: str) -> list[pd.DataFrame]:
-    """Worker entry (process pool or Ray task): one run, one thread."""
+def run_parts(suite: str, parts: list[list[RunSpec]], run_columns: bool) -> list[pd.DataFrame]:
+    """Worker entry (process pool or Ray task), one thread: a tidy frame per part, from all the
+    parts' specs run as one :func:`~.runs.run_specs` call (batched where a kind allows): each
+    spec's frame labelled (:func:`label_frame`), ``optimum`` last, and with ``run_columns`` the
+    sweep run's columns (:func:`add_run_columns`)."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
-    return [run_variant(spec, suite)]
+    frames = iter(run_specs([spec for specs in parts for spec in specs]))
+    out = []
+    for specs in parts:
+        frame = pd.concat([label_frame(next(frames), suite) for _ in specs], ignore_index=True)
+        frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
+        out.append(add_run_columns(frame, specs[0]) if run_columns else frame)
+    return out
 
 
 class SweepRunError(RuntimeError):
     """A run failed; the runs finished before it are saved, a rerun resumes after them."""
-
-
-# ------------------------------------------------------------------------------------------------
-# the driver
-# ------------------------------------------------------------------------------------------------
 
 
 def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -473,10 +561,15 @@ def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 
 
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
-    """The plan's finished parts, in plan order, as one tidy frame."""
+    """The plan's finished parts, in plan order, as one tidy frame; in compare's layout the
+    folder's other parts follow by name (made with the same training fields, or the folder
+    would have been refused)."""
     parts_dir = Path(parts_dir)
-    frames = [pd.read_parquet(parts_dir / run_part(r)) for r in plan.runs()]
-    results = pd.concat(frames, ignore_index=True)
+    names = [name for name, _ in plan.parts()]
+    if plan.layout == "compare":
+        known = set(names)
+        names += sorted(p.name for p in parts_dir.glob("*.parquet") if p.name not in known)
+    results = pd.concat([pd.read_parquet(parts_dir / name) for name in names], ignore_index=True)
     # a parameter that is a string for one objective and a number for another: store as text
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
         kinds = {type(v) for v in results[column].dropna()}
@@ -486,12 +579,25 @@ def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
 
 
 def summarize(plan: SweepPlan, results: pd.DataFrame) -> pd.DataFrame:
-    """Final scores per (setting, variant) with the variant's base objective and parameters."""
+    """Final scores per (setting, variant); a sweep's with the variant's base objective and
+    parameters."""
     scores = final_scores(results)
+    if plan.layout == "compare":
+        return scores
     table = plan.variant_table()
     scores = scores.merge(table, on="objective", how="left")
     front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
     return scores[front + [c for c in scores.columns if c not in front]]
+
+
+def highlight(plan: SweepPlan) -> list[str] | None:
+    """The line plots' objectives: compare's :data:`~.plots.HIGHLIGHT` rules first, then its
+    others, at most 12; a sweep's the default pick (None: :func:`~.plots.pick_lines`)."""
+    if plan.layout == "sweep":
+        return None
+    labels = {rule: variant_label(rule, dict(params)) for rule, params in plan.variants}
+    first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
+    return [*first, *[label for label in labels.values() if label not in first]][:12]
 
 
 def run_sweep(
@@ -508,50 +614,41 @@ def run_sweep(
     """Run (or resume) ``plan`` into ``out_dir``; returns ``(results, scores)``.
 
     ``backend="local"``: a process pool of ``workers`` processes (default ``min(cpus, 4)``; 1 runs
-    in this process). ``backend="ray"``: one Ray task per run on the cluster at ``address``, or on
-    a local Ray instance with ``workers`` CPUs (all CPUs if None); an already initialised Ray is
-    used as it is. Finished runs are skipped unless ``force``.
+    in this process), which draws the figures too. ``backend="ray"``: one Ray task per job on the
+    cluster at ``address``, or on a local Ray instance with ``workers`` CPUs (all CPUs if None);
+    an already initialised Ray is used as it is. Finished parts are reused while the folder's
+    record shows the same training fields; otherwise a ``ValueError`` (``force``: recompute
+    everything). Ctrl-C or SIGTERM stop at once with ``KeyboardInterrupt``
+    (:class:`~.pool.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
+    finished part is on disk, and the same call resumes with the missing ones.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
     check_workers(workers)
     if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
         raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
-    folder = RunFolder(
-        out_dir,
-        plan.training_fields(),
-        compare=changed_fields,
-        record="plan.json",
-        contents=plan.to_dict(),
-        force=force,
-        hint="use --force to recompute them, or another --out/--name",
-    )
-    out_dir, parts = folder.out, folder.parts
-    runs = plan.runs()
-    jobs = [
-        Job(run_id(r), (run_part(r),), (r, plan.suite))
-        for r in runs
-        if not folder.done(run_part(r))
-    ]
+    folder = plan.folder(out_dir, force)
+    parts = plan.parts()
     folder.run(
-        _execute,
-        jobs,
-        total=len(runs),
+        run_parts,
+        plan.jobs([part for part in parts if not folder.done(part[0])]),
+        total=len(parts),
         workers=workers,
         progress=progress,
-        desc=f"sweep {plan.name}",
+        desc="compare" if plan.layout == "compare" else f"sweep {plan.name}",
         backend=backend,
         address=address,
         error=SweepRunError,
     )
 
-    results = collect_results(plan, parts)
-    with recording_tables(out_dir):  # files rewritten only when their bytes change
-        write_parquet_if_changed(results, out_dir / "results.parquet")
+    results = collect_results(plan, folder.parts)
+    with recording_tables(folder.out):  # files rewritten only when their bytes change
+        write_parquet_if_changed(results, folder.out / "results.parquet")
         scores = summarize(plan, results)
-        write_csv(scores, out_dir / "summary.csv")
-        if figures:
-            render_all(results, out_dir)
+        write_csv(scores, folder.out / "summary.csv")
+        if figures:  # drawn in the pool's processes too, unless the runs were made here
+            drawers = 1 if backend == "ray" else workers or min(os.cpu_count() or 1, 4)
+            render_all(results, folder.out, highlight(plan), scores, workers=drawers)
     return results, scores
 
 
@@ -569,21 +666,27 @@ def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
         + ", ".join(variant_label(rule, dict(params)) for rule, params in plan.variants),
     ]
     if out_dir is not None:
-        parts = Path(out_dir) / "parts"
-        done = sum((parts / run_part(r)).exists() for r in runs)
-        lines.append(f"  {out_dir}: {done} of {len(runs)} runs finished")
+        done, total = plan.finished(out_dir)
+        lines.append(f"  {out_dir}: {done} of {total} runs finished")
     return "\n".join(lines)
 
 
 def main(plan: SweepPlan, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
-    """Run, then print the final-score table (the CLI entry)."""
+    """Run, then print the final-score table and the wall time (the CLI entry of ``sweep`` and,
+    through :func:`~.compare.main`, of ``compare``)."""
     start = time.perf_counter()
-    print(describe_plan(plan))
+    if plan.layout == "sweep":
+        print(describe_plan(plan))
     _, scores = run_sweep(plan, out_dir, **kwargs)
     print(format_scores(scores))
+    seeds, steps = plan.config.seeds, plan.config.steps
+    if plan.layout == "compare":
+        size = f"{len(plan.variants)} objectives x {len(plan.settings)} settings, {seeds} seeds"
+        size += f" x {steps} steps"
+    else:
+        size = f"{len(plan.runs())} runs ({seeds} seeds x {steps} steps each)"
     print(
-        f"\n{len(plan.runs())} runs ({plan.config.seeds} seeds x {plan.config.steps} steps each): "
-        f"{time.perf_counter() - start:.1f} s. Wrote {Path(out_dir) / 'results.parquet'}, "
-        "summary.csv and figures."
+        f"\n{size}: {time.perf_counter() - start:.1f} s. Wrote "
+        f"{Path(out_dir) / 'results.parquet'}, summary.csv and figures."
     )
     return scores
