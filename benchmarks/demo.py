@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-The default comparison (:func:`sandbox.experiments.compare.run_compare`: every preset and
+The default comparison (:func:`sandbox.experiments.sweep.run_compare`: every preset and
 objective on the bandit suite, 32 seeds x 100 steps, sampled runs and exact flows, summary and
 figures), end to end, twice, each into a fresh folder and with the same pool of workers, after a
 tiny warm-up comparison that starts the pool's forkserver and loads the imports (not timed):
@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from sandbox.experiments.compare import CompareConfig, run_compare
+from sandbox.experiments.compare import CompareConfig
+from sandbox.experiments.sweep import run_compare
 
 
 def parse_args() -> argparse.Namespace:

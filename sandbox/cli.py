@@ -75,13 +75,8 @@ def _compare(args: argparse.Namespace) -> int:
 
         start_forkserver()
     from sandbox.configs import field_help
-    from sandbox.experiments.compare import (
-        CompareConfig,
-        check_name,
-        main,
-        parse_objective_params,
-        progress_line,
-    )
+    from sandbox.experiments.compare import CompareConfig, check_name, parse_objective_params
+    from sandbox.experiments.sweep import compare_plan, compare_progress, main
 
     overrides = {
         name: getattr(args, name)
@@ -94,9 +89,15 @@ def _compare(args: argparse.Namespace) -> int:
     name = args.name or ("default" if config.suite == "bandit" else config.suite)
     out = Path(args.out) / check_name(name)
     try:
-        main(config, out, workers=args.workers, force=args.force, progress=not args.no_progress)
+        main(
+            compare_plan(config),
+            out,
+            workers=args.workers,
+            force=args.force,
+            progress=not args.no_progress,
+        )
     except KeyboardInterrupt as err:
-        return _interrupted(err, progress_line(config, out))
+        return _interrupted(err, compare_progress(config, out))
     return 0
 
 

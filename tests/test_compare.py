@@ -9,8 +9,9 @@ import pytest
 from sandbox.cli import main
 from sandbox.exact import exact_flow
 from sandbox.experiments import CompareConfig, load_results, run_compare
-from sandbox.experiments.compare import compare_plan, parse_objective_params
+from sandbox.experiments.compare import parse_objective_params
 from sandbox.experiments.plots import mean_ci
+from sandbox.experiments.sweep import compare_plan
 from sandbox.objectives import get_objective
 
 SMALL = dict(

@@ -11,7 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "CompareConfig": "compare",
-    "run_compare": "compare",
+    "run_compare": "sweep",
     "RunKind": "runs",
     "RunSpec": "runs",
     "available_runs": "runs",

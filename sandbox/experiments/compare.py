@@ -8,7 +8,7 @@ For each (setting, objective) pair it runs
   GRPO advantage and ``epochs * minibatches`` inner updates per step: the deterministic dynamics the
   sampled runs follow in expectation (rules without a closed form, clip_cov and kl_cov, have none).
 
-A comparison is a grid with one entry per objective and one base seed (:func:`compare_plan`), run
+A comparison is a grid with one entry per objective and one base seed (:func:`~.sweep.compare_plan`), run
 by the sweep engine (:func:`~.sweep.run_sweep`) in compare's layout: each finished run is written
 atomically as ``<out>/parts/<setting>__<label>__<kind>.parquet`` (``kind`` sampled or exact), so
 an interrupted comparison resumes where it stopped; ``config.json`` records the training fields,
@@ -35,20 +35,14 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import pandas as pd
+from typing import Any
 
 from envs import make_bandit_suite
-from sandbox.configs import arg, check_int, literal
+from sandbox.configs import arg, literal
 from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
 
 from .runs import RunSpec, freeze, objective_of, trainer_config, variant_label
-
-if TYPE_CHECKING:
-    from .sweep import SweepPlan
 
 
 def default_objectives() -> list[str]:
@@ -261,60 +255,3 @@ def run_spec(config: CompareConfig, setting: str, objective: str, **given: Any) 
         optimizer=config.optimizer,
         **values,
     )
-
-
-def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> SweepPlan:
-    """The comparison as a grid for the sweep engine: one entry per objective with its
-    parameters, the standard settings, one base seed, compare's folder layout.
-    ``rules_per_job``: at most this many sampled runs per job (None: a setting's runs in
-    :data:`~.sweep.SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run)."""
-    from .sweep import SweepPlan  # sweep imports this module
-
-    if rules_per_job is not None:
-        check_int("rules_per_job", rules_per_job)
-    standard = standard_settings(config.suite)
-    return SweepPlan(
-        name="compare",
-        config=config,
-        settings=list(config.settings),
-        seeds=[config.seed],
-        variants=[(rule, freeze(config.params(rule))) for rule in config.objectives],
-        setting_defs={setting: standard[setting] for setting in config.settings},
-        layout="compare",
-        rules_per_job=rules_per_job,
-    )
-
-
-def run_compare(
-    config: CompareConfig,
-    out_dir: str | Path,
-    *,
-    workers: int | None = None,
-    progress: bool = True,
-    force: bool = False,
-    figures: bool = True,
-    rules_per_job: int | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run (or resume) a comparison into ``out_dir``; returns ``(results, scores)``: its plan
-    (:func:`compare_plan`; results do not depend on ``rules_per_job``) in the sweep engine
-    (:func:`~.sweep.run_sweep`: the refusal of other training fields, ``force``, the pool of
-    ``workers``, interruption and resume)."""
-    from .sweep import run_sweep
-
-    plan = compare_plan(config, rules_per_job)
-    return run_sweep(
-        plan, out_dir, workers=workers, progress=progress, force=force, figures=figures
-    )
-
-
-def progress_line(config: CompareConfig, out_dir: str | Path) -> str:
-    """``N of M runs finished in OUT`` (for the resume hint after an interruption)."""
-    done, total = compare_plan(config).finished(out_dir)
-    return f"{done} of {total} runs finished in {out_dir}"
-
-
-def main(config: CompareConfig, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
-    """Run, then print the summary table and the wall time (the CLI entry)."""
-    from .sweep import main as run_and_print
-
-    return run_and_print(compare_plan(config), out_dir, **kwargs)

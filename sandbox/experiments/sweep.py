@@ -671,9 +671,55 @@ def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> SweepPlan:
+    """The comparison as a grid for the sweep engine: one entry per objective with its
+    parameters, the standard settings, one base seed, compare's folder layout.
+    ``rules_per_job``: at most this many sampled runs per job (None: a setting's runs in
+    :data:`SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run)."""
+    if rules_per_job is not None:
+        check_int("rules_per_job", rules_per_job)
+    standard = standard_settings(config.suite)
+    return SweepPlan(
+        name="compare",
+        config=config,
+        settings=list(config.settings),
+        seeds=[config.seed],
+        variants=[(rule, freeze(config.params(rule))) for rule in config.objectives],
+        setting_defs={setting: standard[setting] for setting in config.settings},
+        layout="compare",
+        rules_per_job=rules_per_job,
+    )
+
+
+def run_compare(
+    config: CompareConfig,
+    out_dir: str | Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    force: bool = False,
+    figures: bool = True,
+    rules_per_job: int | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run (or resume) a comparison into ``out_dir``; returns ``(results, scores)``: its plan
+    (:func:`compare_plan`; results do not depend on ``rules_per_job``) in the sweep engine
+    (:func:`run_sweep`: the refusal of other training fields, ``force``, the pool of
+    ``workers``, interruption and resume)."""
+    plan = compare_plan(config, rules_per_job)
+    return run_sweep(
+        plan, out_dir, workers=workers, progress=progress, force=force, figures=figures
+    )
+
+
+def compare_progress(config: CompareConfig, out_dir: str | Path) -> str:
+    """``N of M runs finished in OUT`` (for the resume hint after an interruption)."""
+    done, total = compare_plan(config).finished(out_dir)
+    return f"{done} of {total} runs finished in {out_dir}"
+
+
 def main(plan: SweepPlan, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
     """Run, then print the final-score table and the wall time (the CLI entry of ``sweep`` and,
-    through :func:`~.compare.main`, of ``compare``)."""
+    with :func:`compare_plan`, of ``compare``)."""
     start = time.perf_counter()
     if plan.layout == "sweep":
         print(describe_plan(plan))

@@ -130,9 +130,7 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
             else True
         )
         need = (
-            seeds_needed(sd, margin, power=POWER, alpha=level)
-            if np.isfinite(sd) and sd > 0
-            else 2
+            seeds_needed(sd, margin, power=POWER, alpha=level) if np.isfinite(sd) and sd > 0 else 2
         )
         rows.append(
             {
