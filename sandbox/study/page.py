@@ -1,19 +1,21 @@
 """docs/claims.md from a claims-study folder (``python -m llm.claims --tables-only --out
 results/claims --doc docs/claims.md``).
 
-The prose is ``page.md`` beside this module, a :class:`string.Template` (``$name`` /
-``${name}``). Method prose (how the study works) is fixed text there; every number and every
-sentence that states a result (which rule wins, what is supported, headroom, baselines, power,
-rank agreement, the mechanism checks) is a placeholder filled here from the folder's tables
-(``ledger.csv``, ``ledger_auc.csv``, ``summary.csv``, ``power.csv``, ``agreement.csv``,
-``bounds.csv``, ``calibration.csv``, ``entropy_law.csv``, ``grad_noise.csv``, ``transfer.csv``,
-``config.json``, ``provenance.json``). A placeholder without a value, or a value a table lacks,
-is a ``ValueError`` naming the placeholder, never a blank. Every path is resolved from the study
-folder, never the working directory.
+The words are ``page.md`` beside this module: the page, a :class:`string.Template` (``$name`` /
+``${name}``), then its *sentences* (``- name: words`` after ``<!-- sentences``), whose
+``{field}``\\ s :func:`say` fills. Method prose (how the study works) is fixed text in the page;
+every number and every sentence that states a result (which rule wins, what is supported,
+headroom, baselines, power, rank agreement, the mechanism checks) is a placeholder filled here
+from the folder's tables (``ledger.csv``, ``ledger_auc.csv``, ``summary.csv``, ``power.csv``,
+``agreement.csv``, ``bounds.csv``, ``calibration.csv``, ``entropy_law.csv``, ``grad_noise.csv``,
+``transfer.csv``, ``config.json``, ``provenance.json``). A placeholder without a value, or a value
+a table lacks, is a ``ValueError`` naming the placeholder, never a blank. Every path is resolved
+from the study folder, never the working directory.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -36,6 +38,8 @@ from .rungs import RUNGS, Rung
 from .settings import knob_text, migrate, section_settings
 
 TEMPLATE = Path(__file__).with_name("page.md")
+#: Where ``page.md``'s sentences start (the page ends before it).
+SENTENCES = "\n<!-- sentences"
 
 GPU_COMMAND = (
     "python -m llm.claims --profile gpu --device cuda --llm-ensemble 8 --workers 1 "
@@ -58,11 +62,23 @@ SHARES = {
     "grad_mass_zero_hi": "zero_hi",
     "grad_mass_rescued": "rescued",
 }
-NO_AGREEMENT = "(fewer than two rungs with 3 rules in common)"
 UNDEFINED_TAU = "undefined (a rung resolves no pair)"
 
 
-# -- formatting -------------------------------------------------------------------------------
+# -- words and numbers ------------------------------------------------------------------------
+
+
+@functools.cache
+def sentences() -> dict[str, str]:
+    """``page.md``'s sentences by name: each ``- name: words`` item, indented lines joined."""
+    text = TEMPLATE.read_text().partition(SENTENCES)[2]
+    items = re.findall(r"^- (\w+): (.*(?:\n  .*)*)", text, re.MULTILINE)
+    return {name: " ".join(line.strip() for line in words.split("\n")) for name, words in items}
+
+
+def say(name: str, **fields: object) -> str:
+    """Sentence ``name`` of ``page.md`` with its ``{field}``\\ s filled."""
+    return sentences()[name].format(**fields)
 
 
 def _fmt(spec: str, nan: str = "n/a") -> Callable[[float], str]:
@@ -110,10 +126,8 @@ def _table(
         return empty
     shown = frame.assign(**{c: frame[c].map(f) for c, f in formats.items()})
     shown = shown[cols] if cols else shown
-    head, *body = (
-        "| " + " | ".join(map(str, row)) + " |"
-        for row in [shown.columns, *shown.itertuples(index=False)]
-    )
+    rows = [shown.columns, *shown.itertuples(index=False)]
+    head, *body = ("| " + " | ".join(map(str, row)) + " |" for row in rows)
     return "\n".join([head, "|" + "---|" * shown.shape[1], *body])
 
 
@@ -123,28 +137,23 @@ def _table(
 def ledger_table(ledger: pd.DataFrame) -> str:
     """A ledger as printed; † marks a supported or reversed row within ±m."""
     strong = ledger["verdict"].isin([evidence.SUPPORTED, evidence.REVERSED])
-    small = strong & ledger["below_margin"].astype(bool)
-    shown = pd.DataFrame(
-        {
-            "claim": ledger["claim"],
-            "rung": ledger["rung"],
-            "metric": ledger["metric"],
-            "A − B [95% CI]": list(
-                map(fmt_interval, ledger["estimate"], ledger["lo"], ledger["hi"])
-            ),
-            "verdict": ledger["verdict"] + small.map({True: " †", False: ""}),
-            "p": ledger["p"].map(_p),
-            "p (Holm)": ledger["p_holm"].map(_p),
-            "seeds": ledger["seeds"],
-            "clip share A / B": ledger["clip_frac_a"].map(_pct)
-            + " / "
-            + ledger["clip_frac_b"].map(_pct),
-            "SD of diffs": ledger["diff_sd"].map(_num),
-            "seeds for the margin": ledger["seeds_needed"].map(_count),
-            "why": ledger["reason"],
-        }
-    )
-    return _table(shown)
+    dagger = (strong & ledger["below_margin"].astype(bool)).map({True: " †", False: ""})
+    clip = ledger["clip_frac_a"].map(_pct) + " / " + ledger["clip_frac_b"].map(_pct)
+    shown = {
+        "claim": ledger["claim"],
+        "rung": ledger["rung"],
+        "metric": ledger["metric"],
+        "A − B [95% CI]": list(map(fmt_interval, ledger["estimate"], ledger["lo"], ledger["hi"])),
+        "verdict": ledger["verdict"] + dagger,
+        "p": ledger["p"].map(_p),
+        "p (Holm)": ledger["p_holm"].map(_p),
+        "seeds": ledger["seeds"],
+        "clip share A / B": clip,
+        "SD of diffs": ledger["diff_sd"].map(_num),
+        "seeds for the margin": ledger["seeds_needed"].map(_count),
+        "why": ledger["reason"],
+    }
+    return _table(pd.DataFrame(shown))
 
 
 def calibration_table(cal: pd.DataFrame, summ: pd.DataFrame) -> str:
@@ -165,18 +174,17 @@ def rules_table(summ: pd.DataFrame) -> str:
         "**never**" if n else "no bounds" if not math.isfinite(c) else ""
         for n, c in zip(summ["never_binds"], summ["clip_frac"], strict=True)
     ]
-    metrics = ["final_pass", "reward_auc", "final_entropy"]
-    cols = ["rung", "rule", "seeds", "lr", "epochs", *metrics, "clip_frac", *SHARES.values()]
+    metrics, shares = ["final_pass", "reward_auc", "final_entropy"], ["clip_frac", *SHARES.values()]
+    cols = ["rung", "rule", "seeds", "lr", "epochs", *metrics, *shares, "binds"]
     shown = summ.rename(columns=SHARES).assign(binds=binds)
-    shares = dict.fromkeys(["clip_frac", *SHARES.values()], _pct)
-    return _table(shown, [*cols, "binds"], **dict.fromkeys(metrics, _num3), **shares)
+    return _table(shown, cols, **dict.fromkeys(metrics, _num3), **dict.fromkeys(shares, _pct))
 
 
 def grad_noise_table(noise: pd.DataFrame) -> str:
     """Mechanism check (c) as printed: per rung and rule, the noise shares and the variance
-    ratio with its interval over seeds; "(not logged)" without rows."""
+    ratio with its interval over seeds."""
     if noise.empty:
-        return "(not logged)"
+        return say("not_logged")
     ratio = [
         f"{e:.4f} {_ci(lo, hi, '.4f')}" if math.isfinite(lo) and math.isfinite(hi) else _num(e)
         for e, lo, hi in zip(noise["variance_ratio"], noise["lo"], noise["hi"], strict=True)
@@ -199,39 +207,29 @@ def agreement_table(agree: pd.DataFrame) -> str:
         else UNDEFINED_TAU + (f"; bootstrap {_ci(lo, hi, '+.2f')}" if math.isfinite(lo) else "")
         for t, lo, hi in zip(agree["tau_b"], agree["lo"], agree["hi"], strict=True)
     ]
-    shown = agree.assign(without=_without(agree), tau=tau)
-    return _table(shown, ["metric", "rung_a", "rung_b", "without", "rules", "tau"], NO_AGREEMENT)
+    cols = ["metric", "rung_a", "rung_b", "without", "rules", "tau"]
+    return _table(agree.assign(without=_without(agree), tau=tau), cols, say("no_agreement"))
 
 
 def transfer_section(out: Path) -> str:
     """The folder's ``transfer.csv`` (per claim, the paired effect on each rung side by side)
-    and the sign agreement between rungs, or a line saying the folder has none."""
-    path = out / "transfer.csv"
-    if not path.exists():
-        return "The transfer table (`transfer.csv`) is not in this folder."
-    t = pd.read_csv(path)
-    missing = [c for c in TRANSFER_COLUMNS if c not in t.columns]
-    if missing:
-        raise ValueError(f"{path} lacks the columns {missing}")
+    and the sign agreement between rungs (``transfer_agreement.csv``)."""
+    if not (out / "transfer.csv").exists():
+        return say("no_transfer")
+    t = pd.read_csv(out / "transfer.csv")
+    if missing := [c for c in TRANSFER_COLUMNS if c not in t.columns]:
+        raise ValueError(f"{out / 'transfer.csv'} lacks the columns {missing}")
     t = t.assign(effect=list(map(fmt_interval, t["estimate"], t["lo"], t["hi"])))
-
-    def by_rung(values: str) -> pd.DataFrame:
-        index, aggfunc = ["claim", "metric"], "first"
-        return t.pivot_table(
-            index=index, columns="rung", values=values, aggfunc=aggfunc, sort=False
-        )
-
-    effect = by_rung("effect")
-    verdict = by_rung("verdict").reindex_like(effect)
-    text = _table(
-        (
-            effect.fillna("—") + verdict.map(lambda v: f" ({v})" if isinstance(v, str) else "")
-        ).reset_index()
+    keys = {"index": ["claim", "metric"], "columns": "rung", "aggfunc": "first", "sort": False}
+    wide = {v: t.pivot_table(values=v, **keys) for v in ("effect", "verdict")}
+    verdicts = wide["verdict"].reindex_like(wide["effect"])
+    cells = wide["effect"].fillna("—") + verdicts.map(
+        lambda v: f" ({v})" if isinstance(v, str) else ""
     )
+    text = _table(cells.reset_index())
     if not (out / "transfer_agreement.csv").exists():
         return text
-    a = pd.read_csv(out / "transfer_agreement.csv")
-    a = a[a["counted"] == "verdicts"]
+    a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'verdicts'")
     interval = [
         "—" if pd.isna(lo) else _ci(lo, hi, ".2f") for lo, hi in zip(a["lo"], a["hi"], strict=True)
     ]
@@ -241,13 +239,11 @@ def transfer_section(out: Path) -> str:
 
 
 def regimes_section(out: Path) -> str:
-    """How the regimes were chosen: the regime pilot beside the folder (``../regimes``), its rule
-    and per candidate whether it passes and the seeds its claims need; else a line saying so."""
+    """How the regimes were chosen: the regime pilot beside the folder (``../regimes``), its
+    choice and per candidate whether it passes and the seeds its claims need."""
     folder = out.parent / "regimes"
     if not (folder / "choice.csv").exists():
-        return (
-            "No regime pilot beside this folder (`../regimes`: `python -m sandbox.study.regimes`)."
-        )
+        return say("no_regimes")
     choice, per, pilot = (
         pd.read_csv(folder / f"{n}.csv") for n in ("choice", "candidates", "pilot")
     )
@@ -255,12 +251,9 @@ def regimes_section(out: Path) -> str:
     first = pilot.groupby(keys, sort=False).first().reset_index()
     per = per.merge(first[[*keys, "reference_pass", "floor"]], on=keys)
     picked = "; ".join(
-        f"`{r.rung}`: "
-        + (
-            f"{r.candidate} at {int(r.seeds)} seeds ({r.why})"
-            if isinstance(r.candidate, str)
-            else r.why
-        )
+        f"`{r.rung}`: {r.candidate} at {int(r.seeds)} seeds ({r.why})"
+        if isinstance(r.candidate, str)
+        else f"`{r.rung}`: {r.why}"
         for r in choice.itertuples()
     )
     cols = [*keys, "ok", "reference_pass", "floor", "needed", "seeds", "power"]
@@ -269,15 +262,16 @@ def regimes_section(out: Path) -> str:
 
 
 def llm_pilot(out: Path) -> str:
-    """The llm task pilot's table (``../llm_pilot/pilot.csv`` beside the folder), or a line."""
+    """The llm task pilot's table (``../llm_pilot/pilot.csv`` beside the folder), indented."""
     path = out.parent / "llm_pilot" / "pilot.csv"
-    if not path.exists():
-        return "  (no llm task pilot beside this folder: `../llm_pilot/pilot.csv`)"
-    p = pd.read_csv(path)
     cols = ["task", "knobs", "pass_at_1", "group_signal", "constant", "prior", "target"]
-    if not set(cols) <= set(p.columns):
-        return "  (the llm task pilot beside this folder predates its baseline columns)"
-    return textwrap.indent(_table(p, cols, **dict.fromkeys(cols[2:], "{:.3f}".format)), "  ")
+    if not path.exists():
+        text = say("no_llm_pilot")
+    elif not set(cols) <= set((p := pd.read_csv(path)).columns):
+        text = say("old_llm_pilot")
+    else:
+        text = _table(p, cols, **dict.fromkeys(cols[2:], "{:.3f}".format))
+    return textwrap.indent(text, "  ")
 
 
 # -- provenance and settings ------------------------------------------------------------------
@@ -305,12 +299,12 @@ def provenance_text(out: Path) -> str:
     if not record:
         return f"- {NOT_RECORDED} (the folder has no readable `{PROVENANCE}`)"
 
-    def said(what: str, entry: dict, parts: str = "", note: str = "") -> str:
+    def line(what: str, entry: dict, parts: str = "", note: str = "") -> str:
         command, date = entry.get("command", NOT_RECORDED), entry.get("date", NOT_RECORDED)
         return f"- {what}: `{command}` — {date}{parts}; {_machine(entry)}{note}"
 
     lines = [
-        said(
+        line(
             "runs",
             run,
             f", {run['parts']} parts" if "parts" in run else "",
@@ -318,8 +312,7 @@ def provenance_text(out: Path) -> str:
         )
         for run in record.get("runs", [])
     ]
-    if record.get("tables"):
-        lines.append(said("tables and figures", record["tables"]))
+    lines += [line("tables and figures", record["tables"])] if record.get("tables") else []
     return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
 
 
@@ -327,22 +320,6 @@ def run_dates(out: Path) -> str:
     """The dates of the runs that computed the folder's parts (``provenance.json``)."""
     runs = read_provenance(out).get("runs", [])
     return _and(sorted({str(r.get("date", NOT_RECORDED))[:10] for r in runs})) or NOT_RECORDED
-
-
-def scheme_notes(rng: str | None) -> tuple[str, str]:
-    """What the page says of the run's random-number scheme (its ``config.json``'s ``rng``)
-    against this code's (:data:`sandbox.streams.RNG`): the pairing and held-out notes."""
-    if rng == RNG:
-        return (
-            f" The run used these streams (`rng` {RNG} in `config.json`).",
-            f" (as this run did: `rng` {RNG})",
-        )
-    return (
-        " The committed run predates these streams (one generator per run, so a rule that draws "
-        "extra numbers, NSR or Clip-Cov, fell out of step with the others after the first update).",
-        " (the committed run predates per-replicate held-out sets: there every replicate and every "
-        "rule scored one set of 512)",
-    )
 
 
 def toy_seeds(config: dict) -> str:
@@ -361,18 +338,8 @@ def rungs_design(config: dict) -> str:
     t = section_settings("tf", sections.get("tf"))
     about = make_bandit_suite()[b.setting].description
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(t.knobs.items()))
-    parts = {
-        "bandit_exact": f"`bandit_exact`: the expected-gradient flow on the bandit `{b.setting}` "
-        f"({about}), {b.steps} steps, exact finite-group GRPO advantage; deterministic, one "
-        '"seed", verdict by the sign of the exact difference (Clip-Cov and KL-Cov have no exact '
-        "flow: their batch ranking has no closed-form expectation).",
-        "bandit_sampled": f"`bandit_sampled`: the sampled trainer on the same bandit, "
-        f"{b.prompts_per_step} prompts x G per step, {b.steps} steps, {b.seeds} paired seeds.",
-        "tiny_tf": f"`tiny_tf`: tiny transformers trained from scratch on `{t.task}` ({knobs}), "
-        f"{t.steps} steps of {t.prompts_per_step} prompts x G, {t.seeds} paired seeds; held-out "
-        f"pass@1 on {t.eval_prompts} problems x {t.eval_k} samples.",
-    }
-    return " ".join(parts[r] for r in config.get("rungs", []) if r in parts)
+    said = [f"rung_{r}" for r in config.get("rungs", []) if f"rung_{r}" in sentences()]
+    return " ".join(say(name, b=b, t=t, about=about, knobs=knobs) for name in said)
 
 
 def _llm_rung() -> Rung:
@@ -384,7 +351,7 @@ def _llm_rung() -> Rung:
 
 
 def llm_task() -> str:
-    """The llm rung's model and task at its default settings (the registered rung's)."""
+    """The llm rung's model and task at its default settings."""
     s = section_settings(_llm_rung().section)
     knobs = ", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s.task_knobs.items()))
     return f"`{s.model}` on `{s.task}` ({knobs})"
@@ -415,6 +382,7 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
             key=lambda c: c.map(rank[c.name]) if c.name in rank else c,
             kind="stable",
         )
+    read["exact_mu"] = _exact_mu(out)
     return read
 
 
@@ -463,52 +431,38 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> s
     same = [f"{c} ({v.iloc[0]})" for c, v in read.items() if v.nunique() == 1 and len(v) > 1]
     differ = [c for c, v in read.items() if v.nunique() > 1]
     lines.append(
-        f"\nThe same reading on every rung that ran it: {', '.join(same) or 'none'}. "
-        f"Readings that change between rungs: {', '.join(differ) or 'none'}."
+        "\n"
+        + say("same_reading", same=", ".join(same) or "none", differ=", ".join(differ) or "none")
     )
-    if summary is None:
-        return "\n".join(lines)
-    idle = summary[summary["never_binds"]]
-    if len(idle):
-        lines.append(
-            f"\nRules whose bounds never bind (clip share below {NEVER_BINDS:.1%}): {_on(idle)}. "
-            "`unclipped` has no bounds by design; any other rule listed is the unclipped rule "
-            "in disguise at this step size, and its claims test nothing about clipping there."
-        )
-    inert = summary[summary.get("like_unclipped", pd.Series(False, summary.index)).astype(bool)]
-    if len(inert):
-        lines.append(
-            f"\nRules whose realised effect cannot be told from `unclipped` (paired `reward_auc` "
-            f"interval within ±{MARGINS['reward_auc']:g}): {_on(inert)}. Their claims there "
-            "measure the absence of a clip, not their own mechanism."
-        )
+    if summary is not None:
+        idle = summary[summary["never_binds"]]
+        like = summary.get("like_unclipped", pd.Series(False, summary.index)).astype(bool)
+        if len(idle):
+            lines.append("\n" + say("never_binds", share=NEVER_BINDS, rules=_on(idle)))
+        if like.any():
+            margin = MARGINS["reward_auc"]
+            lines.append("\n" + say("like_unclipped", margin=margin, rules=_on(summary[like])))
     return "\n".join(lines)
 
 
 def baseline_text(summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
     """Per rung with an answer baseline above 0: whether any rule's mean ``final_pass`` beats it."""
     if bounds.empty:
-        return "(No `bounds.csv` in this folder: the answer baselines were not computed.)"
+        return say("no_bounds")
     said = []
     for b in bounds[bounds["floor"] > 0].itertuples():
         part = summ[summ["rung"] == b.rung]
         above = part[part["final_pass"] > b.floor]
-        base = f"its answer baseline {b.floor:.3f} ({b.source})"
-        if part.empty:
-            continue
-        if above.empty:
+        base = {"rung": b.rung, "floor": b.floor, "source": b.source}
+        if len(above):
+            names = ", ".join(f"{r.rule} {r.final_pass:.3f}" for r in above.itertuples())
+            said.append(say("baseline_beaten", n=len(above), rules=len(part), names=names, **base))
+        elif len(part):
             best = part.loc[part["final_pass"].idxmax()]
             said.append(
-                f"No rule's mean `final_pass` on {b.rung} beats {base}; the best is "
-                f"{best['rule']}'s {best['final_pass']:.3f}."
+                say("baseline_unbeaten", best=best["rule"], score=best["final_pass"], **base)
             )
-        else:
-            names = ", ".join(f"{r.rule} {r.final_pass:.3f}" for r in above.itertuples())
-            said.append(
-                f"On {b.rung}, {len(above)} of {len(part)} rules' mean `final_pass` beat {base}: "
-                f"{names}."
-            )
-    return " ".join(said) or "No rung has an answer baseline above 0."
+    return " ".join(said) or say("no_baseline")
 
 
 def headroom_text(ledger: pd.DataFrame, summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
@@ -519,26 +473,17 @@ def headroom_text(ledger: pd.DataFrame, summ: pd.DataFrame, bounds: pd.DataFrame
     for rung, part in bounded.groupby("rung", sort=False):
         none = part[part["verdict"] == evidence.NO_HEADROOM]
         if len(none):
-            said.append(
-                f"On {rung}, {len(none)} of {len(part)} pass-rate claims have no headroom "
-                f"(e.g. {none['reason'].iloc[0]})."
-            )
+            reason = none["reason"].iloc[0]
+            said.append(say("no_headroom", rung=rung, n=len(none), rows=len(part), reason=reason))
             if part["verdict"].isin(evidence.NOT_VERDICTS).all():
                 closed.append(rung)
     n = int((bounded["verdict"] == evidence.NO_HEADROOM).sum())
-    head = (
-        "**Headroom, not the rules, decides the pass-rate rows.**"
-        if 0 < len(closed) == bounded["rung"].nunique()
-        else f"**Headroom decides {n} of {len(bounded)} pass-rate rows.**"
-    )
+    if 0 < len(closed) == bounded["rung"].nunique():
+        head = say("headroom_decides_all")
+    else:
+        head = say("headroom_decides", n=n, rows=len(bounded))
     text = " ".join([head, *said, baseline_text(summ, bounds)])
-    if not closed:
-        return text
-    return (
-        f"{text}\n  {_and(closed)}, as run, cannot answer the pass-rate claims (at this horizon "
-        "the comparators end within two margins of the ceiling); the secondary `reward_auc` "
-        "reading there still compares how fast the rules get there."
-    )
+    return text + ("\n  " + say("cannot_answer", rungs=_and(closed)) if closed else "")
 
 
 def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> str:
@@ -560,25 +505,17 @@ def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> s
         more = exact_mu[exact_mu["rung"] == rung]
         if len(more):
             peaks = more.groupby("epochs")["clip_share"].max()
+            mus = ", ".join(map(str, peaks.index))
+            peaks = ", ".join(map(_pct, peaks))
             said.append(
-                f"over μ = {', '.join(map(str, peaks.index))} (`results/{EXACT_MU}/`, "
-                f"`{EXACT_MU_COMMAND}`): at most {', '.join(map(_pct, peaks))}"
+                say("exact_mu", mus=mus, folder=EXACT_MU, command=EXACT_MU_COMMAND, peaks=peaks)
             )
             part = pd.concat([part, more])
         if RUNGS.get(rung) and RUNGS[rung].traits.deterministic and part["clip_share"].max() < low:
-            said.append(
-                "the expected-gradient flow moves smoothly to the optimum, so few expected tokens "
-                "ever leave the trust region"
-            )
+            said.append(say("smooth_flow"))
         rungs.append(f"{rung} — " + "; ".join(said))
-    text = f"Per rung and μ, the best clip share over the step sizes (band {band}): "
-    text += "; ".join(rungs) + "."
-    if bumpy:
-        text += (
-            f" The share is not monotone in the step size on {_and(bumpy)}: a larger step "
-            "sharpens the policy sooner."
-        )
-    return text
+    text = say("calibration_mu", band=band, rungs="; ".join(rungs))
+    return text + (" " + say("not_monotone", grids=_and(bumpy)) if bumpy else "")
 
 
 def calibration_band(
@@ -597,12 +534,12 @@ def calibration_band(
         point = f"{_pct(share)} at lr {lr:g}, {int(mu)} × {config['minibatches']} epochs"
         if low <= share <= high:
             inside.append(f"{rung} ({point})")
-            continue
-        tried = pd.concat([cal[cal["rung"] == rung], exact_mu[exact_mu["rung"] == rung]])
-        best = _pct(tried["clip_share"].max())
-        outside.append(f"{rung} ({point}; at most {best} at any step size and μ tried)")
-    said = [f"{_and(inside)} run inside the {band} band"] if inside else []
-    said += [f"{_and(outside)} cannot reach it"] if outside else []
+        else:
+            tried = pd.concat([cal[cal["rung"] == rung], exact_mu[exact_mu["rung"] == rung]])
+            best = _pct(tried["clip_share"].max())
+            outside.append(say("band_missed", rung=rung, point=point, best=best))
+    said = [say("band_inside", rungs=_and(inside), band=band)] if inside else []
+    said += [say("band_outside", rungs=_and(outside))] if outside else []
     return "; ".join(said) + "."
 
 
@@ -614,9 +551,7 @@ def where_read(led: pd.DataFrame, auc: pd.DataFrame) -> str:
         on = [f"`{m}` on {_and(g['rung'].unique())}" for m, g in has.groupby("metric", sort=False)]
         return _and(on) or "nowhere"
 
-    return (
-        f"on the primary reading, {where(led)}; on the secondary `reward_auc` reading, {where(auc)}"
-    )
+    return say("where_read", primary=where(led), secondary=where(auc))
 
 
 def power_text(power: pd.DataFrame) -> str:
@@ -627,19 +562,16 @@ def power_text(power: pd.DataFrame) -> str:
         short = part[part["seeds_needed"] > part["seeds"]]
         unknown = part[part["seeds_needed"].isna()]
         if len(short):
-            need = _and(
+            need = [
                 f"`{r.metric}` {int(r.seeds_needed)} (margin {r.margin:g})"
                 for r in short.itertuples()
-            )
-            said.append(
-                f"**{rung} is under-powered at {seeds} seeds**: paired seeds needed for {need}."
-            )
+            ]
+            said.append(say("under_powered", rung=rung, seeds=seeds, need=_and(need)))
         elif len(unknown) < len(part):
-            said.append(f"{rung} has the paired seeds its margins need at {seeds}.")
+            said.append(say("powered", rung=rung, seeds=seeds))
         if len(unknown):
-            said.append(
-                f"(No power line for {_and(f'`{m}`' for m in unknown['metric'])} on {rung}.)"
-            )
+            metrics = _and(f"`{m}`" for m in unknown["metric"])
+            said.append(say("no_power_line", metrics=metrics, rung=rung))
     return " ".join(said)
 
 
@@ -647,22 +579,20 @@ def agreement_text(agree: pd.DataFrame) -> str:
     """Per metric and pair of rungs, whether the rule orders agree (tau-b interval above 0),
     disagree (below 0) or are not resolved (it contains 0)."""
 
-    def word(t: float, lo: float, hi: float) -> str:
-        if not math.isfinite(t):
-            return UNDEFINED_TAU
-        said = "agree" if lo > 0 else "disagree" if hi < 0 else "not resolved"
-        return f"{said}, {t:+.2f} {_ci(lo, hi, '+.2f')}"
+    def word(r: tuple) -> str:
+        if not math.isfinite(r.tau_b):
+            return f"{r.without}: {UNDEFINED_TAU}"
+        said = "agree" if r.lo > 0 else "disagree" if r.hi < 0 else "not resolved"
+        return f"{r.without}: {said}, {r.tau_b:+.2f} {_ci(r.lo, r.hi, '+.2f')}"
 
     said = []
     for metric, part in agree.assign(without=_without(agree)).groupby("metric", sort=False):
         pairs = [
-            f"{a} ~ {b} ("
-            + "; ".join(f"{r.without}: {word(r.tau_b, r.lo, r.hi)}" for r in g.itertuples())
-            + ")"
+            f"{a} ~ {b} ({'; '.join(map(word, g.itertuples()))})"
             for (a, b), g in part.groupby(["rung_a", "rung_b"], sort=False)
         ]
         said.append(f"By `{metric}`: " + "; ".join(pairs) + ".")
-    return " ".join(said) or NO_AGREEMENT
+    return " ".join(said) or say("no_agreement")
 
 
 def mechanism_b(summ: pd.DataFrame) -> str:
@@ -671,66 +601,62 @@ def mechanism_b(summ: pd.DataFrame) -> str:
     said = []
     for rung, s in _shares(summ).groupby("rung", sort=False):
         hard, soft = s[s["hard"] & (s["rule"] != STEP_SIZE_RULE)], s[~s["hard"]]
+        step = s[s["hard"] & (s["rule"] == STEP_SIZE_RULE)]
         bits = []
         if len(hard):
             side = f"Z_hi {_span(hard['grad_mass_zero_hi'], _pct)}"
-            if (hard["grad_mass_zero_hi"] > hard["grad_mass_zero_lo"]).all():
-                side += ", more than Z_lo"
-            step = s[s["hard"] & (s["rule"] == STEP_SIZE_RULE)]
+            side += (
+                ", more than Z_lo"
+                if (hard["grad_mass_zero_hi"] > hard["grad_mass_zero_lo"]).all()
+                else ""
+            )
             extra = f" ({STEP_SIZE_RULE} {_pct(step['zero'].iloc[0])})" if len(step) else ""
-            bits.append(
-                f"the hard clips ({', '.join(hard['rule'])}) zero {_span(hard['zero'], _pct)} "
-                f"of the advantage-weighted gradient mass{extra} ({side})"
-            )
-        none = soft[soft["zero"] < NEVER_BINDS]
-        if len(none):
-            bits.append(
-                f"{', '.join(none['rule'])} zero none of it and keep "
-                f"{_span(none['grad_mass_rescued'], _pct)} of the mass a hard clip would drop"
-            )
+            rules, zero = ", ".join(hard["rule"]), _span(hard["zero"], _pct)
+            bits.append(say("hard_clips_zero", rules=rules, zero=zero, step=extra, side=side))
+        if len(none := soft[soft["zero"] < NEVER_BINDS]):
+            kept = _span(none["grad_mass_rescued"], _pct)
+            bits.append(say("zero_none", rules=", ".join(none["rule"]), kept=kept))
         bits += [
-            f"{r.rule} zeroes {_pct(r.zero)} and keeps {_pct(r.grad_mass_rescued)} "
-            "(it rescues some tokens and drops others)"
+            say("zero_some", rule=r.rule, zero=_pct(r.zero), kept=_pct(r.grad_mass_rescued))
             for r in soft[soft["zero"] >= NEVER_BINDS].itertuples()
         ]
         said.append(f"on {rung}, " + "; ".join(bits))
-    return "; ".join(said) or "(no gradient-mass shares in this folder)"
+    return "; ".join(said) or say("no_shares")
 
 
 def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     """Where the entropy-covariance law predicts the measured entropy change, rule by rule."""
     if law.empty:
-        return "(the entropy law was not logged in this folder)"
+        return say("no_law")
     law = law.merge(_shares(summ)[["rung", "rule", "hard"]], on=["rung", "rule"], how="left")
     holds = law.groupby("rule")["corr"].min() >= LAW_HOLDS
     good = law[law["rule"].isin(holds[holds].index)]
     hard_rest = law[(law["corr"] < LAW_HOLDS) & (law["hard"] == True)]  # noqa: E712
     soft = law[law["hard"] == False]  # noqa: E712
-    well = f"correlation ≥ {LAW_HOLDS:g} on every rung"
-    said = [
-        f"the entropy–covariance law predicts the measured per-step entropy change well ({well}) "
-        f"for {_and(good['rule'].unique())} on {_and(good['rung'].unique())} "
-        f"(correlation {_span(good['corr'])}, slope {_span(good['slope'])})"
-        if len(good)
-        else f"the entropy–covariance law predicts no rule's steps with {well}"
-    ]
+    if len(good):
+        rules, rungs = _and(good["rule"].unique()), _and(good["rung"].unique())
+        corr, slope = _span(good["corr"]), _span(good["slope"])
+        said = [say("law_holds", holds=LAW_HOLDS, rules=rules, rungs=rungs, corr=corr, slope=slope)]
+    else:
+        said = [say("law_holds_nowhere", holds=LAW_HOLDS)]
     if len(hard_rest):
-        less = "; ".join(
+        rows = "; ".join(
             f"{r.rule} on {r.rung} {r.corr:.2f} / {r.slope:.2f}" for r in hard_rest.itertuples()
         )
-        said.append(f"hard clips below {LAW_HOLDS:g} (correlation / slope): {less}")
+        said.append(say("law_hard_below", holds=LAW_HOLDS, rows=rows))
     if len(soft):
         per = "; ".join(
-            f"{_span(g['corr'])} on {rung}, "
-            f"{int((g['predicted_mean'] * g['observed_mean'] < 0).sum())} of {len(g)} mean "
-            "predictions of the wrong sign"
+            say(
+                "law_soft_sign",
+                corr=_span(g["corr"]),
+                rung=rung,
+                n=len(g),
+                wrong=int((g["predicted_mean"] * g["observed_mean"] < 0).sum()),
+            )
             for rung, g in soft.groupby("rung", sort=False)
         )
-        said.append(
-            f"{'poorly' if soft['corr'].max() < LAW_HOLDS else 'less well'} for the rules that "
-            f"keep more of the mass than they zero — {', '.join(soft['rule'].unique())} "
-            f"(correlation {per})"
-        )
+        how = "poorly" if soft["corr"].max() < LAW_HOLDS else "less well"
+        said.append(say("law_soft", how=how, rules=", ".join(soft["rule"].unique()), per=per))
     text = "; ".join(said) + "."
     # the reading below needs every hard clip under the law
     if (
@@ -739,11 +665,7 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
         and len(good)
         and soft["corr"].median() < good["corr"].median()
     ):
-        text += (
-            " Their steps are large enough that the second-order term dominates, more so where the "
-            "policy starts near uniform and the first-order term vanishes. The law, like the trust "
-            "region, is a small-step statement, and a hard clip is what keeps the steps small."
-        )
+        text += " " + say("law_small_steps")
     return text
 
 
@@ -751,7 +673,7 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
     """The rescue noise's share and variance ratio, and what the ledgers say of the noisy rule
     against its deterministic counterpart."""
     if noise.empty:
-        return "NSR's gradient noise was not logged in this folder."
+        return say("no_noise")
     rule = noise["rule"].iloc[0]
     adds = _and(f"{100 * r.rescue_to_signal:.0f}% ({r.rung})" for r in noise.itertuples())
     ratio = _and(
@@ -760,33 +682,26 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
         + f" ({r.rung})"
         for r in noise.itertuples()
     )
+    text = say("rescue_noise", rule=rule, adds=adds, ratio=ratio)
     rows = pd.concat([led, auc])
     pairs = {(a, b) for a, b in zip(rows["rule_a"], rows["rule_b"], strict=True) if a == rule}
     twin = [b for a, b in sorted(pairs) if same_on_exact_flow(a, b)]
-    text = (
-        f"{rule}'s stochastic rescue changes the gradient only by noise — given the batch, its "
-        "expectation is its deterministic counterpart's gradient (by construction) — and that noise "
-        f"adds {adds} of the gradient's squared norm, so its gradient variance is {ratio} times the "
-        "counterpart's."
-    )
     if not twin:
-        return text + f" The ledger has no claim of {rule} against its counterpart in this folder."
+        return f"{text} {say('no_twin', rule=rule)}"
     rows = rows[(rows["rule_a"] == rule) & (rows["rule_b"] == twin[0])]
     found = "; ".join(
         f"{r.rung} `{r.metric}`{' (secondary)' if r.reading != 'primary' else ''}: {r.verdict}"
         for r in rows.itertuples()
     )
+    read = say("twin_read", claim=rows["claim"].iloc[0], rule=rule, twin=twin[0], found=found)
     won = rows[rows["verdict"] == evidence.SUPPORTED]
+    where = _and(f"{r.rung} `{r.metric}`" for r in won.itertuples())
     end = (
-        f"A gain of {rule} over {twin[0]} is supported on "
-        + _and(f"{r.rung} `{r.metric}`" for r in won.itertuples())
+        say("twin_wins", rule=rule, twin=twin[0], where=where)
         if len(won)
-        else 'The paper\'s "consistently more effective" has no support on the toys; whether the '
-        "noise helps at LLM scale is the llm rung's question"
+        else say("twin_not_supported")
     )
-    return (
-        f"{text} The ledger's {rows['claim'].iloc[0]} ({rule} against {twin[0]}): {found}. {end}."
-    )
+    return f"{text} {read} {end}"
 
 
 # -- the page -----------------------------------------------------------------------------------
@@ -824,14 +739,10 @@ def render(template: str, values: dict[str, Callable[[], str]]) -> str:
 def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
     """The function that gives each placeholder of ``page.md`` its text from the folder ``out``
     (the page is written to ``path``; its links are relative to it)."""
-    read = read_tables(out)
+    t = read_tables(out)
     config = json.loads((out / "config.json").read_text())
-    summ, led, auc, law = read["summary"], read["ledger"], read["ledger_auc"], read["entropy_law"]
-    cal, bounds, noise, exact_mu = (
-        read["calibration"],
-        read["bounds"],
-        read["grad_noise"],
-        _exact_mu(out),
+    summ, led, auc, law, cal = (
+        t[n] for n in ("summary", "ledger", "ledger_auc", "entropy_law", "calibration")
     )
     claims = pd.DataFrame(
         [
@@ -841,7 +752,17 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         columns=["claim", "A", "B", "metric", "A is", "source"],
     )
     law_cols = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
-    pairing_note, held_out_note = scheme_notes(config.get("rng"))
+    power_cols = [
+        "rung",
+        "metric",
+        "seeds",
+        "rules",
+        "residual_sd",
+        "diff_sd",
+        "margin",
+        "seeds_needed",
+    ]
+    now = "now" if config.get("rng") == RNG else "before"
     return {
         "rel": lambda: os.path.relpath(out, path.parent),
         "provenance": lambda: provenance_text(out),
@@ -849,41 +770,30 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "claims": lambda: _table(claims),
         "calibration": lambda: calibration_table(cal, summ),
         "calib_seeds": lambda: str(config["calib_seeds"]),
-        "calibration_mu": lambda: calibration_mu(cal, config, exact_mu),
-        "calibration_band": lambda: calibration_band(cal, summ, config, exact_mu),
+        "calibration_mu": lambda: calibration_mu(cal, config, t["exact_mu"]),
+        "calibration_band": lambda: calibration_band(cal, summ, config, t["exact_mu"]),
         "ledger": lambda: ledger_table(led),
         "ledger_auc": lambda: ledger_table(auc),
-        "bounds": lambda: _table(bounds, empty="(not computed)", floor=_num),
-        "entropy_law": lambda: _table(law, empty="(not logged)", **dict.fromkeys(law_cols, _num)),
-        "grad_noise": lambda: grad_noise_table(noise),
+        "bounds": lambda: _table(t["bounds"], empty=say("not_computed"), floor=_num),
+        "entropy_law": lambda: _table(
+            law, empty=say("not_logged"), **dict.fromkeys(law_cols, _num)
+        ),
+        "grad_noise": lambda: grad_noise_table(t["grad_noise"]),
         "summary": lambda: summary_text(led, summ),
         "summary_auc": lambda: summary_text(auc),
         "run_dates": lambda: run_dates(out),
-        "headroom": lambda: headroom_text(led, summ, bounds),
+        "headroom": lambda: headroom_text(led, summ, t["bounds"]),
         "where_read": lambda: where_read(led, auc),
-        "power_reading": lambda: power_text(read["power"]),
-        "agreement_reading": lambda: agreement_text(read["agreement"]),
+        "power_reading": lambda: power_text(t["power"]),
+        "agreement_reading": lambda: agreement_text(t["agreement"]),
         "mechanism_a": lambda: mechanism_a(law, summ),
         "mechanism_b": lambda: mechanism_b(summ),
-        "mechanism_c": lambda: mechanism_c(noise, led, auc),
+        "mechanism_c": lambda: mechanism_c(t["grad_noise"], led, auc),
         "rules": lambda: rules_table(summ),
         "power": lambda: _table(
-            read["power"],
-            [
-                "rung",
-                "metric",
-                "seeds",
-                "rules",
-                "residual_sd",
-                "diff_sd",
-                "margin",
-                "seeds_needed",
-            ],
-            residual_sd=_num,
-            diff_sd=_num,
-            seeds_needed=_count,
+            t["power"], power_cols, residual_sd=_num, diff_sd=_num, seeds_needed=_count
         ),
-        "agreement": lambda: agreement_table(read["agreement"]),
+        "agreement": lambda: agreement_table(t["agreement"]),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
         "seeds": lambda: toy_seeds(config),
@@ -897,8 +807,8 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "llm_floor": llm_floor,
         "llm_task": llm_task,
         "llm_pilot": lambda: llm_pilot(out),
-        "pairing_note": lambda: pairing_note,
-        "held_out_note": lambda: held_out_note,
+        "pairing_note": lambda: say(f"pairing_{now}", rng=RNG),
+        "held_out_note": lambda: say(f"held_out_{now}", rng=RNG),
     }
 
 
@@ -909,4 +819,5 @@ def write_doc(out: Path, path: Path) -> None:
         raise ValueError(f"--out: {out} has no config.json (not a claims-study folder)")
     if not (out / "ledger.csv").read_text().strip():
         raise ValueError("the study's rules make no claim (empty ledger.csv): no page")
-    write_text(render(TEMPLATE.read_text(), page_values(out, path)), path)
+    page = TEMPLATE.read_text().partition(SENTENCES)[0]
+    write_text(render(page, page_values(out, path)), path)
