@@ -366,13 +366,15 @@ def llm_floor() -> str:
 
 
 def read_tables(out: Path) -> dict[str, pd.DataFrame]:
-    """The study's tables in ``out``, rungs in ladder order and claims in ledger order; an
-    optional table a folder predates (``bounds``, ``grad_noise``) is empty."""
+    """The study's tables in ``out``, rungs in ladder order and claims in ledger order, and the
+    exact flow's calibration over mu beside it (``exact_mu``); an optional table a folder
+    predates (``bounds``, ``grad_noise``, ``exact_mu``) is empty."""
     names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
-    for name in ("bounds", "grad_noise"):
-        path = out / f"{name}.csv"
-        read[name] = pd.read_csv(path) if path.exists() else pd.DataFrame()
+    optional = {"bounds": out, "grad_noise": out, "exact_mu": out.parent / EXACT_MU}
+    for name, folder in optional.items():
+        path = folder / ("calibration.csv" if name == "exact_mu" else f"{name}.csv")
+        read[name] = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["rung"])
     rank = {"rung": {r: i for i, r in enumerate(RUNGS)}}
     rank["claim"] = {c.name: i for i, c in enumerate(CLAIMS)}
     keys = {"summary": ["rung", "rule"], "power": ["rung", "metric"]}
@@ -382,7 +384,6 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
             key=lambda c: c.map(rank[c.name]) if c.name in rank else c,
             kind="stable",
         )
-    read["exact_mu"] = _exact_mu(out)
     return read
 
 
@@ -395,12 +396,6 @@ def _chosen(summ: pd.DataFrame) -> dict[str, tuple[float, int]]:
 def _band(config: dict) -> tuple[float, float, str]:
     low, high = config["target_low"], config["target_high"]
     return low, high, f"{100 * low:g}–{100 * high:g}%"
-
-
-def _exact_mu(out: Path) -> pd.DataFrame:
-    """The exact flow's calibration over mu, from the folder beside ``out`` (empty if absent)."""
-    path = out.parent / EXACT_MU / "calibration.csv"
-    return pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["rung"])
 
 
 def _shares(summ: pd.DataFrame) -> pd.DataFrame:
@@ -604,11 +599,9 @@ def mechanism_b(summ: pd.DataFrame) -> str:
         step = s[s["hard"] & (s["rule"] == STEP_SIZE_RULE)]
         bits = []
         if len(hard):
-            side = f"Z_hi {_span(hard['grad_mass_zero_hi'], _pct)}"
-            side += (
-                ", more than Z_lo"
-                if (hard["grad_mass_zero_hi"] > hard["grad_mass_zero_lo"]).all()
-                else ""
+            more = (hard["grad_mass_zero_hi"] > hard["grad_mass_zero_lo"]).all()
+            side = f"Z_hi {_span(hard['grad_mass_zero_hi'], _pct)}" + (
+                ", more than Z_lo" if more else ""
             )
             extra = f" ({STEP_SIZE_RULE} {_pct(step['zero'].iloc[0])})" if len(step) else ""
             rules, zero = ", ".join(hard["rule"]), _span(hard["zero"], _pct)
@@ -752,16 +745,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         columns=["claim", "A", "B", "metric", "A is", "source"],
     )
     law_cols = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
-    power_cols = [
-        "rung",
-        "metric",
-        "seeds",
-        "rules",
-        "residual_sd",
-        "diff_sd",
-        "margin",
-        "seeds_needed",
-    ]
+    power_cols = ["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin"]
     now = "now" if config.get("rng") == RNG else "before"
     return {
         "rel": lambda: os.path.relpath(out, path.parent),
@@ -791,7 +775,11 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "mechanism_c": lambda: mechanism_c(t["grad_noise"], led, auc),
         "rules": lambda: rules_table(summ),
         "power": lambda: _table(
-            t["power"], power_cols, residual_sd=_num, diff_sd=_num, seeds_needed=_count
+            t["power"],
+            [*power_cols, "seeds_needed"],
+            residual_sd=_num,
+            diff_sd=_num,
+            seeds_needed=_count,
         ),
         "agreement": lambda: agreement_table(t["agreement"]),
         "band": lambda: _band(config)[2],
