@@ -2,9 +2,9 @@
 results/claims --doc docs/claims.md``).
 
 The words are ``page.md`` beside this module: the page, a :class:`string.Template` (``$name`` /
-``${name}``), then its *sentences* (``- name: words`` after ``<!-- sentences``), whose
-``{field}``\\ s :func:`say` fills. Method prose (how the study works) is fixed text in the page;
-every number and every sentence that states a result (which rule wins, what is supported,
+``${name}``), then its *sentences* (``- name: words`` after ``<!-- sentences``), whose ``{field}``
+slots :func:`say` fills. Method prose (how the study works) is fixed text in the page; every
+number and every sentence that states a result (which rule wins, what is supported,
 headroom, baselines, power, rank agreement, the mechanism checks) is a placeholder filled here
 from the folder's tables (``ledger.csv``, ``ledger_auc.csv``, ``summary.csv``, ``power.csv``,
 ``agreement.csv``, ``bounds.csv``, ``calibration.csv``, ``entropy_law.csv``, ``grad_noise.csv``,
@@ -77,7 +77,7 @@ def sentences() -> dict[str, str]:
 
 
 def say(name: str, **fields: object) -> str:
-    """Sentence ``name`` of ``page.md`` with its ``{field}``\\ s filled."""
+    """Sentence ``name`` of ``page.md``, its ``{field}`` slots filled from ``fields``."""
     return sentences()[name].format(**fields)
 
 
@@ -303,16 +303,12 @@ def provenance_text(out: Path) -> str:
         command, date = entry.get("command", NOT_RECORDED), entry.get("date", NOT_RECORDED)
         return f"- {what}: `{command}` — {date}{parts}; {_machine(entry)}{note}"
 
-    lines = [
-        line(
-            "runs",
-            run,
-            f", {run['parts']} parts" if "parts" in run else "",
-            f" ({run['note']})" if run.get("note") else "",
-        )
-        for run in record.get("runs", [])
-    ]
-    lines += [line("tables and figures", record["tables"])] if record.get("tables") else []
+    lines = []
+    for run in record.get("runs", []):
+        parts = f", {run['parts']} parts" if "parts" in run else ""
+        lines.append(line("runs", run, parts, f" ({run['note']})" if run.get("note") else ""))
+    if record.get("tables"):
+        lines.append(line("tables and figures", record["tables"]))
     return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
 
 
@@ -626,6 +622,7 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     good = law[law["rule"].isin(holds[holds].index)]
     hard_rest = law[(law["corr"] < LAW_HOLDS) & (law["hard"] == True)]  # noqa: E712
     soft = law[law["hard"] == False]  # noqa: E712
+    soft = soft.assign(wrong=soft["predicted_mean"] * soft["observed_mean"] < 0)
     if len(good):
         rules, rungs = _and(good["rule"].unique()), _and(good["rung"].unique())
         corr, slope = _span(good["corr"]), _span(good["slope"])
@@ -639,27 +636,15 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
         said.append(say("law_hard_below", holds=LAW_HOLDS, rows=rows))
     if len(soft):
         per = "; ".join(
-            say(
-                "law_soft_sign",
-                corr=_span(g["corr"]),
-                rung=rung,
-                n=len(g),
-                wrong=int((g["predicted_mean"] * g["observed_mean"] < 0).sum()),
-            )
-            for rung, g in soft.groupby("rung", sort=False)
+            say("law_soft_sign", corr=_span(g["corr"]), rung=k, n=len(g), wrong=g["wrong"].sum())
+            for k, g in soft.groupby("rung", sort=False)
         )
         how = "poorly" if soft["corr"].max() < LAW_HOLDS else "less well"
         said.append(say("law_soft", how=how, rules=", ".join(soft["rule"].unique()), per=per))
     text = "; ".join(said) + "."
     # the reading below needs every hard clip under the law
-    if (
-        not len(hard_rest)
-        and len(soft)
-        and len(good)
-        and soft["corr"].median() < good["corr"].median()
-    ):
-        text += " " + say("law_small_steps")
-    return text
+    steps = len(soft) and len(good) and soft["corr"].median() < good["corr"].median()
+    return text + (" " + say("law_small_steps") if steps and not len(hard_rest) else "")
 
 
 def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> str:
@@ -689,12 +674,8 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
     read = say("twin_read", claim=rows["claim"].iloc[0], rule=rule, twin=twin[0], found=found)
     won = rows[rows["verdict"] == evidence.SUPPORTED]
     where = _and(f"{r.rung} `{r.metric}`" for r in won.itertuples())
-    end = (
-        say("twin_wins", rule=rule, twin=twin[0], where=where)
-        if len(won)
-        else say("twin_not_supported")
-    )
-    return f"{text} {read} {end}"
+    end = say("twin_wins", rule=rule, twin=twin[0], where=where) if len(won) else None
+    return f"{text} {read} {end or say('twin_not_supported')}"
 
 
 # -- the page -----------------------------------------------------------------------------------
