@@ -367,9 +367,9 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     predates (``bounds``, ``grad_noise``, ``exact_mu``) is empty."""
     names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
-    optional = {"bounds": out, "grad_noise": out, "exact_mu": out.parent / EXACT_MU}
-    for name, folder in optional.items():
-        path = folder / ("calibration.csv" if name == "exact_mu" else f"{name}.csv")
+    beside = {"exact_mu": out.parent / EXACT_MU / "calibration.csv"}
+    for name in ("bounds", "grad_noise", "exact_mu"):
+        path = beside.get(name, out / f"{name}.csv")
         read[name] = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["rung"])
     rank = {"rung": {r: i for i, r in enumerate(RUNGS)}}
     rank["claim"] = {c.name: i for i, c in enumerate(CLAIMS)}
