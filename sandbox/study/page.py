@@ -415,25 +415,24 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> s
     lines = []
     for rung, part in ledger.assign(named=named).groupby("rung", sort=False):
         found = {v: part.loc[part["verdict"] == v, "named"] for v in CLASSES}
-        said = [f"{v}: {', '.join(names)}" for v, names in found.items() if len(names)]
-        lines.append(f"- **{rung}** — " + "; ".join(said) + ".")
+        classes = [f"{v}: {', '.join(names)}" for v, names in found.items() if len(names)]
+        lines.append(f"- **{rung}** — " + "; ".join(classes) + ".")
     across = ledger.pivot_table(index="claim", columns="rung", values="verdict", aggfunc="first")
     read = {c: row.dropna() for c, row in across.iterrows()}
     same = [f"{c} ({v.iloc[0]})" for c, v in read.items() if v.nunique() == 1 and len(v) > 1]
     differ = [c for c, v in read.items() if v.nunique() > 1]
-    lines.append(
-        "\n"
-        + say("same_reading", same=", ".join(same) or "none", differ=", ".join(differ) or "none")
-    )
+    same, differ = ", ".join(same) or "none", ", ".join(differ) or "none"
+    said = ["\n".join(lines), say("same_reading", same=same, differ=differ)]
     if summary is not None:
         idle = summary[summary["never_binds"]]
         like = summary.get("like_unclipped", pd.Series(False, summary.index)).astype(bool)
         if len(idle):
-            lines.append("\n" + say("never_binds", share=NEVER_BINDS, rules=_on(idle)))
+            said.append(say("never_binds", share=NEVER_BINDS, rules=_on(idle)))
         if like.any():
-            margin = MARGINS["reward_auc"]
-            lines.append("\n" + say("like_unclipped", margin=margin, rules=_on(summary[like])))
-    return "\n".join(lines)
+            said.append(
+                say("like_unclipped", margin=MARGINS["reward_auc"], rules=_on(summary[like]))
+            )
+    return "\n\n".join(said)
 
 
 def baseline_text(summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
