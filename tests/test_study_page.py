@@ -230,3 +230,28 @@ def test_the_page_prints_the_gradient_noise_table_or_says_it_was_not_logged(fold
     pd.DataFrame([row]).to_csv(folder / "grad_noise.csv", index=False)
     table = page(folder).split("## Mechanism check (c)")[1].split("\n## ")[0]
     assert "| tiny_tf | nsr_dapo | 3 | 120 | 0.0100 | 0.5000 | 1.7500 [0.1069, 3.3931] |" in table
+
+
+def test_every_sentence_of_the_template_is_said_and_every_said_one_exists():
+    """``page.md``'s sentence list against ``page.py``: each ``- name:`` item is said (by name,
+    or by a name page.py builds from a prefix: ``rung_<rung>``, ``pairing_<scheme>``), each name
+    said is in the list, and every line of the list is an item, an indented continuation of one
+    or a group heading ending in ``:`` (an unindented continuation would be dropped silently)."""
+    from sandbox.study import page as page_module
+    from sandbox.study.page import SENTENCES, sentences
+
+    code = Path(page_module.__file__).read_text()
+    said = set(re.findall(r"say\(\s*[\"'](\w+)[\"']", code))
+    prefixes = tuple(re.findall(r'f"(\w+_)\{', code))
+    assert {"rung_", "pairing_", "held_out_"} <= set(prefixes)
+    named = set(sentences())
+    assert said <= named, sorted(said - named)
+    unsaid = [n for n in named - said if not n.startswith(prefixes)]
+    assert unsaid == [], unsaid
+    body = TEMPLATE.read_text().partition(SENTENCES)[2].split("-->", 1)[1]
+    stray = [
+        line
+        for line in body.splitlines()
+        if line.strip() and not line.startswith(("- ", "  ")) and not line.endswith(":")
+    ]
+    assert stray == [], stray
