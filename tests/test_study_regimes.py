@@ -58,6 +58,7 @@ def _pilots(rows):
                 "candidate": c,
                 "metric": "final_pass",
                 "headroom": h,
+                "floor": 0.0,
                 "beats_baselines": True,
                 "diff_sd": sd,
                 "seeds_needed": seeds_needed(sd, 0.02, alpha=0.05),

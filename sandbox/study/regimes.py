@@ -49,6 +49,7 @@ from sandbox.experiments.results import record_run, write_csv
 from .config import MARGINS, REFERENCE, StudyConfig
 from .evidence import paired_power, seeds_needed
 from .plan import run_study
+from .rungs import RUNGS
 
 #: Margins below the ceiling the comparator must stay (the headroom rule).
 ROOM = 2
@@ -59,9 +60,6 @@ ALPHA = 0.05
 #: Study time per rung the seed count may cost (2-core CPU), in seconds.
 CAP_SECONDS = 3600
 PILOT_SEEDS = {"bandit_sampled": 16, "tiny_tf": 8}
-
-#: The section of each rung's settings (:mod:`.settings`).
-SECTION = {"bandit_sampled": "bandit", "tiny_tf": "tf"}
 
 #: The candidates of each rung: its section's settings.
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
@@ -94,8 +92,8 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
     (calibration included, one worker: an upper bound on the study phase's; recorded in the
     folder's ``pilot_seconds.json`` by the call that computed it, so a resumed pilot keeps it)."""
     n = PILOT_SEEDS[rung]  # every section's seeds (only this rung runs; a record holds them all)
-    sections = {name: {"seeds": n} for name in set(SECTION.values())}
-    sections[SECTION[rung]].update(candidate)
+    sections = {name: {"seeds": n} for name in sorted({RUNGS[r].section for r in CANDIDATES})}
+    sections[RUNGS[rung].section].update(candidate)
     config = StudyConfig(rungs=[rung], sections=sections, **settings)
     timing = out / "pilot_seconds.json"
     start = time.perf_counter()
@@ -199,6 +197,7 @@ def candidates(pilots: pd.DataFrame) -> pd.DataFrame:
 def choose(pilots: pd.DataFrame) -> pd.DataFrame:
     """Per rung, the candidate the rule picks (module docstring) and why."""
     out = []
+    floors = pilots.groupby("rung")["floor"].max()  # > 0: the rung has answer baselines (rule 2)
     for rung, table in candidates(pilots).groupby("rung", sort=False):
         ok = table[table["ok"]]
         if not len(ok):
@@ -209,7 +208,7 @@ def choose(pilots: pd.DataFrame) -> pd.DataFrame:
         ).iloc[0]
         why = (
             f"{len(ok)} of {len(table)} candidates keep headroom"
-            + (" and beat the answer baselines" if rung == "tiny_tf" else "")
+            + (" and beat the answer baselines" if floors[rung] > 0 else "")
             + f"; the highest mean power over its primary claims, {best['power']:.2f} at "
             + f"{int(best['seeds'])} seeds"
             + (
