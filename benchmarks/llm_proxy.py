@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import functools
 import os
 import platform
 import tempfile
@@ -63,20 +64,105 @@ COLUMNS = (
 )
 
 
+#: The phases of a step, as the per-phase breakdown names them: ``rollout`` (decoding, rewards,
+#: old log-probs), the update's ``forward`` (the training forward and LM head), ``loss`` (the
+#: members' :class:`sandbox.loss.PolicyLoss` calls), ``backward``, ``clip`` (gradient norms and
+#: clipping), ``optimizer`` (step and zero_grad), ``update other`` (the rest of the update:
+#: minibatch order, slicing and stacking of batches, metrics) and ``score, log`` (advantages,
+#: logging, evaluation: everything outside the rollout and the update).
+PHASES = (
+    "rollout",
+    "forward",
+    "loss",
+    "backward",
+    "clip",
+    "optimizer",
+    "update other",
+    "score, log",
+)
+#: ``(module, attribute path, phase)``: the functions whose calls inside the update phase are
+#: counted under ``phase`` (the innermost wins); a path that a module lacks is skipped
+PHASE_FUNCTIONS = (
+    ("llm.ensemble", "Ensemble.completion_logp", "forward"),
+    ("llm.train", "forward_logp", "forward"),
+    ("sandbox.loss", "PolicyLoss.__call__", "loss"),
+    ("torch", "Tensor.backward", "backward"),
+    ("torch.nn.utils", "clip_grad_norm_", "clip"),
+    ("llm.ensemble", "clip_members", "clip"),
+    ("torch.optim", "Optimizer.zero_grad", "optimizer"),
+    ("torch.optim", "AdamW.step", "optimizer"),
+    ("llm.ensemble", "StackedAdamW.step", "optimizer"),
+)
+
+
 class Counter(TorchDispatchMode):
-    """Operators dispatched and host reads (``_local_scalar_dense``), while ``on``."""
+    """Operators dispatched and host reads (``_local_scalar_dense``), while ``on``; operators per
+    phase (:data:`PHASES`) in ``by_phase``, the phase being the top of ``phases``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.on = False
         self.ops = 0
         self.reads = 0
+        self.phases = ["score, log"]
+        self.by_phase = dict.fromkeys(PHASES, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.on:
             self.ops += 1
             self.reads += func is torch.ops.aten._local_scalar_dense.default
+            self.by_phase[self.phases[-1]] += 1
         return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def outer(self, name: str) -> Iterator[None]:
+        """Count under ``name`` (``rollout`` or ``update other``) while inside."""
+        self.phases = [name]
+        try:
+            yield
+        finally:
+            self.phases = ["score, log"]
+
+    @contextlib.contextmanager
+    def inner(self, name: str) -> Iterator[None]:
+        """Count under ``name`` while inside, where the update is the outer phase (the rollout's
+        own forwards stay in the rollout)."""
+        refine = self.phases[0] == "update other"
+        if refine:
+            self.phases.append(name)
+        try:
+            yield
+        finally:
+            if refine:
+                self.phases.pop()
+
+
+@contextlib.contextmanager
+def counted_phases(counter: Counter) -> Iterator[None]:
+    """The :data:`PHASE_FUNCTIONS` wrapped to count under their phase while this is open."""
+    import importlib
+
+    patched = []
+    for module, path, name in PHASE_FUNCTIONS:
+        *owners, attr = path.split(".")
+        owner: Any = importlib.import_module(module)
+        for part in owners:
+            owner = getattr(owner, part, None)
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            continue
+
+        def counted(*args: Any, _fn: Any = fn, _name: str = name, **kwargs: Any) -> Any:
+            with counter.inner(_name):
+                return _fn(*args, **kwargs)
+
+        patched.append((owner, attr, fn))
+        setattr(owner, attr, functools.wraps(fn)(counted))
+    try:
+        yield
+    finally:
+        for owner, attr, fn in reversed(patched):
+            setattr(owner, attr, fn)
 
 
 @contextlib.contextmanager
@@ -108,9 +194,16 @@ def path_settings(path: str) -> dict[str, Any]:
     return {"generate_cache": "dynamic", "generate_compile": "off"}
 
 
-def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | None = None):
+def train_steps(
+    path: str,
+    K: int,
+    steps: int,
+    rollout_hook: Any,
+    extra: dict | None = None,
+    counter: Counter | None = None,
+):
     """``steps`` steps of K runs (seeds 0..K-1) on ``path``; ``rollout_hook(step)`` is called at
-    each rollout phase's start."""
+    each rollout phase's start; ``counter``: its rollout and update phases marked."""
     import llm.train
     from llm.config import TrainConfig
     from llm.ensemble import train_ensemble
@@ -130,9 +223,17 @@ def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | 
         def hooked(runs, update_fn, stop, stop_after, rollout_fn=llm.train.rollout_each):
             def timed(rs: Sequence[Any], step: int) -> Any:
                 rollout_hook(step)
-                return rollout_fn(rs, step)
+                with phase("rollout"):
+                    return rollout_fn(rs, step)
 
-            return real(runs, update_fn, stop, stop_after, timed)
+            def updated(*args: Any) -> Any:
+                with phase("update other"):
+                    return update_fn(*args)
+
+            return real(runs, updated, stop, stop_after, timed)
+
+        def phase(name: str) -> contextlib.AbstractContextManager:
+            return contextlib.nullcontext() if counter is None else counter.outer(name)
 
         llm.train.loop = hooked
         try:
@@ -159,12 +260,13 @@ def measure(path: str, K: int, extra: dict | None = None) -> dict[str, Any]:
         if step == last:
             flops.__exit__(None, None, None)
 
-    with counted_host_calls(counter), counter:
-        train_steps(path, K, last, hook, extra)
+    with counted_host_calls(counter), counted_phases(counter), counter:
+        train_steps(path, K, last, hook, extra, counter)
     runs_steps = K * (last - first)
     return {
         "path": path,
         "K": K,
+        "phases": {name: n / runs_steps for name, n in counter.by_phase.items()},
         "ops_per_run_step": counter.ops / runs_steps,
         "host_reads_per_run_step": counter.reads / runs_steps,
         "gflop_per_run_step": flops.get_total_flops() / runs_steps / 1e9,
@@ -185,6 +287,15 @@ def compile_counters(K: int, extra: dict | None = None) -> dict[str, int]:
         "graphs": counters["stats"]["unique_graphs"],
         "recompiles": max(counters["stats"]["unique_graphs"] - 1, 0),
     }
+
+
+def print_phases(rows: Sequence[dict[str, Any]]) -> None:
+    """Operators per run-step of each phase (:data:`PHASES`), one row per path and K."""
+    print("operators per run-step by phase:")
+    print(f"{'path':<10}{'K':>4}" + "".join(f"{name:>14}" for name in PHASES))
+    for r in rows:
+        cells = "".join(f"{r['phases'][name]:>14.1f}" for name in PHASES)
+        print(f"{r['path']:<10}{r['K']:>4}{cells}")
 
 
 def machine() -> str:
@@ -237,11 +348,16 @@ def run_proxy(
         f"ratio batched K={top} / today, operators per run-step: "
         f"{best['ops_per_run_step'] / base['today']:.3f} (aim <= 0.125)"
     )
+    print_phases(rows)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "proxy.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
+    with open(os.path.join(out, "proxy_phases.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["path", "K", *PHASES], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({"path": r["path"], "K": r["K"], **r["phases"]} for r in rows)
     if compiled:
         c = compile_counters(min(ks[-1], 2), extra)
         print(
