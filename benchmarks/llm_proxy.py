@@ -64,14 +64,16 @@ COLUMNS = (
 )
 
 
-#: The phases of a step, as the per-phase breakdown names them: ``rollout`` (decoding, rewards,
-#: old log-probs), the update's ``forward`` (the training forward and LM head), ``loss`` (the
-#: members' :class:`sandbox.loss.PolicyLoss` calls), ``backward``, ``clip`` (gradient norms and
-#: clipping), ``optimizer`` (step and zero_grad), ``update other`` (the rest of the update:
-#: minibatch order, slicing and stacking of batches, metrics) and ``score, log`` (advantages,
-#: logging, evaluation: everything outside the rollout and the update).
+#: The phases of a step, as the per-phase breakdown names them: the rollout's ``decode`` (sampling
+#: and rewards) and ``old logp`` (the old and reference log-probs of the completions), the
+#: update's ``forward`` (the training forward and LM head), ``loss`` (the members'
+#: :class:`sandbox.loss.PolicyLoss` calls), ``backward``, ``clip`` (gradient norms and clipping),
+#: ``optimizer`` (step and zero_grad), ``update other`` (the rest of the update: minibatch order,
+#: slicing and stacking of batches, metrics) and ``score, log`` (advantages, logging, evaluation:
+#: everything outside the rollout and the update).
 PHASES = (
-    "rollout",
+    "decode",
+    "old logp",
     "forward",
     "loss",
     "backward",
@@ -80,18 +82,19 @@ PHASES = (
     "update other",
     "score, log",
 )
-#: ``(module, attribute path, phase)``: the functions whose calls inside the update phase are
-#: counted under ``phase`` (the innermost wins); a path that a module lacks is skipped
+#: ``(module, attribute path, phase, outer phase)``: the functions whose calls inside the outer
+#: phase are counted under ``phase`` (the innermost wins); a path that a module lacks is skipped
 PHASE_FUNCTIONS = (
-    ("llm.ensemble", "Ensemble.completion_logp", "forward"),
-    ("llm.train", "forward_logp", "forward"),
-    ("sandbox.loss", "PolicyLoss.__call__", "loss"),
-    ("torch", "Tensor.backward", "backward"),
-    ("torch.nn.utils", "clip_grad_norm_", "clip"),
-    ("llm.ensemble", "clip_members", "clip"),
-    ("torch.optim", "Optimizer.zero_grad", "optimizer"),
-    ("torch.optim", "AdamW.step", "optimizer"),
-    ("llm.ensemble", "StackedAdamW.step", "optimizer"),
+    ("llm.train", "logprobs", "old logp", "decode"),
+    ("llm.ensemble", "Ensemble.completion_logp", "forward", "update other"),
+    ("llm.train", "forward_logp", "forward", "update other"),
+    ("sandbox.loss", "PolicyLoss.__call__", "loss", "update other"),
+    ("torch", "Tensor.backward", "backward", "update other"),
+    ("torch.nn.utils", "clip_grad_norm_", "clip", "update other"),
+    ("llm.ensemble", "clip_members", "clip", "update other"),
+    ("torch.optim", "Optimizer.zero_grad", "optimizer", "update other"),
+    ("torch.optim", "AdamW.step", "optimizer", "update other"),
+    ("llm.ensemble", "StackedAdamW.step", "optimizer", "update other"),
 )
 
 
@@ -116,7 +119,7 @@ class Counter(TorchDispatchMode):
 
     @contextlib.contextmanager
     def outer(self, name: str) -> Iterator[None]:
-        """Count under ``name`` (``rollout`` or ``update other``) while inside."""
+        """Count under ``name`` (``decode``, the rollout, or ``update other``) while inside."""
         self.phases = [name]
         try:
             yield
@@ -124,10 +127,10 @@ class Counter(TorchDispatchMode):
             self.phases = ["score, log"]
 
     @contextlib.contextmanager
-    def inner(self, name: str) -> Iterator[None]:
-        """Count under ``name`` while inside, where the update is the outer phase (the rollout's
-        own forwards stay in the rollout)."""
-        refine = self.phases[0] == "update other"
+    def inner(self, name: str, outer: str) -> Iterator[None]:
+        """Count under ``name`` while inside, where ``outer`` is the outer phase (so the rollout's
+        own forwards are not the update's)."""
+        refine = self.phases[0] == outer
         if refine:
             self.phases.append(name)
         try:
@@ -143,7 +146,7 @@ def counted_phases(counter: Counter) -> Iterator[None]:
     import importlib
 
     patched = []
-    for module, path, name in PHASE_FUNCTIONS:
+    for module, path, name, outer in PHASE_FUNCTIONS:
         *owners, attr = path.split(".")
         owner: Any = importlib.import_module(module)
         for part in owners:
@@ -152,8 +155,8 @@ def counted_phases(counter: Counter) -> Iterator[None]:
         if fn is None:
             continue
 
-        def counted(*args: Any, _fn: Any = fn, _name: str = name, **kwargs: Any) -> Any:
-            with counter.inner(_name):
+        def counted(*args: Any, _fn: Any = fn, _in: tuple = (name, outer), **kwargs: Any) -> Any:
+            with counter.inner(*_in):
                 return _fn(*args, **kwargs)
 
         patched.append((owner, attr, fn))
@@ -223,7 +226,7 @@ def train_steps(
         def hooked(runs, update_fn, stop, stop_after, rollout_fn=llm.train.rollout_each):
             def timed(rs: Sequence[Any], step: int) -> Any:
                 rollout_hook(step)
-                with phase("rollout"):
+                with phase("decode"):
                     return rollout_fn(rs, step)
 
             def updated(*args: Any) -> Any:
@@ -289,13 +292,14 @@ def compile_counters(K: int, extra: dict | None = None) -> dict[str, int]:
     }
 
 
-def print_phases(rows: Sequence[dict[str, Any]]) -> None:
-    """Operators per run-step of each phase (:data:`PHASES`), one row per path and K."""
-    print("operators per run-step by phase:")
-    print(f"{'path':<10}{'K':>4}" + "".join(f"{name:>14}" for name in PHASES))
+def phase_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Operators per run-step of each phase (:data:`PHASES`), one line per path and K."""
+    lines = ["operators per run-step by phase:"]
+    lines.append(f"{'path':<10}{'K':>4}" + "".join(f"{name:>13}" for name in PHASES))
     for r in rows:
-        cells = "".join(f"{r['phases'][name]:>14.1f}" for name in PHASES)
-        print(f"{r['path']:<10}{r['K']:>4}{cells}")
+        cells = "".join(f"{r['phases'][name]:>13.1f}" for name in PHASES)
+        lines.append(f"{r['path']:<10}{r['K']:>4}{cells}")
+    return lines
 
 
 def machine() -> str:
@@ -309,21 +313,32 @@ def machine() -> str:
 
 
 def run_proxy(
-    out: str, ks: Sequence[int] = (1, 8, 16), compiled: bool = True, smoke: bool = False
+    out: str,
+    ks: Sequence[int] = (1, 8, 16),
+    compiled: bool = True,
+    smoke: bool = False,
+    command: str = "",
 ) -> list[dict]:
-    """Every path at every K, printed as ratios and written to ``out/proxy.csv`` (``smoke``:
-    the :data:`SMOKE` step)."""
+    """Every path at every K, printed as ratios and by phase and written to ``out/proxy.csv``,
+    ``out/proxy_phases.csv`` and ``out/proxy_compile.csv``, the printed report with its provenance
+    (``command``, machine, torch, threads, date) to ``out/proxy.txt`` (``smoke``: the
+    :data:`SMOKE` step)."""
     extra = SMOKE if smoke else {}
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    print(f"proxy figures on {machine()}, {datetime.date.today().isoformat()}")
-    print(
-        "tiny Llama, "
-        + ", ".join(
-            f"{k}={v}"
-            for k, v in {**SETTINGS, **extra}.items()
-            if k not in ("progress", "save_model")
-        )
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    say(f"command: {command}" if command else "command: llm_proxy.run_proxy")
+    say(
+        f"proxy figures on {machine()}, {torch.get_num_threads()} threads, "
+        f"{datetime.date.today().isoformat()}"
     )
+    settings = {**SETTINGS, **extra}
+    shown = (f"{k}={v}" for k, v in settings.items() if k not in ("progress", "save_model"))
+    say("tiny Llama, " + ", ".join(shown))
     rows = [measure("today", 1, extra)]
     for path in ("ensemble", "batched"):
         for K in ks:
@@ -332,23 +347,22 @@ def run_proxy(
             rows.append(measure(path, K, extra))
     base = {r["path"]: r["ops_per_run_step"] for r in rows if r["K"] == 1}
     base["ensemble"] = base["today"]  # the ensemble of one is the run alone on the hf path
-    print(
-        f"{'path':<10}{'K':>4}{'ops/run-step':>14}{'host reads':>12}{'GFLOP':>10}{'ops / K=1':>11}"
-    )
+    say(f"{'path':<10}{'K':>4}{'ops/run-step':>14}{'host reads':>12}{'GFLOP':>10}{'ops / K=1':>11}")
     for r in rows:
         r["ops_ratio_to_K1"] = r["ops_per_run_step"] / base[r["path"]]
-        print(
+        say(
             f"{r['path']:<10}{r['K']:>4}{r['ops_per_run_step']:>14.0f}"
             f"{r['host_reads_per_run_step']:>12.1f}{r['gflop_per_run_step']:>10.4f}"
             f"{r['ops_ratio_to_K1']:>11.3f}"
         )
     top = max(ks)
     best = next(r for r in rows if r["path"] == "batched" and r["K"] == top)
-    print(
+    say(
         f"ratio batched K={top} / today, operators per run-step: "
         f"{best['ops_per_run_step'] / base['today']:.3f} (aim <= 0.125)"
     )
-    print_phases(rows)
+    for line in phase_lines(rows):
+        say(line)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "proxy.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
@@ -360,7 +374,7 @@ def run_proxy(
         writer.writerows({"path": r["path"], "K": r["K"], **r["phases"]} for r in rows)
     if compiled:
         c = compile_counters(min(ks[-1], 2), extra)
-        print(
+        say(
             f"compiled decoding step, 3 steps: {c['graph_breaks']} graph breaks, "
             f"{c['graphs']} graphs, {c['recompiles']} recompiles"
         )
@@ -368,6 +382,8 @@ def run_proxy(
             writer = csv.DictWriter(f, fieldnames=list(c), lineterminator="\n")
             writer.writeheader()
             writer.writerow(c)
+    with open(os.path.join(out, "proxy.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
     return rows
 
 
