@@ -86,6 +86,7 @@ PHASES = (
 #: phase are counted under ``phase`` (the innermost wins); a path that a module lacks is skipped
 PHASE_FUNCTIONS = (
     ("llm.train", "logprobs", "old logp", "decode"),
+    ("llm.ensemble", "old_logp", "old logp", "decode"),
     ("llm.ensemble", "Ensemble.completion_logp", "forward", "update other"),
     ("llm.train", "forward_logp", "forward", "update other"),
     ("sandbox.loss", "PolicyLoss.__call__", "loss", "update other"),

@@ -51,7 +51,8 @@ Rollouts: with ``--rollout-backend compact`` every member's prompts are decoded 
 (:func:`batched_rollout`, :mod:`llm.decode`: one batched matmul per layer over the stacked
 weights, a static KV cache, noise fixed per (seed, step, row, position)), each member's
 completions the ones its run samples alone; with the default ``hf`` backend the members'
-rollouts are generated one member after another with :func:`llm.rollout.generate`. No
+rollouts are generated one member after another with :func:`llm.rollout.generate`; either way
+the members' old log-probs are one batched forward per row chunk (:func:`old_logp`). No
 torchrun, LoRA or vLLM. The members run without gradient
 checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
 activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
@@ -88,6 +89,7 @@ from llm.train import (
     needs_sampler_logp,
     objective_generator,
     parse_args,
+    sample,
     sample_compact,
     score_rollout,
     signalled_exit,
@@ -537,7 +539,7 @@ def train_ensemble(
     :func:`llm.train.train` would.
 
     The loop is :func:`llm.train.loop`, the one every run goes through (phases, logging,
-    evaluation, checkpoints, signals, resume), with :func:`batched_update` as its update phase.
+    evaluation, checkpoints, signals, resume), with :class:`Phases`' rollout and update phases.
     Resume (``--resume`` on every member): each member loads its own checkpoint; all must be at
     one step (:func:`check_members`). Checkpoints (every member's, in its ``--out``): every
     member's ``--checkpoint-every`` steps, at the end, after ``stop_after`` steps of this call
@@ -546,38 +548,97 @@ def train_ensemble(
     check_members(cfgs)
     if "WORLD_SIZE" in os.environ:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
-    rollout_fn = batched_rollout if cfgs[0].rollout_backend == "compact" else None
-    return train_together(cfgs, batched_update, stop_after=stop_after, rollout_fn=rollout_fn)
+    phases = Phases()
+    return train_together(cfgs, phases.update, stop_after=stop_after, rollout_fn=phases.rollout)
 
 
-def batched_rollout(runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
-    """The ensemble's rollout phase with ``--rollout-backend compact``: every member's prompts
-    decoded in one loop (:func:`llm.train.sample_compact`, :mod:`llm.decode`), each member's
-    completions the ones its run samples alone; then each run's own rewards and log-probs."""
+class Phases:
+    """The ensemble's rollout and update phases for :func:`llm.train.loop`, over one
+    :class:`Ensemble` of the runs' models, built by :meth:`update` (called once the runs are set
+    up, and resumed, before the loop's first step)."""
+
+    def __init__(self) -> None:
+        self.ensemble: Ensemble | None = None
+
+    def update(self, runs: Sequence[Run]) -> UpdateFn:
+        """:func:`ensemble_update` on the runs' :class:`Ensemble`, stepped by one
+        :class:`StackedAdamW` of the runs' own optimizers."""
+        self.ensemble = Ensemble([r.model for r in runs])
+        optimizer = StackedAdamW(self.ensemble, [r.optimizer for r in runs])
+        return functools.partial(ensemble_update, ensemble=self.ensemble, optimizer=optimizer)
+
+    def rollout(self, runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
+        """:func:`batched_rollout` with the runs' :class:`Ensemble`."""
+        if self.ensemble is None:
+            raise RuntimeError("Phases.update builds the ensemble before the first rollout")
+        return batched_rollout(runs, step, self.ensemble)
+
+
+def batched_rollout(runs: Sequence[Run], step: int, ensemble: Ensemble) -> list[dict[str, Tensor]]:
+    """The ensemble's rollout phase: with ``--rollout-backend compact`` every member's prompts
+    decoded in one loop (:func:`llm.train.sample_compact`, :mod:`llm.decode`), with ``hf`` each
+    member's generated alone (:func:`llm.train.sample`), each member's completions the ones its
+    run samples alone; the old log-probs of every member in one batched forward
+    (:func:`old_logp`); then each run's own rewards (and reference log-probs)."""
     requests = [draw_prompts(run, step) for run in runs]
     needs = [needs_sampler_logp(run.cfg) for run in runs]
-    sampled = sample_compact(
-        runs,
-        [ids for ids, *_ in requests],
-        runs[0].cfg.group_size,
-        [keys for _, _, keys, _, _ in requests],
-        [first for _, _, _, first, _ in requests],
-        return_logp=any(needs),
-    )
+    if runs[0].cfg.rollout_backend == "compact":
+        sampled = sample_compact(
+            runs,
+            [ids for ids, *_ in requests],
+            runs[0].cfg.group_size,
+            [keys for _, _, keys, _, _ in requests],
+            [first for _, _, _, first, _ in requests],
+            return_logp=any(needs),
+        )
+    else:
+        sampled = [
+            sample(run, *request[:4], return_logp=need)
+            for run, request, need in zip(runs, requests, needs, strict=True)
+        ]
+    olds = old_logp(ensemble, runs, [out for out, _ in sampled])
     hosts = []
-    for run, request, (out, texts), need in zip(runs, requests, sampled, needs, strict=True):
+    for run, request, (out, texts), need, old in zip(
+        runs, requests, sampled, needs, olds, strict=True
+    ):
         if not need:  # the run alone keeps no sampler log-probs
             out.pop("rollout_logp", None)
-        hosts.append(score_rollout(run, request[4], out, texts))
+        hosts.append(score_rollout(run, request[4], out, texts, old))
     return hosts
 
 
-def batched_update(runs: Sequence[Run]) -> UpdateFn:
-    """The ensemble's update phase for :func:`llm.train.loop`: :func:`ensemble_update` on one
-    :class:`Ensemble` of the runs' models."""
-    ensemble = Ensemble([r.model for r in runs])
-    optimizer = StackedAdamW(ensemble, [r.optimizer for r in runs])
-    return functools.partial(ensemble_update, ensemble=ensemble, optimizer=optimizer)
+@torch.no_grad()
+def old_logp(
+    ensemble: Ensemble, runs: Sequence[Run], outs: Sequence[dict[str, Tensor]]
+) -> list[Tensor | None]:
+    """Each member's old log-probs of its completions ``outs[k]`` (on the CPU, ``[B, Tc]``), as
+    :func:`llm.train.logprobs` computes them for its run alone (in ``minibatches x grad_accum``
+    row chunks, no graph), every member's chunk in one batched forward
+    (:meth:`Ensemble.completion_logp`); None for every member where the runs need none (one
+    update per rollout)."""
+    run, keys = runs[0], ("prompt", "prompt_mask", "completion", "completion_mask")
+    if not run.need_old:
+        return [None] * len(runs)
+    rows = outs[0]["prompt"].shape[0]  # every member samples the same number of rows
+    chunks = min(run.cfg.minibatches * run.cfg.grad_accum, rows)
+    pieces = []
+    ensemble.template.eval()
+    try:
+        for part in torch.arange(rows).tensor_split(chunks):
+            part = part.to(run.device)
+            subs = [{key: o[key][part].to(run.device) for key in keys} for o in outs]
+            with run.autocast:
+                logp, _ = ensemble.completion_logp(
+                    stack_batches(subs, run.tokenizer.pad_token_id),
+                    run.cfg.temperature,
+                    chunk_size=run.cfg.logp_chunk,
+                    head=run.cfg.lm_head,
+                )
+            pieces.append(logp.cpu())
+    finally:
+        ensemble.template.train()
+    widths = [o["completion"].shape[1] for o in outs]
+    return [torch.cat([p[k, :, : widths[k]] for p in pieces]) for k in range(len(outs))]
 
 
 def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
