@@ -181,3 +181,35 @@ def test_member_checkpoint_is_a_single_runs(tmp_path):
         torch.testing.assert_close(first[name], p, atol=1e-5, rtol=1e-5)
     # the members trained on their own seeds: neither checkpoint holds the other's weights
     assert any(not torch.equal(first[n], second[n]) for n in first)
+
+
+def test_old_logp_batched_equals_each_run_alone(tmp_path):
+    """The ensemble's rollout computes every member's old log-probs in one batched forward per
+    row chunk (:func:`llm.ensemble.old_logp`): each member's are its run's
+    (:func:`llm.train.logprobs`, the model alone, the same row chunks), to float32 rounding, on
+    completions of unequal widths."""
+    from llm.config import TrainConfig
+    from llm.ensemble import old_logp
+    from llm.train import draw_prompts, logprobs, sample, setup
+
+    closers: list = []
+    runs = [
+        setup(
+            TrainConfig(**{**RUN, "seed": s, "minibatches": 2, "out": str(tmp_path / str(s))}),
+            closers,
+        )
+        for s in range(3)
+    ]
+    outs = [sample(run, *draw_prompts(run, 0)[:4])[0] for run in runs]
+    for key in ("completion", "completion_mask"):  # member 1's completions cut to 5 tokens
+        outs[1][key] = outs[1][key][:, :5]
+    assert len({o["completion"].shape[1] for o in outs}) > 1  # the members' widths differ
+    ens = Ensemble([run.model for run in runs])
+    batched = old_logp(ens, runs, outs)
+    chunks = runs[0].cfg.minibatches * runs[0].cfg.grad_accum  # 2 row chunks
+    for run, out, mine in zip(runs, outs, batched, strict=True):
+        alone = logprobs(run, run.model, out, chunks)
+        assert mine.shape == alone.shape and mine.device == alone.device
+        mask = out["completion_mask"].bool()
+        torch.testing.assert_close(mine[mask], alone[mask], atol=2e-6, rtol=1e-5)
+        assert (mine[~mask] == 0).all() and (alone[~mask] == 0).all()
