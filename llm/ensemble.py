@@ -51,8 +51,9 @@ Rollouts: with ``--rollout-backend compact`` every member's prompts are decoded 
 (:func:`batched_rollout`, :mod:`llm.decode`: one batched matmul per layer over the stacked
 weights, a static KV cache, noise fixed per (seed, step, row, position)), each member's
 completions the ones its run samples alone; with the default ``hf`` backend the members'
-rollouts are generated one member after another with :func:`llm.rollout.generate`; either way
-the members' old log-probs are one batched forward per row chunk (:func:`old_logp`). No
+rollouts are generated one member after another with :func:`llm.rollout.generate` (each run's
+own rollout phase); with compact the members' old log-probs are one batched forward per row chunk
+(:func:`old_logp`). No
 torchrun, LoRA or vLLM. The members run without gradient
 checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
 activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
@@ -89,7 +90,7 @@ from llm.train import (
     needs_sampler_logp,
     objective_generator,
     parse_args,
-    sample,
+    rollout_each,
     sample_compact,
     score_rollout,
     signalled_exit,
@@ -568,34 +569,31 @@ class Phases:
         return functools.partial(ensemble_update, ensemble=self.ensemble, optimizer=optimizer)
 
     def rollout(self, runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
-        """:func:`batched_rollout` with the runs' :class:`Ensemble`."""
+        """With ``--rollout-backend compact``: :func:`batched_rollout` with the runs'
+        :class:`Ensemble`; with ``hf``: each run's own rollout (:func:`llm.train.rollout_each`)."""
+        if runs[0].cfg.rollout_backend != "compact":
+            return rollout_each(runs, step)
         if self.ensemble is None:
             raise RuntimeError("Phases.update builds the ensemble before the first rollout")
         return batched_rollout(runs, step, self.ensemble)
 
 
 def batched_rollout(runs: Sequence[Run], step: int, ensemble: Ensemble) -> list[dict[str, Tensor]]:
-    """The ensemble's rollout phase: with ``--rollout-backend compact`` every member's prompts
-    decoded in one loop (:func:`llm.train.sample_compact`, :mod:`llm.decode`), with ``hf`` each
-    member's generated alone (:func:`llm.train.sample`), each member's completions the ones its
-    run samples alone; the old log-probs of every member in one batched forward
-    (:func:`old_logp`); then each run's own rewards (and reference log-probs)."""
+    """The ensemble's rollout phase with ``--rollout-backend compact``: every member's prompts
+    decoded in one loop (:func:`llm.train.sample_compact`, :mod:`llm.decode`), each member's
+    completions the ones its run samples alone; the old log-probs of every member in one batched
+    forward per row chunk (:func:`old_logp`); then each run's own rewards (and reference
+    log-probs)."""
     requests = [draw_prompts(run, step) for run in runs]
     needs = [needs_sampler_logp(run.cfg) for run in runs]
-    if runs[0].cfg.rollout_backend == "compact":
-        sampled = sample_compact(
-            runs,
-            [ids for ids, *_ in requests],
-            runs[0].cfg.group_size,
-            [keys for _, _, keys, _, _ in requests],
-            [first for _, _, _, first, _ in requests],
-            return_logp=any(needs),
-        )
-    else:
-        sampled = [
-            sample(run, *request[:4], return_logp=need)
-            for run, request, need in zip(runs, requests, needs, strict=True)
-        ]
+    sampled = sample_compact(
+        runs,
+        [ids for ids, *_ in requests],
+        runs[0].cfg.group_size,
+        [keys for _, _, keys, _, _ in requests],
+        [first for _, _, _, first, _ in requests],
+        return_logp=any(needs),
+    )
     olds = old_logp(ensemble, runs, [out for out, _ in sampled])
     hosts = []
     for run, request, (out, texts), need, old in zip(
