@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import functools
 import math
 import os
 import platform
@@ -68,20 +69,109 @@ COLUMNS = (
 PREFILL = "prefill_flop_share"
 
 
+#: The phases of a step, as the per-phase breakdown names them: the rollout's ``decode`` (sampling
+#: and rewards) and ``old logp`` (the old and reference log-probs of the completions), the
+#: update's ``forward`` (the training forward and LM head), ``loss`` (the members'
+#: :class:`sandbox.loss.PolicyLoss` calls), ``backward``, ``clip`` (gradient norms and clipping),
+#: ``optimizer`` (step and zero_grad), ``update other`` (the rest of the update: minibatch order,
+#: slicing and stacking of batches, metrics) and ``score, log`` (advantages, logging, evaluation:
+#: everything outside the rollout and the update).
+PHASES = (
+    "decode",
+    "old logp",
+    "forward",
+    "loss",
+    "backward",
+    "clip",
+    "optimizer",
+    "update other",
+    "score, log",
+)
+#: ``(module, attribute path, phase, outer phase)``: the functions whose calls inside the outer
+#: phase are counted under ``phase`` (the innermost wins); a path that a module lacks is skipped
+PHASE_FUNCTIONS = (
+    ("llm.train", "logprobs", "old logp", "decode"),
+    ("llm.ensemble", "old_logp", "old logp", "decode"),
+    ("llm.ensemble", "Ensemble.completion_logp", "forward", "update other"),
+    ("llm.train", "forward_logp", "forward", "update other"),
+    ("sandbox.loss", "PolicyLoss.__call__", "loss", "update other"),
+    ("torch", "Tensor.backward", "backward", "update other"),
+    ("torch.nn.utils", "clip_grad_norm_", "clip", "update other"),
+    ("llm.ensemble", "clip_members", "clip", "update other"),
+    ("torch.optim", "Optimizer.zero_grad", "optimizer", "update other"),
+    ("torch.optim", "AdamW.step", "optimizer", "update other"),
+    ("llm.ensemble", "StackedAdamW.step", "optimizer", "update other"),
+)
+
+
 class Counter(TorchDispatchMode):
-    """Operators dispatched and host reads (``_local_scalar_dense``), while ``on``."""
+    """Operators dispatched and host reads (``_local_scalar_dense``), while ``on``; operators per
+    phase (:data:`PHASES`) in ``by_phase``, the phase being the top of ``phases``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.on = False
         self.ops = 0
         self.reads = 0
+        self.phases = ["score, log"]
+        self.by_phase = dict.fromkeys(PHASES, 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.on:
             self.ops += 1
             self.reads += func is torch.ops.aten._local_scalar_dense.default
+            self.by_phase[self.phases[-1]] += 1
         return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def outer(self, name: str) -> Iterator[None]:
+        """Count under ``name`` (``decode``, the rollout, or ``update other``) while inside."""
+        self.phases = [name]
+        try:
+            yield
+        finally:
+            self.phases = ["score, log"]
+
+    @contextlib.contextmanager
+    def inner(self, name: str, outer: str) -> Iterator[None]:
+        """Count under ``name`` while inside, where ``outer`` is the outer phase (so the rollout's
+        own forwards are not the update's)."""
+        refine = self.phases[0] == outer
+        if refine:
+            self.phases.append(name)
+        try:
+            yield
+        finally:
+            if refine:
+                self.phases.pop()
+
+
+@contextlib.contextmanager
+def counted_phases(counter: Counter) -> Iterator[None]:
+    """The :data:`PHASE_FUNCTIONS` wrapped to count under their phase while this is open."""
+    import importlib
+
+    patched = []
+    for module, path, name, outer in PHASE_FUNCTIONS:
+        *owners, attr = path.split(".")
+        owner: Any = importlib.import_module(module)
+        for part in owners:
+            owner = getattr(owner, part, None)
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            continue
+
+        def counted(*args: Any, _fn: Any = fn, _in: tuple = (name, outer), **kwargs: Any) -> Any:
+            with counter.inner(*_in):
+                return _fn(*args, **kwargs)
+
+        patched.append((owner, attr, fn))
+        setattr(owner, attr, functools.wraps(fn)(counted))
+    try:
+        yield
+    finally:
+        for owner, attr, fn in reversed(patched):
+            setattr(owner, attr, fn)
 
 
 @contextlib.contextmanager
@@ -113,9 +203,16 @@ def path_settings(path: str) -> dict[str, Any]:
     return {"generate_cache": "dynamic", "generate_compile": "off"}
 
 
-def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | None = None):
+def train_steps(
+    path: str,
+    K: int,
+    steps: int,
+    rollout_hook: Any,
+    extra: dict | None = None,
+    counter: Counter | None = None,
+):
     """``steps`` steps of K runs (seeds 0..K-1) on ``path``; ``rollout_hook(step)`` is called at
-    each rollout phase's start."""
+    each rollout phase's start; ``counter``: its rollout and update phases marked."""
     import llm.train
     from llm.config import TrainConfig
     from llm.ensemble import train_ensemble
@@ -135,9 +232,17 @@ def train_steps(path: str, K: int, steps: int, rollout_hook: Any, extra: dict | 
         def hooked(runs, update_fn, stop, stop_after, rollout_fn=llm.train.rollout_each):
             def timed(rs: Sequence[Any], step: int) -> Any:
                 rollout_hook(step)
-                return rollout_fn(rs, step)
+                with phase("decode"):
+                    return rollout_fn(rs, step)
 
-            return real(runs, update_fn, stop, stop_after, timed)
+            def updated(*args: Any) -> Any:
+                with phase("update other"):
+                    return update_fn(*args)
+
+            return real(runs, updated, stop, stop_after, timed)
+
+        def phase(name: str) -> contextlib.AbstractContextManager:
+            return contextlib.nullcontext() if counter is None else counter.outer(name)
 
         llm.train.loop = hooked
         try:
@@ -190,13 +295,15 @@ def measure(path: str, K: int, extra: dict | None = None) -> dict[str, Any]:
         if step == last:
             flops.__exit__(None, None, None)
 
-    with counted_host_calls(counter), counted_prefill(counter) as prefill, counter:
-        train_steps(path, K, last, hook, extra)
+    counting = (counted_host_calls(counter), counted_prefill(counter), counted_phases(counter))
+    with counting[0], counting[1] as prefill, counting[2], counter:
+        train_steps(path, K, last, hook, extra, counter)
     runs_steps = K * (last - first)
     total = flops.get_total_flops()
     return {
         "path": path,
         "K": K,
+        "phases": {name: n / runs_steps for name, n in counter.by_phase.items()},
         "ops_per_run_step": counter.ops / runs_steps,
         "host_reads_per_run_step": counter.reads / runs_steps,
         "gflop_per_run_step": total / runs_steps / 1e9,
@@ -225,6 +332,16 @@ def share(value: float) -> str:
     return f"{value:.1%}" if math.isfinite(value) else "-"
 
 
+def phase_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Operators per run-step of each phase (:data:`PHASES`), one line per path and K."""
+    lines = ["operators per run-step by phase:"]
+    lines.append(f"{'path':<10}{'K':>4}" + "".join(f"{name:>13}" for name in PHASES))
+    for r in rows:
+        cells = "".join(f"{r['phases'][name]:>13.1f}" for name in PHASES)
+        lines.append(f"{r['path']:<10}{r['K']:>4}{cells}")
+    return lines
+
+
 def machine() -> str:
     name = platform.processor() or platform.machine()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
@@ -236,21 +353,32 @@ def machine() -> str:
 
 
 def run_proxy(
-    out: str, ks: Sequence[int] = (1, 8, 16), compiled: bool = True, smoke: bool = False
+    out: str,
+    ks: Sequence[int] = (1, 8, 16),
+    compiled: bool = True,
+    smoke: bool = False,
+    command: str = "",
 ) -> list[dict]:
-    """Every path at every K, printed as ratios and written to ``out/proxy.csv`` (``smoke``:
-    the :data:`SMOKE` step)."""
+    """Every path at every K, printed as ratios and by phase and written to ``out/proxy.csv``,
+    ``out/proxy_phases.csv`` and ``out/proxy_compile.csv``, the printed report with its provenance
+    (``command``, machine, torch, threads, date) to ``out/proxy.txt`` (``smoke``: the
+    :data:`SMOKE` step)."""
     extra = SMOKE if smoke else {}
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    print(f"proxy figures on {machine()}, {datetime.date.today().isoformat()}")
-    print(
-        "tiny Llama, "
-        + ", ".join(
-            f"{k}={v}"
-            for k, v in {**SETTINGS, **extra}.items()
-            if k not in ("progress", "save_model")
-        )
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    say(f"command: {command}" if command else "command: llm_proxy.run_proxy")
+    say(
+        f"proxy figures on {machine()}, {torch.get_num_threads()} threads, "
+        f"{datetime.date.today().isoformat()}"
     )
+    settings = {**SETTINGS, **extra}
+    shown = (f"{k}={v}" for k, v in settings.items() if k not in ("progress", "save_model"))
+    say("tiny Llama, " + ", ".join(shown))
     rows = [measure("today", 1, extra)]
     for path in ("ensemble", "batched"):
         for K in ks:
@@ -259,31 +387,37 @@ def run_proxy(
             rows.append(measure(path, K, extra))
     base = {r["path"]: r["ops_per_run_step"] for r in rows if r["K"] == 1}
     base["ensemble"] = base["today"]  # the ensemble of one is the run alone on the hf path
-    print(
+    say(
         f"{'path':<10}{'K':>4}{'ops/run-step':>14}{'host reads':>12}{'GFLOP':>10}{'ops / K=1':>11}"
         f"{'prefill':>9}"
     )
     for r in rows:
         r["ops_ratio_to_K1"] = r["ops_per_run_step"] / base[r["path"]]
-        print(
+        say(
             f"{r['path']:<10}{r['K']:>4}{r['ops_per_run_step']:>14.0f}"
             f"{r['host_reads_per_run_step']:>12.1f}{r['gflop_per_run_step']:>10.4f}"
             f"{r['ops_ratio_to_K1']:>11.3f}{share(r[PREFILL]):>9}"
         )
     top = max(ks)
     best = next(r for r in rows if r["path"] == "batched" and r["K"] == top)
-    print(
+    say(
         f"ratio batched K={top} / today, operators per run-step: "
         f"{best['ops_per_run_step'] / base['today']:.3f} (aim <= 0.125)"
     )
+    for line in phase_lines(rows):
+        say(line)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "proxy.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows({k: r[k] for k in COLUMNS} for r in rows)
+    with open(os.path.join(out, "proxy_phases.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["path", "K", *PHASES], lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({"path": r["path"], "K": r["K"], **r["phases"]} for r in rows)
     if compiled:
         c = compile_counters(min(ks[-1], 2), extra)
-        print(
+        say(
             f"compiled decoding step, 3 steps: {c['graph_breaks']} graph breaks, "
             f"{c['graphs']} graphs, {c['recompiles']} recompiles"
         )
@@ -291,6 +425,8 @@ def run_proxy(
             writer = csv.DictWriter(f, fieldnames=list(c), lineterminator="\n")
             writer.writeheader()
             writer.writerow(c)
+    with open(os.path.join(out, "proxy.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
     return rows
 
 

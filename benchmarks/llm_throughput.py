@@ -415,7 +415,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         from llm_proxy import run_proxy
 
         compiled = args.proxy_compile == "on"
-        rows = run_proxy(args.out, args.proxy_k, compiled=compiled, smoke=args.smoke)
+        command = " ".join(["python benchmarks/llm_throughput.py", *argv])
+        rows = run_proxy(
+            args.out, args.proxy_k, compiled=compiled, smoke=args.smoke, command=command
+        )
         return {f"{r['path']}_K{r['K']}": r for r in rows}
     import torch
     import transformers

@@ -59,8 +59,8 @@ def save(
     if weights:
         model_sd, optim_sd = get_state_dict(model, optimizer, options=_FULL)
         state |= {
-            "model": model_sd,
-            "optimizer": optim_sd,
+            "model": own_storage(model_sd),
+            "optimizer": own_storage(optim_sd),
             "scheduler": scheduler.state_dict(),
             "np_rng": json.dumps(rng.bit_generator.state),
             "torch_rng": torch.get_rng_state(),
@@ -71,6 +71,20 @@ def save(
     path = path_in(out)
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
+
+
+def own_storage(tree: Any) -> Any:
+    """``tree`` (dicts and lists of tensors) with every tensor that views a larger storage cloned:
+    ``torch.save`` writes a view's whole storage, and an ensemble member's weights and AdamW
+    moments are rows of ``[K, ...]`` tensors (:mod:`llm.ensemble`), so its checkpoint would hold
+    all K members'."""
+    if isinstance(tree, dict):
+        return {k: own_storage(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(own_storage(v) for v in tree)
+    if isinstance(tree, torch.Tensor) and tree.untyped_storage().nbytes() > tree.nbytes:
+        return tree.clone()
+    return tree
 
 
 def load(

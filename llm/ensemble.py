@@ -9,16 +9,26 @@ layer is one batched matmul over the K members:
     hidden[k] = body(theta_k; prompt_k ++ completion_k)          # vmap over k, [K, B, T, H]
     logp[k], entropy[k] = LM head_k(hidden[k])                    # llm.logprobs, per member
     loss      = sum_k PolicyLoss_k(logp[k], ...)                   # sandbox.loss, per member
-    grad      -> per-member gradient-norm clipping -> one AdamW over every member's parameters
+    grad      -> per-member gradient-norm clipping -> one batched AdamW of every member
+
+The parameters live stacked: every parameter name is one leaf ``[K, ...]`` (:func:`stack_leaves`)
+and each member's own parameter is rebound to its row (a view of the leaf's storage), so the
+members stay ordinary modules that ``generate``, save and checkpoint as before, while the batched
+forward differentiates the leaves directly (no ``torch.stack`` per forward) and the update is a
+few batched operators whatever K: :func:`clip_members` (each member's norm ``[K]`` and its
+coefficient in one pass over the leaves' gradients) and :class:`StackedAdamW` (``torch._foreach_*``
+over the leaves, each member's learning rate, weight decay and step count as ``[K, 1, ...]``
+factors; its moments held stacked, each run's own optimizer state views of its rows).
+A checkpoint clones those views (:func:`llm.checkpoint.own_storage`), so a member's file is a
+single run's.
 
 Why this equals K separate runs: the members share no parameter, so ``d loss / d theta_k`` is
 member k's own gradient (the sum only routes each loss to its member); clipping uses each member's
-own norm (``torch.nn.utils.clip_grad_norm_`` per member, the same formula as a run's); AdamW is
-elementwise, so one optimizer over the union of parameters keeps K independent states and makes
-K independent updates (``tests/test_llm_ensemble.py``: 2 members after 2 steps equal 2 separate
-runs, float64). The stacked parameters are built with ``torch.stack`` of the members' own
-parameters at each forward, so the members stay ordinary modules that ``generate``, save and
-checkpoint as before, and their gradients arrive in their own ``.grad``.
+own norm (``torch.nn.utils.clip_grad_norm_``'s formula per member); AdamW is elementwise and its
+per-member factors are computed on the host as its run's AdamW computes them, so the batched step
+is the K runs' steps (``tests/test_llm_ensemble.py``: 2 members after 2 steps equal 2 separate
+runs, float64; ``tests/test_llm_ensemble_update.py``: three rules, learning rates and clipping
+thresholds, clipping binding, float64, and float32 AdamW to the bit).
 
 The members' batches are padded to common widths (prompts on the left, completions on the right:
 masked positions, so the result is the member's own to float rounding). Stochastic objectives get
@@ -41,7 +51,9 @@ Rollouts: with ``--rollout-backend compact`` every member's prompts are decoded 
 (:func:`batched_rollout`, :mod:`llm.decode`: one batched matmul per layer over the stacked
 weights, a static KV cache, noise fixed per (seed, step, row, position)), each member's
 completions the ones its run samples alone; with the default ``hf`` backend the members'
-rollouts are generated one member after another with :func:`llm.rollout.generate`. No
+rollouts are generated one member after another with :func:`llm.rollout.generate` (each run's
+own rollout phase); with compact the members' old log-probs are one batched forward per row chunk
+(:func:`old_logp`). No
 torchrun, LoRA or vLLM. The members run without gradient
 checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
 activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
@@ -57,6 +69,7 @@ import functools
 import os
 import sys
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -77,6 +90,7 @@ from llm.train import (
     needs_sampler_logp,
     objective_generator,
     parse_args,
+    rollout_each,
     sample_compact,
     score_rollout,
     signalled_exit,
@@ -108,29 +122,62 @@ class Ensemble:
         # hooks or gradient-checkpointing state, which do not run inside vmap)
         with torch.device("meta"):
             self.template = type(bases[0])(copy.deepcopy(bases[0].config)).base_model
+        first = bases[0]
+        full = {id(p): name for name, p in first.named_parameters()}
+        embedding = first.get_input_embeddings()
+        head = first.get_output_embeddings()
+        self.embed_name = full[id(embedding.weight)]
+        self.head_names = (
+            full[id(head.weight)],
+            None if head.bias is None else full[id(head.bias)],
+        )
+        self.body_names = {  # the body's own names -> the model's, but the token embedding's
+            name: full[id(p)]
+            for name, p in first.base_model.named_parameters()
+            if p is not embedding.weight  # looked up outside vmap (see completion_logp)
+        }
+        self.buffers = {  # constant (rotary frequencies): stacked once
+            name: torch.stack([dict(b.base_model.named_buffers())[name] for b in bases])
+            for name, _ in first.base_model.named_buffers()
+        }
+        self.leaves = stack_leaves(bases)
 
     def __len__(self) -> int:
         return len(self.members)
 
-    def parameters(self) -> list[torch.nn.Parameter]:
-        """Every member's trainable parameters, member after member (for one optimizer)."""
-        return [p for m in self.members for p in m.parameters() if p.requires_grad]
+    def parameters(self) -> list[Tensor]:
+        """The trainable stacked leaves ``[K, ...]`` (for one optimizer, or :class:`StackedAdamW`),
+        in the members' parameter order."""
+        return [leaf for leaf in self.leaves.values() if leaf.requires_grad]
+
+    def member_params(self, k: int) -> dict[str, torch.nn.Parameter]:
+        """Member k's own parameters by name (views of :attr:`leaves`, row k)."""
+        return dict(self.bases[k].named_parameters())
 
     def stacked_body_state(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The members' body parameters (but the token embedding) and buffers stacked on a new
-        leading dimension (differentiable: gradients reach each member's own parameters)."""
-        bodies = [b.base_model for b in self.bases]
-        embedding = {id(p) for p in self.bases[0].get_input_embeddings().parameters()}
-        params = {
-            name: torch.stack([dict(b.named_parameters())[name] for b in bodies])
-            for name, p in bodies[0].named_parameters()
-            if id(p) not in embedding  # looked up outside vmap (see completion_logp)
-        }
-        buffers = {
-            name: torch.stack([dict(b.named_buffers())[name] for b in bodies])
-            for name, _ in bodies[0].named_buffers()
-        }
-        return params, buffers
+        """The body's parameters (but the token embedding) as the stacked leaves and its buffers
+        stacked, by the body's own names (for ``functional_call`` on the template)."""
+        return {name: self.leaves[full] for name, full in self.body_names.items()}, self.buffers
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """``[K, B, T, H]`` token embeddings of ``ids`` ``[K, B, T]`` from the stacked embedding
+        (outside vmap: vmap's rule for a batched embedding weight honours ``padding_idx`` for the
+        first member only). A plain ``nn.Embedding``: one gather, the padding token's rows cut
+        from the graph as ``padding_idx`` does; any other module: one call per member."""
+        weight = self.leaves[self.embed_name]
+        module = self.bases[0].get_input_embeddings()
+        if type(module) is not torch.nn.Embedding:
+            return torch.stack(
+                [
+                    torch.func.functional_call(module, {"weight": weight[k]}, (ids[k],))
+                    for k in range(len(self))
+                ]
+            )
+        members = torch.arange(len(self), device=ids.device)[:, None, None]
+        embeds = weight[members, ids]
+        if module.padding_idx is None:
+            return embeds
+        return torch.where((ids == module.padding_idx)[..., None], embeds.detach(), embeds)
 
     def _attention_4d(self, attention: Tensor) -> Tensor:
         """``[K, B, 1, T, T]`` causal + key-padding masks, built outside ``vmap`` (transformers'
@@ -173,10 +220,7 @@ class Ensemble:
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         masks = self._attention_4d(attention)
         params, buffers = self.stacked_body_state()
-
-        # the token embeddings outside vmap: vmap's rule for a batched embedding weight honours
-        # padding_idx for the first member only (the others' pad rows would get gradients)
-        embeds = torch.stack([b.get_input_embeddings()(ids[k]) for k, b in enumerate(self.bases)])
+        embeds = self.embed(ids)
 
         def body(p: dict, b: dict, e: Tensor, m: Tensor, pos: Tensor) -> Tensor:
             kwargs = dict(inputs_embeds=e, attention_mask=m, position_ids=pos, use_cache=False)
@@ -186,11 +230,12 @@ class Ensemble:
         hidden = torch.func.vmap(body)(params, buffers, embeds, masks, positions)
         Tc = completion.shape[-1]
         stats = []
-        for k, base in enumerate(self.bases):
-            linear = base.get_output_embeddings()
-            size = chunk_size or default_chunk_size(linear.out_features)
+        weight, bias = (None if n is None else self.leaves[n] for n in self.head_names)
+        size = chunk_size or default_chunk_size(weight.shape[1])
+        for k in range(len(self)):
+            linear = SimpleNamespace(weight=weight[k], bias=None if bias is None else bias[k])
             lm_head = LogProbHead(
-                linear,
+                linear,  # type: ignore[arg-type]  # the head's weight and bias, member k's
                 completion[k],
                 batch["completion_mask"][k],
                 temperature=float(temperature),
@@ -205,6 +250,23 @@ class Ensemble:
             return logp, None
         ent = stats[..., 1]
         return logp, ent if entropy == "grad" else ent.detach()
+
+
+def stack_leaves(bases: Sequence[torch.nn.Module]) -> dict[str, Tensor]:
+    """Every parameter of the members (``named_parameters`` names) as one leaf ``[K, ...]``
+    (``requires_grad`` as the members'), each member's parameter rebound to its row (a view of
+    the leaf's storage): the members' modules see every update of the leaves (``generate``,
+    saving, a checkpoint) and the leaves are what the batched forward differentiates and the
+    optimizer steps. Moving or casting a member afterwards (``.to``, ``.double()``) would give
+    it its own storage again, so it is done before."""
+    named = [dict(b.named_parameters()) for b in bases]
+    leaves = {}
+    for name, p in named[0].items():
+        leaf = torch.stack([params[name].detach() for params in named])
+        for k, params in enumerate(named):
+            params[name].data = leaf[k]
+        leaves[name] = leaf.requires_grad_(p.requires_grad)
+    return leaves
 
 
 def stack_batches(batches: Sequence[dict[str, Tensor]], pad_id: int) -> dict[str, Tensor]:
@@ -280,21 +342,134 @@ def ensemble_step(
 ) -> tuple[list[LossOutput], Tensor]:
     """One optimizer step of every member on its own (micro-)batch, as K runs would make it:
     :func:`member_losses` (``kwargs``: its options), one backward, each member's gradient
-    clipped to ``max_grad_norm`` by its own norm, one ``optimizer.step()`` (an optimizer over
-    :meth:`Ensemble.parameters`). Returns the members' loss outputs and their gradient norms
-    ``[K]`` (before clipping)."""
+    clipped to ``max_grad_norm`` by its own norm (:func:`clip_members`), one
+    ``optimizer.step()`` (an elementwise optimizer over :meth:`Ensemble.parameters`, the stacked
+    leaves: every member steps, with one learning rate). Returns the members' loss outputs and
+    their gradient norms ``[K]`` (before clipping)."""
     outs = member_losses(ensemble, batch, loss_fns, **kwargs)
     torch.stack([o.loss for o in outs]).sum().backward()
-    norms = torch.stack([clip_member(m, max_grad_norm) for m in ensemble.members])
+    norms = clip_members(ensemble, [max_grad_norm] * len(ensemble))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return outs, norms
 
 
-def clip_member(member: torch.nn.Module, max_grad_norm: float) -> Tensor:
-    """``clip_grad_norm_`` of one member's trainable parameters (its own norm, as its run's)."""
-    params = [p for p in member.parameters() if p.requires_grad]
-    return torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+def member_view(x: Tensor, dim: int) -> Tensor:
+    """``x`` ``[K]`` shaped ``[K, 1, ...]`` to broadcast over a ``dim``-dimensional leaf."""
+    return x.view(-1, *[1] * (dim - 1))
+
+
+def clip_members(ensemble: Ensemble, max_grad_norms: Sequence[float]) -> Tensor:
+    """Each member's gradient (rows of the leaves' ``.grad``) clipped to ``max_grad_norms[k]``
+    by its own norm, in a few batched operators: ``torch.nn.utils.clip_grad_norm_``'s formula
+    (the norm of the parameters' norms; coefficient ``max / (norm + 1e-6)`` clamped at 1, every
+    gradient multiplied by it). Returns the norms ``[K]`` before clipping."""
+    grads = [leaf.grad for leaf in ensemble.parameters() if leaf.grad is not None]
+    if not grads:
+        return torch.zeros(len(ensemble))
+    per_leaf = torch.stack(
+        [torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim()))) for g in grads]
+    )
+    norms = torch.linalg.vector_norm(per_leaf, dim=0)
+    limit = torch.tensor(max_grad_norms, dtype=norms.dtype, device=norms.device)
+    coef = (limit / (norms + 1e-6)).clamp(max=1.0)
+    shaped = {d: member_view(coef, d) for d in {g.dim() for g in grads}}
+    torch._foreach_mul_(grads, [shaped[g.dim()] for g in grads])
+    return norms
+
+
+class StackedAdamW:
+    """The K runs' own ``torch.optim.AdamW`` steps (``optimizers[k]``: run k's, over member k's
+    parameters; its learning rate as its scheduler sets it, its weight decay, betas and eps) as
+    a few batched ``torch._foreach_*`` operators over the stacked leaves of ``ensemble``: the
+    arithmetic of ``torch.optim.adamw``'s single-tensor path, the per-member factors as
+    ``[K, 1, ...]`` tensors. A member marked inactive (:meth:`step`'s ``active``) does not move,
+    and its step count stays, as its run alone makes no step.
+
+    The moments are held stacked (``[K, ...]``, beside the leaves) and each run's optimizer
+    state holds views of member k's rows and its own ``step`` tensors, so a run's
+    ``optimizer.state_dict()`` (its checkpoint) is its own; a resumed run's loaded state is
+    copied in at construction."""
+
+    def __init__(self, ensemble: Ensemble, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        K = len(ensemble)
+        for opt in optimizers:
+            group = opt.param_groups[0]
+            if not isinstance(opt, torch.optim.AdamW) or len(opt.param_groups) != 1:
+                raise ValueError("optimizers must be one AdamW of one parameter group per member")
+            if group["amsgrad"] or group["maximize"] or group.get("capturable"):
+                raise ValueError("optimizers: amsgrad, maximize and capturable are not supported")
+        names = [n for n, leaf in ensemble.leaves.items() if leaf.requires_grad]
+        self.ensemble, self.optimizers, self.names = ensemble, list(optimizers), names
+        self.leaves = [ensemble.leaves[n] for n in names]
+        self.exp_avg = [torch.zeros_like(leaf) for leaf in self.leaves]
+        self.exp_avg_sq = [torch.zeros_like(leaf) for leaf in self.leaves]
+        self.step_tensors: list[list[Tensor]] = []
+        self.steps: list[int] = []
+        scalar_dtype = (
+            torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        )
+        for k, opt in enumerate(self.optimizers):
+            params, ts = ensemble.member_params(k), []
+            for i, name in enumerate(names):
+                state = opt.state[params[name]]
+                for key, stacked in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+                    if key in state:  # a resumed run's moments
+                        stacked[i][k].copy_(state[key])
+                    state[key] = stacked[i][k]
+                state.setdefault("step", torch.tensor(0.0, dtype=scalar_dtype))
+                ts.append(state["step"])
+            self.step_tensors.append(ts)
+            self.steps.append(int(ts[0].item()) if ts else 0)
+        assert len(self.steps) == K
+
+    def factors(self, active: Sequence[bool]) -> Tensor:
+        """``[7, K]`` per-member factors of this step (the host's arithmetic, as AdamW's own):
+        decay, 1 - beta1, beta2, 1 - beta2, -step size, sqrt of bias correction 2, eps; an
+        inactive member's leave its tensors unchanged."""
+        rows = []
+        for k, opt in enumerate(self.optimizers):
+            g = opt.param_groups[0]
+            lr, (b1, b2), step = g["lr"], g["betas"], float(self.steps[k])
+            if not active[k]:
+                rows.append((1.0, 0.0, 1.0, 0.0, 0.0, 1.0, g["eps"]))
+                continue
+            bias1, bias2 = 1 - b1**step, 1 - b2**step
+            rows.append(
+                (1 - lr * g["weight_decay"], 1 - b1, b2, 1 - b2, -lr / bias1, bias2**0.5, g["eps"])
+            )
+        return torch.tensor(rows, dtype=torch.float64).T
+
+    @torch.no_grad()
+    def step(self, active: Sequence[bool]) -> None:
+        """One AdamW step of every ``active`` member on the leaves' gradients."""
+        if not any(active):
+            return
+        for k, on in enumerate(active):
+            self.steps[k] += bool(on)
+        counted = [t for k, on in enumerate(active) if on for t in self.step_tensors[k]]
+        torch._foreach_add_(counted, 1.0)
+        live = [i for i, leaf in enumerate(self.leaves) if leaf.grad is not None]
+        params = [self.leaves[i] for i in live]
+        grads = [self.leaves[i].grad for i in live]
+        m, v = [self.exp_avg[i] for i in live], [self.exp_avg_sq[i] for i in live]
+        table = self.factors(active).to(params[0].device, params[0].dtype)
+        shaped = {d: [member_view(row, d) for row in table] for d in {p.dim() for p in params}}
+        decay, w1, b2, w2, neg_step, bias2, eps = (
+            [shaped[p.dim()][j] for p in params] for j in range(7)
+        )
+        torch._foreach_mul_(params, decay)  # param *= 1 - lr * wd
+        torch._foreach_lerp_(m, grads, w1)  # m = lerp(m, g, 1 - beta1)
+        torch._foreach_mul_(v, b2)  # v = v * beta2 + ((1 - beta2) * g) * g
+        torch._foreach_addcmul_(v, torch._foreach_mul(grads, w2), grads)
+        denom = torch._foreach_sqrt(v)  # sqrt(v) / sqrt(bias2) + eps
+        torch._foreach_div_(denom, bias2)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, torch._foreach_mul(m, neg_step), denom)
+
+    def zero_grad(self) -> None:
+        for leaf in self.leaves:
+            leaf.grad = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -365,7 +540,7 @@ def train_ensemble(
     :func:`llm.train.train` would.
 
     The loop is :func:`llm.train.loop`, the one every run goes through (phases, logging,
-    evaluation, checkpoints, signals, resume), with :func:`batched_update` as its update phase.
+    evaluation, checkpoints, signals, resume), with :class:`Phases`' rollout and update phases.
     Resume (``--resume`` on every member): each member loads its own checkpoint; all must be at
     one step (:func:`check_members`). Checkpoints (every member's, in its ``--out``): every
     member's ``--checkpoint-every`` steps, at the end, after ``stop_after`` steps of this call
@@ -374,14 +549,41 @@ def train_ensemble(
     check_members(cfgs)
     if "WORLD_SIZE" in os.environ:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
-    rollout_fn = batched_rollout if cfgs[0].rollout_backend == "compact" else None
-    return train_together(cfgs, batched_update, stop_after=stop_after, rollout_fn=rollout_fn)
+    phases = Phases()
+    return train_together(cfgs, phases.update, stop_after=stop_after, rollout_fn=phases.rollout)
 
 
-def batched_rollout(runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
+class Phases:
+    """The ensemble's rollout and update phases for :func:`llm.train.loop`, over one
+    :class:`Ensemble` of the runs' models, built by :meth:`update` (called once the runs are set
+    up, and resumed, before the loop's first step)."""
+
+    def __init__(self) -> None:
+        self.ensemble: Ensemble | None = None
+
+    def update(self, runs: Sequence[Run]) -> UpdateFn:
+        """:func:`ensemble_update` on the runs' :class:`Ensemble`, stepped by one
+        :class:`StackedAdamW` of the runs' own optimizers."""
+        self.ensemble = Ensemble([r.model for r in runs])
+        optimizer = StackedAdamW(self.ensemble, [r.optimizer for r in runs])
+        return functools.partial(ensemble_update, ensemble=self.ensemble, optimizer=optimizer)
+
+    def rollout(self, runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
+        """With ``--rollout-backend compact``: :func:`batched_rollout` with the runs'
+        :class:`Ensemble`; with ``hf``: each run's own rollout (:func:`llm.train.rollout_each`)."""
+        if runs[0].cfg.rollout_backend != "compact":
+            return rollout_each(runs, step)
+        if self.ensemble is None:
+            raise RuntimeError("Phases.update builds the ensemble before the first rollout")
+        return batched_rollout(runs, step, self.ensemble)
+
+
+def batched_rollout(runs: Sequence[Run], step: int, ensemble: Ensemble) -> list[dict[str, Tensor]]:
     """The ensemble's rollout phase with ``--rollout-backend compact``: every member's prompts
     decoded in one loop (:func:`llm.train.sample_compact`, :mod:`llm.decode`), each member's
-    completions the ones its run samples alone; then each run's own rewards and log-probs."""
+    completions the ones its run samples alone; the old log-probs of every member in one batched
+    forward per row chunk (:func:`old_logp`); then each run's own rewards (and reference
+    log-probs)."""
     requests = [draw_prompts(run, step) for run in runs]
     needs = [needs_sampler_logp(run.cfg) for run in runs]
     sampled = sample_compact(
@@ -392,18 +594,49 @@ def batched_rollout(runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
         [first for _, _, _, first, _ in requests],
         return_logp=any(needs),
     )
+    olds = old_logp(ensemble, runs, [out for out, _ in sampled])
     hosts = []
-    for run, request, (out, texts), need in zip(runs, requests, sampled, needs, strict=True):
+    for run, request, (out, texts), need, old in zip(
+        runs, requests, sampled, needs, olds, strict=True
+    ):
         if not need:  # the run alone keeps no sampler log-probs
             out.pop("rollout_logp", None)
-        hosts.append(score_rollout(run, request[4], out, texts))
+        hosts.append(score_rollout(run, request[4], out, texts, old))
     return hosts
 
 
-def batched_update(runs: Sequence[Run]) -> UpdateFn:
-    """The ensemble's update phase for :func:`llm.train.loop`: :func:`ensemble_update` on one
-    :class:`Ensemble` of the runs' models."""
-    return functools.partial(ensemble_update, ensemble=Ensemble([r.model for r in runs]))
+@torch.no_grad()
+def old_logp(
+    ensemble: Ensemble, runs: Sequence[Run], outs: Sequence[dict[str, Tensor]]
+) -> list[Tensor | None]:
+    """Each member's old log-probs of its completions ``outs[k]`` (on the CPU, ``[B, Tc]``), as
+    :func:`llm.train.logprobs` computes them for its run alone (in ``minibatches x grad_accum``
+    row chunks, no graph), every member's chunk in one batched forward
+    (:meth:`Ensemble.completion_logp`); None for every member where the runs need none (one
+    update per rollout)."""
+    run, keys = runs[0], ("prompt", "prompt_mask", "completion", "completion_mask")
+    if not run.need_old or all(r.cfg.old_logp == "sampler" for r in runs):
+        return [None] * len(runs)  # (--old-logp sampler: the sampler's own)
+    rows = outs[0]["prompt"].shape[0]  # every member samples the same number of rows
+    chunks = min(run.cfg.minibatches * run.cfg.grad_accum, rows)
+    pieces = []
+    ensemble.template.eval()
+    try:
+        for part in torch.arange(rows).tensor_split(chunks):
+            part = part.to(run.device)
+            subs = [{key: o[key][part].to(run.device) for key in keys} for o in outs]
+            with run.autocast:
+                logp, _ = ensemble.completion_logp(
+                    stack_batches(subs, run.tokenizer.pad_token_id),
+                    run.cfg.temperature,
+                    chunk_size=run.cfg.logp_chunk,
+                    head=run.cfg.lm_head,
+                )
+            pieces.append(logp.cpu())
+    finally:
+        ensemble.template.train()
+    widths = [o["completion"].shape[1] for o in outs]
+    return [torch.cat([p[k, :, : widths[k]] for p in pieces]) for k in range(len(outs))]
 
 
 def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
@@ -429,6 +662,7 @@ def ensemble_update(
     step: int,
     *,
     ensemble: Ensemble,
+    optimizer: StackedAdamW,
 ) -> list[StepMetrics]:
     """:func:`llm.train.update` for every run at once: the same permutations, minibatches,
     micro-batches, counts and objective seeds as each run alone, one batched forward and
@@ -485,14 +719,25 @@ def ensemble_update(
                         metrics[k].add(outs[k].loss, outs[k].metrics, tokens, empty[k])
             for k, run in enumerate(runs):
                 if active[k] and run.cfg.grad_noise:  # the member's own counterpart forwards
+                    share_grads(ensemble, k)
                     probe = grad_noise_update(run, batches[k], hosts[k], mb_rows[k], counts[k])
                     metrics[k].add_means(probe)
-            for k, run in enumerate(runs):
+                    run.optimizer.zero_grad(set_to_none=True)
+            norms = clip_members(ensemble, [r.cfg.max_grad_norm for r in runs]).unbind()
+            for k in range(K):
                 if active[k]:
-                    metrics[k].add_grad_norm(clip_member(run.model, run.cfg.max_grad_norm))
-                    run.optimizer.step()
-                run.optimizer.zero_grad(set_to_none=True)
+                    metrics[k].add_grad_norm(norms[k])
+            optimizer.step(active)
+            optimizer.zero_grad()
     return metrics
+
+
+def share_grads(ensemble: Ensemble, k: int) -> None:
+    """Member k's parameters' ``.grad`` as views of row k of the leaves' gradients (where
+    :func:`llm.train.grad_noise_update` reads a run's accumulated gradient)."""
+    for name, p in ensemble.member_params(k).items():
+        grad = ensemble.leaves[name].grad
+        p.grad = None if grad is None else grad[k]
 
 
 def main(argv: list[str] | None = None) -> None:

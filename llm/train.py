@@ -530,10 +530,15 @@ def draw_prompts(
 
 
 def score_rollout(
-    run: Run, answers: list[str], local: dict[str, torch.Tensor], texts: list[str]
+    run: Run,
+    answers: list[str],
+    local: dict[str, torch.Tensor],
+    texts: list[str],
+    logp_old: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Rewards, old and reference log-probs of this rank's completions; every rank's rows,
-    gathered on the CPU."""
+    gathered on the CPU. ``logp_old``: the old log-probs where the caller computed them
+    (:mod:`llm.ensemble`: every member's in one batched forward)."""
     cfg, G = run.cfg, run.cfg.group_size
     local_answers = [a for a in answers for _ in range(G)]
     local["rewards"] = torch.tensor(
@@ -541,9 +546,10 @@ def score_rollout(
     )
     chunks = min(cfg.minibatches * cfg.grad_accum, local["prompt"].shape[0])
     if run.need_old:  # --old-logp sampler: the sampler's own, one forward less
-        sampled = cfg.old_logp == "sampler"
+        if cfg.old_logp == "sampler":
+            logp_old = local["rollout_logp"]
         local["logp_old"] = (
-            local["rollout_logp"] if sampled else logprobs(run, run.model, local, chunks)
+            logp_old if logp_old is not None else logprobs(run, run.model, local, chunks)
         )
     if cfg.kl_coef > 0:
         if run.reference is None:  # LoRA: the reference is the model without its adapters

@@ -218,11 +218,24 @@ def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
     # the last column: the prefill's share of the FLOPs, counted on the compact decoder only
     table = [
         line.split()
-        for line in proc.stdout.splitlines()
+        for line in proc.stdout.partition("operators per run-step by phase")[0].splitlines()
         if line.startswith(("today ", "ensemble ", "batched "))
     ]
     assert len(table) == 4 and [cells[-1] for cells in table[:2]] == ["-", "-"]
     assert all(0 < float(cells[-1].rstrip("%")) < 100 for cells in table[2:])
+    # the phases partition the operators: each row's phases add up to its total
+    phases = list(csv.DictReader((out / "proxy_phases.csv").open()))
+    assert [(r["path"], r["K"]) for r in phases] == [(r["path"], r["K"]) for r in rows]
+    for r, p in zip(rows, phases, strict=True):
+        counts = [float(v) for k, v in p.items() if k not in ("path", "K")]
+        assert min(counts) >= 0 and counts[0] > 0  # decoding dispatches operators
+        assert sum(counts) == pytest.approx(float(r["ops_per_run_step"]), rel=1e-12)
+    # the ensemble's AdamW (batched over the stacked leaves) dispatches fewer operators per run
+    # than one run's (CPU AdamW: a loop over the parameters)
+    assert float(phases[3]["optimizer"]) < float(phases[2]["optimizer"]) / 4
+    report = (out / "proxy.txt").read_text()
+    assert report.startswith(f"command: python benchmarks/llm_throughput.py {' '.join(argv)}\n")
+    assert proc.stdout.rstrip().endswith(report.rstrip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("value", ["0,8", "8,16", "1,x"])
