@@ -7,7 +7,7 @@ parameters (``functional_call`` on a parameter-free template of the architecture
 layer is one batched matmul over the K members:
 
     hidden[k] = body(theta_k; prompt_k ++ completion_k)          # vmap over k, [K, B, T, H]
-    logp[k], entropy[k] = LM head_k(hidden[k])                    # llm.logprobs, per member
+    logp[k], entropy[k] = LM head_k(hidden[k])                    # llm.logprobs, batched over k
     loss      = sum_k PolicyLoss_k(logp[k], ...)                   # sandbox.loss, per member
     grad      -> per-member gradient-norm clipping -> one batched AdamW of every member
 
@@ -77,7 +77,13 @@ from torch import Tensor
 
 from llm import checkpoint
 from llm.config import TrainConfig
-from llm.logprobs import LogProbHead, check_no_post_head_transform, default_chunk_size, unwrap_model
+from llm.logprobs import (
+    TRL_VOCAB_CHUNK,
+    LogProbHead,
+    check_no_post_head_transform,
+    default_chunk_size,
+    unwrap_model,
+)
 from llm.report import StepMetrics
 from llm.rollout import pad_to_common
 from llm.train import (
@@ -229,22 +235,26 @@ class Ensemble:
 
         hidden = torch.func.vmap(body)(params, buffers, embeds, masks, positions)
         Tc = completion.shape[-1]
-        stats = []
         weight, bias = (None if n is None else self.leaves[n] for n in self.head_names)
-        size = chunk_size or default_chunk_size(weight.shape[1])
-        for k in range(len(self)):
+        K, V = weight.shape[:2]
+
+        def lm_head(k: slice | int, size: int) -> Tensor:
+            """The stats of members ``k`` (an index, or all of them as one batched head)."""
             linear = SimpleNamespace(weight=weight[k], bias=None if bias is None else bias[k])
-            lm_head = LogProbHead(
-                linear,  # type: ignore[arg-type]  # the head's weight and bias, member k's
+            return LogProbHead(
+                linear,  # type: ignore[arg-type]  # the members' head weight and bias
                 completion[k],
                 batch["completion_mask"][k],
                 temperature=float(temperature),
-                chunk_size=size,
+                chunk_size=chunk_size or size,
                 with_entropy=entropy is not None,
                 kernel=head,
-            )
-            stats.append(lm_head(hidden[k, :, -(Tc + 1) :]))
-        stats = torch.stack(stats)
+            )(hidden[k, ..., -(Tc + 1) :, :])
+
+        if head == "chunked":  # one head over the members: 2^25 logits per chunk in all
+            stats = lm_head(slice(None), default_chunk_size(K * V))
+        else:  # TRL's kernel has no member dimension
+            stats = torch.stack([lm_head(k, TRL_VOCAB_CHUNK) for k in range(K)])
         logp = stats[..., 0]
         if entropy is None:
             return logp, None

@@ -20,6 +20,10 @@ time, in the forward and in the backward. This is the technique of Liger-Kernel'
 losses and Apple's Cut Cross-Entropy (arXiv:2411.09009), in plain torch; TRL 1.16 does the same with
 ``trl.trainer.utils.add_fused_lm_head`` (tiles of 4096 tokens x 32768 vocabulary columns).
 
+With a leading member dimension (K heads at once, an ensemble's members: :mod:`llm.ensemble`)
+the same loop runs on ``[K, chunk_size, V]`` blocks, one batched matmul over the members per
+chunk, so the head's operators do not grow with K.
+
 The model's forward still runs through the caller's module (DDP sets up its gradient reducer in its
 forward; FSDP2 unshards the root's parameters, including a tied head/embedding, only inside the
 root's forward): :func:`completion_logp` swaps the model's output-embedding module for a
@@ -80,13 +84,14 @@ def default_chunk_size(vocab_size: int) -> int:
 
 
 def _addmm_fp32(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """``acc += a @ b`` into a float32 ``acc`` without rounding each chunk's product to bf16
-    (on CUDA with bf16/fp16 inputs the matmul writes float32 directly; elsewhere the inputs are
-    cast to ``acc``'s dtype)."""
+    """``acc += a @ b`` into a float32 ``acc`` (``[K, ...]``: one product per member) without
+    rounding each chunk's product to bf16 (on CUDA with bf16/fp16 inputs the matmul writes float32
+    directly; elsewhere the inputs are cast to ``acc``'s dtype)."""
+    mm = torch.baddbmm if acc.dim() == 3 else torch.addmm
     if MM_OUT_DTYPE and acc.device.type == "cuda" and a.dtype in (torch.bfloat16, torch.float16):
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+        mm(acc, a, b, out_dtype=torch.float32, out=acc)
     else:
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        (acc.baddbmm_ if acc.dim() == 3 else acc.addmm_)(a.to(acc.dtype), b.to(acc.dtype))
 
 
 class ChunkedLogProb(torch.autograd.Function):
@@ -94,7 +99,13 @@ class ChunkedLogProb(torch.autograd.Function):
     ``softmax((hidden @ W.T + b) / tau)``, ``chunk_size`` rows at a time; the backward recomputes
     each chunk's logits (see the module docstring for the gradients). ``hidden`` ``[N, H]``,
     ``weight`` ``[V, H]``, ``bias`` ``[V]`` or None, ``targets`` ``[N]`` int64. Statistics are
-    float32 (float64 for float64 inputs)."""
+    float32 (float64 for float64 inputs).
+
+    With a leading member dimension (K heads, e.g. an ensemble's: ``hidden`` ``[K, N, H]``,
+    ``weight`` ``[K, V, H]``, ``bias`` ``[K, V]``, ``targets`` ``[K, N]``) member k's rows go
+    through head k and the outputs are ``[K, N]``: the K heads' statistics, each as a call with
+    member k's tensors alone computes it, with one batched matmul per chunk over the members;
+    ``chunk_size`` rows of every member are a chunk (``[K, chunk_size, V]`` logits at a time)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -107,6 +118,11 @@ class ChunkedLogProb(torch.autograd.Function):
         chunk_size: int,
         with_entropy: bool,
     ) -> tuple[Tensor, Tensor | None]:
+        if not (hidden.dim() == weight.dim() == targets.dim() + 1 in (2, 3)):
+            raise ValueError(
+                f"hidden, weight, targets must be [N, H], [V, H], [N] or [K, N, H], [K, V, H], "
+                f"[K, N]; got {list(hidden.shape)}, {list(weight.shape)}, {list(targets.shape)}"
+            )
         ctx.set_materialize_grads(False)  # an unused entropy output gets no zero gradient
         device = hidden.device
         compute = (
@@ -117,19 +133,19 @@ class ChunkedLogProb(torch.autograd.Function):
         acc = torch.promote_types(compute, torch.float32)  # float32 (float64 for float64 models)
         w = weight.to(compute)  # one cast for all chunks (a no-op without autocast)
         b = None if bias is None else bias.to(compute)
-        N = hidden.shape[0]
-        logz = torch.empty(N, device=device, dtype=acc)
-        target_z = torch.empty(N, device=device, dtype=acc)
-        ent = torch.empty(N, device=device, dtype=acc) if with_entropy else None
-        for lo in range(0, N, chunk_size):
-            hi = min(lo + chunk_size, N)
-            z = _chunk_logits(hidden[lo:hi], w, b, compute, temperature)
+        rows = targets.shape  # [N] or [K, N]
+        logz = torch.empty(rows, device=device, dtype=acc)
+        target_z = torch.empty(rows, device=device, dtype=acc)
+        ent = torch.empty(rows, device=device, dtype=acc) if with_entropy else None
+        for lo in range(0, rows[-1], chunk_size):
+            sl = slice(lo, min(lo + chunk_size, rows[-1]))
+            z = _chunk_logits(hidden[..., sl, :], w, b, compute, temperature)
             lz = torch.logsumexp(z, -1)
-            logz[lo:hi] = lz
-            target_z[lo:hi] = z.gather(-1, targets[lo:hi, None])[:, 0]
+            logz[..., sl] = lz
+            target_z[..., sl] = z.gather(-1, targets[..., sl, None])[..., 0]
             if ent is not None:  # entropy = logz - sum_j p_j z_j
-                p = (z - lz[:, None]).exp_()
-                ent[lo:hi] = lz - p.mul_(z).sum(-1)
+                p = (z - lz[..., None]).exp_()
+                ent[..., sl] = lz - p.mul_(z).sum(-1)
         logp = target_z - logz
         ctx.save_for_backward(hidden, weight, bias, targets, logz, ent)
         ctx.compute, ctx.temperature, ctx.chunk_size = compute, temperature, chunk_size
@@ -149,30 +165,30 @@ class ChunkedLogProb(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden) if need_h else None
         acc = logz.dtype
         grad_w = torch.zeros(weight.shape, device=weight.device, dtype=acc) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], device=weight.device, dtype=acc) if need_b else None
-        for lo in range(0, hidden.shape[0], chunk_size):
-            hi = min(lo + chunk_size, hidden.shape[0])
-            h = hidden[lo:hi]
-            logp = _chunk_logits(h, w, b, compute, temperature).sub_(logz[lo:hi, None])
+        grad_b = torch.zeros(weight.shape[:-1], device=weight.device, dtype=acc) if need_b else None
+        N = targets.shape[-1]
+        for lo in range(0, N, chunk_size):
+            sl = slice(lo, min(lo + chunk_size, N))
+            h = hidden[..., sl, :]
+            logp = _chunk_logits(h, w, b, compute, temperature).sub_(logz[..., sl, None])
             p = logp.exp()
             # dz = -p * (g_logp + g_ent * (log p + entropy)) + g_logp * onehot(y), in place on logp
             if grad_ent is not None:
-                dz = logp.add_(ent[lo:hi, None]).mul_(grad_ent[lo:hi, None])
+                dz = logp.add_(ent[..., sl, None]).mul_(grad_ent[..., sl, None])
                 if grad_logp is not None:
-                    dz.add_(grad_logp[lo:hi, None])
+                    dz.add_(grad_logp[..., sl, None])
                 dz.mul_(p).neg_()
             else:
-                dz = p.mul_(grad_logp[lo:hi, None]).neg_()
+                dz = p.mul_(grad_logp[..., sl, None]).neg_()
             if grad_logp is not None:
-                rows = torch.arange(hi - lo, device=dz.device)
-                dz[rows, targets[lo:hi]] += grad_logp[lo:hi]
+                dz.scatter_add_(-1, targets[..., sl, None], grad_logp[..., sl, None])
             dz = dz.div_(temperature).to(compute)
             if grad_h is not None:
-                grad_h[lo:hi] = (dz @ w).to(hidden.dtype)
+                grad_h[..., sl, :] = (dz @ w).to(hidden.dtype)
             if grad_w is not None:
-                _addmm_fp32(grad_w, dz.t(), h.to(compute))
+                _addmm_fp32(grad_w, dz.mT, h.to(compute))
             if grad_b is not None:
-                grad_b += dz.to(acc).sum(0)
+                grad_b += dz.to(acc).sum(-2)
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
@@ -182,10 +198,10 @@ def _chunk_logits(
     h: Tensor, w: Tensor, b: Tensor | None, compute: torch.dtype, tau: float
 ) -> Tensor:
     """``(h @ w.T + b) / tau`` in float32 (float64 for float64 inputs) for one chunk, the matmul
-    in ``compute``."""
-    z = torch.mm(h.to(compute), w.t())
+    in ``compute`` (``[n, V]``; ``[K, n, V]``, one batched matmul, for K members' heads)."""
+    z = torch.matmul(h.to(compute), w.mT)
     if b is not None:
-        z = z.add_(b)
+        z = z.add_(b.unsqueeze(-2))
     z = z.to(torch.promote_types(compute, torch.float32))
     return z.div_(tau) if tau != 1.0 else z
 
@@ -194,7 +210,13 @@ class LogProbHead(torch.nn.Module):
     """Stands in for the model's output embeddings during one forward: given the last hidden
     states ``[B, Tc + 1, H]`` (``logits_to_keep=Tc + 1``) it returns ``[B, Tc, 2]`` float32,
     the completion tokens' log-probs and the next-token entropies (0 where the mask is 0), from the
-    real head's weight. The head is held outside the module tree (not a submodule)."""
+    real head's weight. The head is held outside the module tree (not a submodule).
+
+    K members' heads at once (an ensemble's): ``head.weight`` ``[K, V, H]`` (``bias`` ``[K, V]``),
+    ``targets`` and ``mask`` ``[K, B, Tc]``, hidden states ``[K, B, Tc + 1, H]``: the output is
+    ``[K, B, Tc, 2]``, member k's rows scored by head k (:class:`ChunkedLogProb`'s member
+    dimension), each member's kept tokens packed to the front of its rows so that only
+    ``max_k`` (member k's kept tokens) rows per member are computed. The chunked kernel only."""
 
     def __init__(
         self,
@@ -214,11 +236,13 @@ class LogProbHead(torch.nn.Module):
         self.temperature, self.chunk_size, self.with_entropy = temperature, chunk_size, with_entropy
 
     def forward(self, hidden: Tensor) -> Tensor:
-        hidden = hidden[:, :-1]  # position t-1 predicts completion token t
+        hidden = hidden[..., :-1, :]  # position t-1 predicts completion token t
         weight, bias = self.head.weight, self.head.bias
         if hasattr(weight, "full_tensor"):  # a head sharded on its own (DTensor): gather it
             weight = weight.full_tensor()
             bias = None if bias is None else bias.full_tensor()
+        if weight.dim() == 3:
+            return self._members(hidden, weight, bias)
         keep = self.mask.bool()
         if self.kernel == "trl":
             from trl.kernels import ChunkedLogProbFunction
@@ -241,6 +265,36 @@ class LogProbHead(torch.nn.Module):
         stats = [logp] if ent is None else [logp, ent]
         # masked_scatter keeps the output attached to the graph even when no token is kept
         return torch.stack([x.new_zeros(keep.shape).masked_scatter(keep, x) for x in stats], -1)
+
+    def _members(self, hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """``[K, B, Tc, 2]`` from K heads: each member's kept tokens packed to the front of its
+        ``n = max_k kept_k`` rows (one host read, for ``n``; the rows past a member's own count
+        are zeroed and their outputs dropped, so they add nothing to a gradient), one
+        :class:`ChunkedLogProb` over the member dimension, scattered back."""
+        if self.kernel != "chunked":
+            raise ValueError(f"kernel {self.kernel!r} has no batched form over K heads (chunked)")
+        K, H = hidden.shape[0], hidden.shape[-1]
+        keep = self.mask.bool().flatten(1)  # [K, B * Tc]
+        counts = keep.sum(1)
+        n = int(counts.max())
+        order = torch.argsort((~keep).to(torch.uint8), dim=1, stable=True)[:, :n]
+        valid = torch.arange(n, device=keep.device) < counts[:, None]  # [K, n]
+        rows = hidden.flatten(1, 2).gather(1, order[..., None].expand(K, n, H))
+        stats = ChunkedLogProb.apply(
+            rows.where(valid[..., None], 0),
+            weight,
+            bias,
+            self.targets.flatten(1).gather(1, order).where(valid, 0),
+            self.temperature,
+            self.chunk_size,
+            self.with_entropy,
+        )
+        out = [
+            x.new_zeros(keep.shape).scatter(1, order, x.where(valid, 0)).view(self.mask.shape)
+            for x in stats
+            if x is not None
+        ]
+        return torch.stack(out, -1)
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:

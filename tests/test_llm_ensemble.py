@@ -219,6 +219,31 @@ def test_batched_logp_equals_each_member_alone(tok, attention):
         torch.testing.assert_close(ent[k, :, :Tc], ref[1], atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("head, chunk_size", [("chunked", 2), ("trl", 16)])
+def test_batched_logp_head_kernels_and_chunks(tok, head, chunk_size):
+    """The batched chunked head in chunks of 2 rows per member (and TRL's kernel, member by
+    member, in 16-column tiles): each member's log-probs, entropies and the gradient of its head
+    are its own forward's (float64 model; TRL's statistics are float32)."""
+    tol = 1e-12 if head == "chunked" else 1e-5
+    alone = [tiny_model(len(tok), s).double() for s in (0, 1, 2)]
+    batches = [rollout_of(m.eval(), tok, k % 2, 0) for k, m in enumerate(alone)]
+    ens = Ensemble(alone)
+    kw = dict(entropy="grad", head=head, chunk_size=chunk_size)
+    logp, ent = ens.completion_logp(stack_batches(batches, tok.pad_token_id), 0.7, **kw)
+    (logp.sum() + ent.sum()).backward()
+    name = ens.head_names[0]
+    for k, (m, b) in enumerate(zip(alone, batches, strict=True)):
+        data = (b[n] for n in ("prompt", "prompt_mask", "completion", "completion_mask"))
+        ref, ref_ent = completion_logp(m, *data, 0.7, **kw)
+        (ref.sum() + ref_ent.sum()).backward()
+        Tc = ref.shape[1]
+        torch.testing.assert_close(logp[k, :, :Tc], ref, atol=tol, rtol=0)
+        torch.testing.assert_close(ent[k, :, :Tc], ref_ent, atol=tol, rtol=0)
+        own = dict(m.named_parameters())[name].grad
+        assert own.abs().max() > 0.1
+        torch.testing.assert_close(ens.leaves[name].grad[k], own, atol=tol, rtol=0)
+
+
 # --------------------------------------------------------------------------------------------------
 # K runs of llm.train in one process (llm.ensemble.train_ensemble)
 # --------------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ not divide the token count; LoRA (peft) gradients; the entropy modes; ``ChunkedL
 against ``torch.autograd.gradcheck``; no tensor of ``B * Tc * V`` elements is ever created (a
 ``TorchDispatchMode`` sees every op's outputs, forward and backward; the reference does create
 one, so the check can fail); refused models; DDP and FSDP2 with 2 processes (torchrun, gloo).
+K heads at once (an ensemble's members, a leading member dimension): equal to K separate heads
+in values and gradients, against gradcheck, without the ``[K, B, Tc, V]`` logits, and close
+to float32 under CUDA bf16 autocast.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("transformers")
 
-from llm.logprobs import ChunkedLogProb, completion_logp, default_chunk_size
+from llm.logprobs import ChunkedLogProb, LogProbHead, completion_logp, default_chunk_size
 
 V = 60  # vocabulary of the test models (small, so every check is fast)
 
@@ -341,3 +345,147 @@ def test_cuda_bf16_autocast_close_to_float32():
     for name in ref[2]:
         scale = ref[2][name].abs().max()
         assert (got[2][name] - ref[2][name]).abs().max() <= 5e-2 * scale, name
+
+
+# --------------------------------------------------------------------------------------------------
+# K heads at once (an ensemble's members): ChunkedLogProb / LogProbHead with a member dimension
+# --------------------------------------------------------------------------------------------------
+
+# kept tokens per (member, row): ragged and unequal across members, one member with none at all
+MEMBER_LENGTHS = {
+    "ragged": ((7, 3, 0), (5, 5, 5), (1, 0, 2)),
+    "empty member": ((7, 3, 0), (0, 0, 0), (2, 6, 1)),
+}
+
+
+def member_heads(lengths, *, with_bias: bool, Tc: int = 7, H: int = 5, Vk: int = 11, seed=0):
+    """K = 3 heads' inputs (float64): hidden ``[K, B, Tc + 1, H]``, weight ``[K, Vk, H]``, bias
+    ``[K, Vk]`` or None, targets and mask ``[K, B, Tc]`` (masked targets are out of range: the
+    batched head must not read them)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    K, B = lengths.shape
+    hidden = torch.randn(K, B, Tc + 1, H, dtype=torch.float64, generator=g)
+    weight = torch.randn(K, Vk, H, dtype=torch.float64, generator=g)
+    bias = torch.randn(K, Vk, dtype=torch.float64, generator=g) if with_bias else None
+    mask = (torch.arange(Tc) < lengths[..., None]).long()
+    targets = torch.randint(0, Vk, (K, B, Tc), generator=g).masked_fill(mask == 0, 10**6)
+    return hidden, weight, bias, targets, mask
+
+
+def head_stats_and_grads(inputs, entropy, batched: bool, chunk_size: int = 3):
+    """``(logp, ent, grads)`` ``[K, B, Tc]`` of one batched :class:`LogProbHead` (``batched``) or
+    K separate ones, temperature 0.7, under a loss of fixed weights on logp (and ent with
+    ``entropy="grad"``; ``"metric"``: computed, detached)."""
+    hidden, weight, bias, targets, mask = inputs
+    leaves = [x.clone().requires_grad_() for x in (hidden, weight, bias) if x is not None]
+    h, w, b = (*leaves, None)[:3]
+    kw = dict(temperature=0.7, chunk_size=chunk_size, with_entropy=entropy is not None)
+
+    def head(k):
+        linear = SimpleNamespace(weight=w[k], bias=None if b is None else b[k])
+        return LogProbHead(linear, targets[k], mask[k], **kw)(h[k])
+
+    stats = head(slice(None)) if batched else torch.stack([head(k) for k in range(len(w))])
+    logp, ent = stats[..., 0], None if entropy is None else stats[..., 1]
+    ent = ent.detach() if entropy == "metric" else ent
+    weights = torch.linspace(-1, 2, logp.numel(), dtype=logp.dtype, device=logp.device)
+    weights = weights.view(logp.shape)
+    loss = (logp * weights).sum()
+    if entropy == "grad":
+        loss = loss + (ent * weights.flip(-1)).sum()
+    loss.backward()
+    return logp, ent, [x.grad for x in leaves]
+
+
+@pytest.mark.parametrize("entropy", [None, "metric", "grad"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no bias"])
+@pytest.mark.parametrize("lengths", list(MEMBER_LENGTHS), ids=list(MEMBER_LENGTHS))
+def test_member_heads_equal_separate_heads(entropy, with_bias, lengths):
+    """One LogProbHead over K = 3 members' heads (temperature 0.7, chunks of 3 rows that do not
+    divide any member's kept tokens) equals K separate LogProbHead calls: log-probs, entropies,
+    and the gradients of hidden, weight and bias (float64); 0 where masked, in value and in the
+    hidden states' gradient."""
+    inputs = member_heads(MEMBER_LENGTHS[lengths], with_bias=with_bias)
+    logp, ent, grads = head_stats_and_grads(inputs, entropy, batched=True)
+    ref_logp, ref_ent, ref_grads = head_stats_and_grads(inputs, entropy, batched=False)
+    mask = inputs[4].bool()
+    assert logp.shape == mask.shape and (logp[mask] < 0).all() and (logp[~mask] == 0).all()
+    torch.testing.assert_close(logp, ref_logp, rtol=0, atol=1e-12)
+    if entropy is None:
+        assert ent is None and ref_ent is None
+    else:
+        assert (ent[mask] > 0).all() and (ent[~mask] == 0).all()
+        torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-12)
+    assert len(grads) == 3 if with_bias else 2
+    for g, ref in zip(grads, ref_grads, strict=True):
+        assert g.abs().max() > 0.1  # the loss reaches every leaf
+        torch.testing.assert_close(g, ref, rtol=0, atol=1e-12)
+    hidden_grad = grads[0][..., :-1, :]  # position t-1 predicts token t
+    assert (hidden_grad[~mask] == 0).all() and (grads[0][..., -1, :] == 0).all()
+
+
+def test_member_chunked_function_gradcheck_with_bias():
+    """ChunkedLogProb with a member dimension (K = 2 heads, bias, chunks of 3 of 7 rows, both
+    outputs) against finite differences, and its values against each member's softmax by hand."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 7, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(2, 11, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(2, 11, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.randint(0, 11, (2, 7), generator=g)
+
+    def f(h, w, b):
+        return ChunkedLogProb.apply(h, w, b, y, 0.6, 3, True)
+
+    assert torch.autograd.gradcheck(f, (h, w, b))
+    lp, ent = f(h, w, b)
+    for k in range(2):
+        z = (h[k] @ w[k].T + b[k]) / 0.6
+        torch.testing.assert_close(
+            lp[k], z.log_softmax(-1).gather(-1, y[k, :, None])[:, 0], rtol=0, atol=1e-12
+        )
+        p = z.softmax(-1)
+        torch.testing.assert_close(ent[k], -(p * p.log()).sum(-1), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"hidden, weight, targets must be"):
+        ChunkedLogProb.apply(h, w[0], b[0], y, 0.6, 3, True)
+
+
+def test_member_heads_no_full_logits_tensor():
+    """K = 3 heads, B * Tc = 48 kept tokens each, chunks of 8 rows: no op forward or backward
+    returns K * B * Tc * V elements (one [K, 8, V] block at a time); with one chunk of all 48 rows
+    the [K, 48, V] logits do exist (so the check can fail)."""
+    inputs = member_heads(((12,) * 4,) * 3, with_bias=True, Tc=12, H=16, Vk=V)
+    limit = 3 * 48 * V
+    for chunk_size in (8, 48):
+        with MaxNumel() as seen:
+            head_stats_and_grads(inputs, "grad", batched=True, chunk_size=chunk_size)
+        assert (seen.largest < limit) == (chunk_size == 8)
+    hidden, weight, bias, targets, mask = inputs
+    head = LogProbHead(
+        SimpleNamespace(weight=weight, bias=bias),
+        targets,
+        mask,
+        temperature=1.0,
+        chunk_size=8,
+        with_entropy=False,
+        kernel="trl",
+    )
+    with pytest.raises(ValueError, match="kernel 'trl' has no batched form"):
+        head(hidden)
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_member_heads_close_to_float32():
+    """On CUDA under bf16 autocast the batched head (its float32 weight gradient accumulated by
+    ``baddbmm(out_dtype=float32)``) stays within bf16 rounding of K separate float32 heads (not
+    run without CUDA)."""
+    inputs = member_heads(MEMBER_LENGTHS["ragged"], with_bias=True, H=16, Vk=V)
+    inputs = [x.float().cuda() if x.is_floating_point() else x.cuda() for x in inputs]
+    ref = head_stats_and_grads(inputs, "grad", batched=False)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = head_stats_and_grads(inputs, "grad", batched=True)
+    assert got[0].dtype == torch.float32 and all(g.dtype == torch.float32 for g in got[2])
+    torch.testing.assert_close(got[0], ref[0], rtol=0, atol=5e-2)
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=5e-2)
+    for g, r in zip(got[2], ref[2], strict=True):
+        assert (g - r).abs().max() <= 5e-2 * r.abs().max()
