@@ -304,11 +304,10 @@ def member_losses(
     ``completion_mask``), ``logp_ref``, ``rollout_logp`` when present; ``counts[k]``: the global
     counts of member k's minibatch; ``generators[k]``: its objective's randomness; ``sizes[k]``:
     ``(rows, Tc)`` of member k's own batch before padding (its loss sees exactly those, so a
-    stochastic objective draws what it draws alone)."""
+    stochastic objective draws what it draws alone). The losses: :func:`stacked_losses`."""
     K = len(ensemble)
     if len(loss_fns) != K:
         raise ValueError(f"loss_fns must hold one PolicyLoss per member ({K}), got {len(loss_fns)}")
-    on_policy = [on_policy] * K if isinstance(on_policy, bool) else list(on_policy)
     grad_entropy = any(f.entropy_coef > 0 for f in loss_fns)
     logp, ent = ensemble.completion_logp(
         batch,
@@ -317,7 +316,62 @@ def member_losses(
         head=head,
         chunk_size=chunk_size,
     )
+    return stacked_losses(
+        loss_fns,
+        batch,
+        logp,
+        ent,
+        counts=counts,
+        generators=generators,
+        on_policy=on_policy,
+        sizes=sizes,
+    )
+
+
+#: The counts :func:`stacked_losses` passes per member in its batched call.
+COUNT_KEYS = ("num_tokens", "num_seqs", "max_len")
+#: The rules (:func:`rule_key`) whose loss ``vmap`` refused: :func:`stacked_losses` loops for them.
+UNBATCHED: set[tuple] = set()
+
+
+def stacked_losses(
+    loss_fns: Sequence[PolicyLoss],
+    batch: dict[str, Tensor],
+    logp: Tensor,
+    entropy: Tensor | None,
+    *,
+    counts: Sequence[dict[str, Any]] | None = None,
+    generators: Sequence[torch.Generator | None] | None = None,
+    on_policy: bool | Sequence[bool] = False,
+    sizes: Sequence[tuple[int, int]] | None = None,
+) -> list[LossOutput]:
+    """Member k's :class:`sandbox.loss.PolicyLoss` ``loss_fns[k]`` on its rows of the ``[K, B, T]``
+    log-probs ``logp`` and ``entropy`` and of ``batch`` (:func:`member_losses` says which).
+
+    Where the members' losses are one rule's (:func:`batchable`: the same objective and settings,
+    no random draws, counts that differ in values only), the K losses are one call of that
+    ``PolicyLoss`` under ``torch.func.vmap`` over the member dimension, each member's counts a
+    row of a ``[K]`` tensor and the rows and columns beyond ``sizes[k]`` masked out: every
+    operator of the loss runs once for the K members. The loss is a masked, per-member function
+    of its inputs, so this gives each member the loss, metrics and gradient of its own call, to
+    float rounding (``tests/test_llm_ensemble_loss.py``: every deterministic rule). Otherwise,
+    and for a rule whose loss ``vmap`` refuses (remembered in :data:`UNBATCHED`), one call per
+    member on its own ``[rows, Tc]`` slice: a stochastic rule draws from ``generators[k]``
+    exactly what its run alone draws."""
+    K = logp.shape[0]
+    if len(loss_fns) != K:
+        raise ValueError(f"loss_fns must hold one PolicyLoss per member ({K}), got {len(loss_fns)}")
+    on_policy = [on_policy] * K if isinstance(on_policy, bool) else list(on_policy)
     mask = batch["loss_mask"] if "loss_mask" in batch else batch["completion_mask"]
+    if batchable(loss_fns, counts, on_policy, sizes, mask.shape[-1]):
+        try:
+            return batched_losses(
+                loss_fns[0], batch, logp, entropy, mask, counts, on_policy[0], sizes
+            )
+        except RuntimeError as exc:  # vmap's refusals (a host read, a branch on a value, ...)
+            if "vmap" not in str(exc):
+                raise
+            UNBATCHED.add(rule_key(loss_fns[0]))
     outs = []
     for k, loss_fn in enumerate(loss_fns):
         b, tc = sizes[k] if sizes is not None else mask.shape[1:]
@@ -332,13 +386,116 @@ def member_losses(
             own(mask),
             logp_ref=own(batch.get("logp_ref")),
             rollout_logp=own(batch.get("rollout_logp")),
-            entropy=own(ent),
+            entropy=own(entropy),
             generator=None if generators is None else generators[k],
             validate=False,
             **({} if counts is None else counts[k]),
         )
         outs.append(out)
     return outs
+
+
+def rule_key(loss_fn: PolicyLoss) -> tuple:
+    """What makes two :class:`sandbox.loss.PolicyLoss` one rule: the objective's class,
+    parameters and compilation, and every other setting of the loss."""
+    obj = loss_fn.objective
+    settings = tuple(
+        getattr(loss_fn, f.name) for f in dataclasses.fields(loss_fn) if f.name != "objective"
+    )
+    params = tuple(sorted((k, repr(v)) for k, v in obj.params.items()))
+    return (type(obj), params, repr(obj._compile_options), settings)
+
+
+def batchable(
+    loss_fns: Sequence[PolicyLoss],
+    counts: Sequence[dict[str, Any]] | None,
+    on_policy: Sequence[bool],
+    sizes: Sequence[tuple[int, int]] | None,
+    width: int,
+) -> bool:
+    """Whether :func:`stacked_losses` computes the members' losses in one batched call: two or
+    more members, one rule (:func:`rule_key`) whose objective draws no random numbers and that
+    ``vmap`` has not refused, one ``on_policy`` flag, and counts that differ in values only: the
+    same keys of :data:`COUNT_KEYS` in every member's, one ``max_len`` (a Python number of
+    :func:`sandbox.aggregate.aggregate`), and none missing where the aggregation would take it
+    from the member's own width (``seq-mean-token-sum-norm`` divides by ``Tc`` without it)."""
+    if len(loss_fns) < 2 or loss_fns[0].objective.stochastic or len(set(on_policy)) > 1:
+        return False
+    key = rule_key(loss_fns[0])
+    if key in UNBATCHED or any(rule_key(f) != key for f in loss_fns[1:]):
+        return False
+    if counts is None:
+        counts = [{}] * len(loss_fns)
+    keys = set(counts[0])
+    if not keys <= set(COUNT_KEYS) or any(set(c) != keys for c in counts):
+        return False
+    if len({repr(c.get("max_len")) for c in counts}) > 1:
+        return False
+    own_width = "max_len" not in keys and loss_fns[0].mode == "seq-mean-token-sum-norm"
+    return not (own_width and sizes is not None and any(tc != width for _, tc in sizes))
+
+
+def batched_losses(
+    loss_fn: PolicyLoss,
+    batch: dict[str, Tensor],
+    logp: Tensor,
+    entropy: Tensor | None,
+    mask: Tensor,
+    counts: Sequence[dict[str, Any]] | None,
+    on_policy: bool,
+    sizes: Sequence[tuple[int, int]] | None,
+) -> list[LossOutput]:
+    """The K members' losses with one rule ``loss_fn`` as one ``torch.func.vmap`` of its call over
+    the member dimension (:func:`stacked_losses`; the members' counts stacked to ``[K]``)."""
+    B, T = mask.shape[1:]
+    if sizes is not None and any(tuple(s) != (B, T) for s in sizes):  # each member's own region
+        bounds = torch.tensor(sizes, device=mask.device)[:, :, None, None]  # [K, 2, 1, 1]
+        rows = torch.arange(B, device=mask.device)[:, None] < bounds[:, 0]
+        mask = torch.where(rows & (torch.arange(T, device=mask.device) < bounds[:, 1]), mask, 0)
+    tensors = {
+        "logp_old": logp.detach() if on_policy else batch["logp_old"],
+        "adv": batch["adv"],
+        "mask": mask,
+        "logp_ref": batch.get("logp_ref"),
+        "rollout_logp": batch.get("rollout_logp"),
+        "entropy": entropy,
+    }
+    tensors = {k: v for k, v in tensors.items() if v is not None}
+    fixed: dict[str, Any] = {}
+    for key in COUNT_KEYS if counts is not None else ():
+        values = [c[key] for c in counts if key in c]
+        if key == "max_len" and values:
+            fixed[key] = values[0]
+        elif values:
+            tensors[key] = stacked_count(values, logp.device)
+
+    def loss(lp: Tensor, named: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        named = dict(named)
+        logp_old, adv, m = named.pop("logp_old"), named.pop("adv"), named.pop("mask")
+        out = loss_fn(lp, logp_old, adv, m, validate=False, **named, **fixed)
+        return out.loss, out.metrics
+
+    losses, metrics = torch.func.vmap(loss)(logp, tensors)
+    split = {name: value.unbind() for name, value in metrics.items()}
+    return [
+        LossOutput(value, {name: row[k] for name, row in split.items()})
+        for k, value in enumerate(losses.unbind())
+    ]
+
+
+def stacked_count(values: Sequence[Tensor | float], device: torch.device) -> Tensor:
+    """The members' counts (numbers or one-value tensors) as one ``[K]`` tensor whose rows
+    :func:`sandbox.aggregate.aggregate` rounds to the loss's dtype as it rounds each count alone:
+    the tensors stacked where they share a dtype, else every count in float64 (exact for
+    float32 and for a Python number)."""
+    first = values[0]
+    if all(
+        isinstance(v, Tensor) and (v.dtype, v.shape) == (first.dtype, first.shape) for v in values
+    ):
+        return torch.stack(values).to(device)
+    return torch.stack(
+        [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values]
+    )
 
 
 def ensemble_step(
