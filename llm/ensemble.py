@@ -8,7 +8,9 @@ layer is one batched matmul over the K members:
 
     hidden[k] = body(theta_k; prompt_k ++ completion_k)          # vmap over k, [K, B, T, H]
     logp[k], entropy[k] = LM head_k(hidden[k])                    # llm.logprobs, batched over k
-    loss      = sum_k PolicyLoss_k(logp[k], ...)                   # sandbox.loss, per member
+    loss      = sum_k PolicyLoss_k(logp[k], ...)                   # sandbox.loss: one vmapped
+                                                                   # call where the members share
+                                                                   # a deterministic rule
     grad      -> per-member gradient-norm clipping -> one batched AdamW of every member
 
 The parameters live stacked: every parameter name is one leaf ``[K, ...]`` (:func:`stack_leaves`)
