@@ -1,0 +1,91 @@
+"""The ensemble's batched metric accumulator (llm.ensemble.StackedMetrics, issue 28 item 4): the K
+members' metrics of a step summed as ``[K]`` tensors must give each member exactly the row its
+own :class:`llm.report.StepMetrics` gives alone: token-weighted means, extremes with empty
+micro-batches neutral, the loss, for members that sit out a micro-batch (dynamic sampling dropped
+their rows) and members whose rule logs other metrics."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from llm.ensemble import StackedMetrics
+from llm.report import StepMetrics
+
+CPU = torch.device("cpu")
+
+
+def micro_batches(K: int, seed: int) -> list[dict]:
+    """Four micro-batches of K members: random losses, metrics (with NaN, *_max / *_min) and
+    token counts; member 1 is empty in the second, member 2 sits out the third, member 3 logs
+    no ``kl`` and never takes part before the last."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(4):
+        metrics = []
+        for k in range(K):
+            m = {
+                "clip_frac": torch.rand((), generator=gen),
+                "kl": torch.randn((), generator=gen, dtype=torch.float64),
+                "ratio_max": torch.randn((), generator=gen) * 3,
+                "ratio_min": torch.randn((), generator=gen) * 3,
+            }
+            if k == 3:
+                del m["kl"]
+            if (i, k) == (0, 0):
+                m["clip_frac"] = torch.tensor(math.nan)  # NaN times its 0 weight stays NaN
+            metrics.append(m)
+        empty = [(i, k) == (1, 1) for k in range(K)]
+        active = [not ((i, k) == (2, 2) or (k == 3 and i < 3)) for k in range(K)]
+        tokens = torch.randint(1, 20, (K,), generator=gen) * torch.tensor([not e for e in empty])
+        if i == 0:
+            tokens[0] = 0
+        out.append(
+            {
+                "losses": torch.randn(K, generator=gen),
+                "metrics": metrics,
+                "tokens": tokens,
+                "empty": empty,
+                "active": active,
+            }
+        )
+    return out
+
+
+def test_stacked_metrics_equal_each_members_step_metrics():
+    K = 5
+    alone = [StepMetrics(CPU) for _ in range(K)]
+    together = [StepMetrics(CPU) for _ in range(K)]
+    stacked = StackedMetrics(together)
+    for mb in micro_batches(K, seed=0):
+        stacked.add(mb["losses"], mb["metrics"], mb["tokens"], mb["empty"], mb["active"])
+        for k in range(K):
+            if mb["active"][k]:
+                alone[k].add(mb["losses"][k], mb["metrics"][k], mb["tokens"][k], mb["empty"][k])
+    stacked.flush()
+    for k in range(K):
+        alone[k].add_grad_norm(torch.tensor(0.5 + k))
+        together[k].add_grad_norm(torch.tensor(0.5 + k))
+        want, got = alone[k].reduce(), together[k].reduce()
+        assert sorted(got) == sorted(want), k
+        for key, value in want.items():
+            assert (math.isnan(value) and math.isnan(got[key])) or got[key] == value, (k, key)
+    # the cases the batches set up are the ones the test means to check
+    rows = [StepMetrics(CPU).reduce()]  # a member that never adds logs no metric
+    assert sorted(rows[0]) == ["grad_norm", "loss"]
+    assert math.isnan(alone[0].reduce()["clip_frac"])
+    assert "kl" not in alone[3].reduce() and "kl" in alone[0].reduce()
+    assert alone[1].reduce()["ratio_max"] != -math.inf
+
+
+def test_a_member_that_never_takes_part_gets_no_metric():
+    K = 3
+    together = [StepMetrics(CPU) for _ in range(K)]
+    stacked = StackedMetrics(together)
+    for mb in micro_batches(K, seed=1)[:2]:
+        stacked.add(mb["losses"], mb["metrics"], mb["tokens"], mb["empty"], [True, True, False])
+    stacked.flush()
+    assert sorted(together[2].reduce()) == ["grad_norm", "loss"]
+    assert together[2].reduce()["loss"] == 0.0
+    assert "ratio_min" in together[1].reduce() and "ratio_min" in together[0].reduce()
