@@ -87,7 +87,7 @@ from llm.logprobs import (
     unwrap_model,
 )
 from llm.report import StepMetrics
-from llm.rollout import pad_to_common
+from llm.rollout import COMPLETION_KEYS, pad_to_common
 from llm.train import (
     Run,
     UpdateFn,
@@ -823,6 +823,75 @@ def pad_rows(sub: dict[str, Tensor], rows: int) -> dict[str, Tensor]:
     return out
 
 
+class StepRows:
+    """The K members' step batches stacked once per step (``[K, N, ...]``, padded to common
+    widths as :func:`stack_batches` pads), and their CPU copies' masks, from which
+    :meth:`micro_batch` gathers every member's micro-batch with one index per key. None from
+    :meth:`of` where the members' batches differ in rows, keys or dtypes, or hold a 2-D tensor
+    that the trim would cut but :func:`stack_batches` would not pad."""
+
+    def __init__(
+        self, batches: Sequence[dict[str, Tensor]], hosts: Sequence[dict[str, Tensor]], pad_id: int
+    ) -> None:
+        self.pad_id = pad_id
+        self.full = stack_batches(batches, pad_id)
+        self.prompt_widths = [b["prompt"].shape[1] for b in batches]
+        masks = pad_to_common(
+            [{"prompt": h["prompt_mask"], "completion": h["completion_mask"]} for h in hosts], 0
+        )
+        self.host_prompt = torch.stack(masks["prompt"])
+        self.host_completion = torch.stack(masks["completion"])
+
+    @classmethod
+    def of(
+        cls, batches: Sequence[dict[str, Tensor]], hosts: Sequence[dict[str, Tensor]], pad_id: int
+    ) -> StepRows | None:
+        first = batches[0]
+        same = all(
+            set(b) == set(first)
+            and all(
+                b[k].dtype == first[k].dtype and b[k].shape[0] == first[k].shape[0] for k in first
+            )
+            for b in batches
+        )
+        padded = all(
+            v.dim() != 2 or k in ("prompt", "prompt_mask") or k in COMPLETION_KEYS
+            for k, v in first.items()
+        )
+        return cls(batches, hosts, pad_id) if same and padded else None
+
+    def micro_batch(self, pieces: Sequence[Tensor]) -> tuple[dict[str, Tensor], list[tuple]]:
+        """Member k's rows ``pieces[k]`` (the same number for every member, none empty) as
+        :func:`llm.train.trim` cuts them and :func:`stack_batches` stacks them, and each member's
+        ``(rows, Tc)``: the bounds from the CPU masks, one read for all K."""
+        rows = torch.stack(list(pieces))  # [K, b]
+        members = torch.arange(rows.shape[0])[:, None]
+        seen = self.host_prompt[members, rows].any(1)  # [K, Wp]: a column some row uses
+        width = self.host_prompt.shape[-1]
+        prompts = torch.where(
+            seen.any(-1), width - seen.long().argmax(-1), torch.tensor(self.prompt_widths)
+        )
+        rights = self.host_completion[members, rows].sum(-1).amax(-1).clamp(min=1)
+        prompts_l, rights_l = prompts.tolist(), rights.tolist()
+        Tp, Tc = max(prompts_l), max(rights_l)
+        device = self.full["prompt"].device
+        at = rows.to(device)
+        kept = (
+            torch.arange(Tp, device=device) >= Tp - prompts.to(device)[:, None, None],
+            torch.arange(Tc, device=device) < rights.to(device)[:, None, None],
+        )
+        out = {}
+        for key, value in self.full.items():
+            v = value[members.to(device), at]
+            fill = self.pad_id if key in ("prompt", "completion") else 0
+            if key in ("prompt", "prompt_mask"):
+                v = torch.where(kept[0], v[..., v.shape[-1] - Tp :], fill)
+            elif key in COMPLETION_KEYS:
+                v = torch.where(kept[1], v[..., :Tc], fill)
+            out[key] = v
+        return out, [(rows.shape[1], r) for r in rights_l]
+
+
 def keep(new: Tensor, old: Tensor | float, present: Tensor | None) -> Tensor:
     """``new`` where ``present`` (every member where None), else ``old``."""
     return new if present is None else torch.where(present, new, old)
@@ -911,6 +980,32 @@ class StackedMetrics:
                         getattr(m, table)[key] = row
 
 
+def micro_batch(
+    runs: Sequence[Run],
+    batches: Sequence[dict[str, Tensor]],
+    hosts: Sequence[dict[str, Tensor]],
+    pieces: Sequence[Tensor],
+    step_rows: StepRows | None,
+) -> tuple[dict[str, Tensor], list[tuple], list[bool]]:
+    """The members' micro-batch ``[K, B, ...]`` (member k's rows ``pieces[k]`` of its batch,
+    trimmed as :func:`llm.train.trim` trims them), each member's ``(rows, Tc)`` before padding,
+    and which members have no row (a masked stand-in row of theirs rides along). Where every
+    member has the same number of rows, one gather per key over the stacked step batches
+    (:class:`StepRows`); else each member's rows trimmed, padded and stacked."""
+    empty = [p.numel() == 0 for p in pieces]
+    if step_rows is not None and not any(empty) and len({p.numel() for p in pieces}) == 1:
+        return (*step_rows.micro_batch(pieces), empty)
+    subs = []
+    for k, run in enumerate(runs):
+        rows = pieces[k] if not empty[k] else torch.zeros(1, dtype=torch.long)
+        sub = trim(batches[k], hosts[k], rows, run.device)
+        sub["loss_mask"] = sub["loss_mask"] * (0 if empty[k] else 1)
+        subs.append(sub)
+    sizes = [tuple(sub["completion"].shape) for sub in subs]
+    subs = [pad_rows(sub, max(b for b, _ in sizes)) for sub in subs]
+    return stack_batches(subs, runs[0].tokenizer.pad_token_id), sizes, empty
+
+
 def ensemble_update(
     runs: Sequence[Run],
     batches: Sequence[dict[str, Tensor]],
@@ -930,6 +1025,7 @@ def ensemble_update(
     cfg, K = runs[0].cfg, len(runs)
     metrics = [StepMetrics(r.device) for r in runs]
     stacked = StackedMetrics(metrics)
+    step_rows = StepRows.of(batches, hosts, runs[0].tokenizer.pad_token_id)
     for run in runs:
         run.policy.train()
     for epoch in range(cfg.epochs):
@@ -946,18 +1042,9 @@ def ensemble_update(
                 for run, b, r, a in zip(runs, batches, mb_rows, active, strict=True)
             ]
             for a in range(cfg.grad_accum):
-                subs, empty, generators = [], [], []
-                for k, run in enumerate(runs):
-                    piece = mb_rows[k].tensor_split(cfg.grad_accum)[a]
-                    empty.append(piece.numel() == 0)
-                    rows = piece if not empty[k] else torch.zeros(1, dtype=torch.long)
-                    sub = trim(batches[k], hosts[k], rows, run.device)
-                    sub["loss_mask"] = sub["loss_mask"] * (0 if empty[k] else 1)
-                    subs.append(sub)
-                    generators.append(objective_generator(run, step, epoch, mb, a))
-                sizes = [tuple(sub["completion"].shape) for sub in subs]
-                subs = [pad_rows(sub, max(b for b, _ in sizes)) for sub in subs]
-                batch = stack_batches(subs, runs[0].tokenizer.pad_token_id)
+                pieces = [r.tensor_split(cfg.grad_accum)[a] for r in mb_rows]
+                batch, sizes, empty = micro_batch(runs, batches, hosts, pieces, step_rows)
+                generators = [objective_generator(r, step, epoch, mb, a) for r in runs]
                 with runs[0].autocast:
                     outs = member_losses(
                         ensemble,

@@ -89,3 +89,49 @@ def test_a_member_that_never_takes_part_gets_no_metric():
     assert sorted(together[2].reduce()) == ["grad_norm", "loss"]
     assert together[2].reduce()["loss"] == 0.0
     assert "ratio_min" in together[1].reduce() and "ratio_min" in together[0].reduce()
+
+
+def step_batch(gen: torch.Generator, rows: int, prompt: int, completion: int, pad: int) -> dict:
+    """A member's step batch: left-padded prompts whose first column is padding in every row,
+    completions of random lengths with non-pad tokens and log-probs beyond their masks (what a
+    gather must not carry into the trimmed micro-batch)."""
+    lengths = torch.randint(1, prompt, (rows,), generator=gen)
+    prompt_mask = (torch.arange(prompt) >= prompt - lengths[:, None]).long()
+    done = torch.randint(0, completion + 1, (rows,), generator=gen)
+    completion_mask = (torch.arange(completion) < done[:, None]).long()
+    return {
+        "prompt": torch.where(
+            prompt_mask.bool(), torch.randint(3, 50, (rows, prompt), generator=gen), pad
+        ),
+        "prompt_mask": prompt_mask,
+        "completion": torch.randint(3, 50, (rows, completion), generator=gen),
+        "completion_mask": completion_mask,
+        "loss_mask": completion_mask * (torch.rand(rows, generator=gen) > 0.3)[:, None],
+        "logp_old": torch.randn(rows, completion, generator=gen),
+        "adv": torch.randn(rows, generator=gen),
+    }
+
+
+def test_gathered_micro_batches_equal_trimmed_padded_stacked_ones():
+    from types import SimpleNamespace
+
+    from llm.ensemble import StepRows, micro_batch
+
+    gen, pad = torch.Generator().manual_seed(0), 1
+    shapes = [(5, 7), (9, 4), (6, 10)]  # per member: prompt and completion widths
+    batches = [step_batch(gen, 8, p, c, pad) for p, c in shapes]
+    hosts = [{k: v.clone() for k, v in b.items()} for b in batches]
+    runs = [SimpleNamespace(device=CPU, tokenizer=SimpleNamespace(pad_token_id=pad))] * 3
+    step_rows = StepRows.of(batches, hosts, pad)
+    assert step_rows is not None
+    for trial in range(6):
+        pieces = [torch.randperm(8, generator=gen)[: 1 + trial % 4] for _ in shapes]
+        got, got_sizes, _ = micro_batch(runs, batches, hosts, pieces, step_rows)
+        want, want_sizes, _ = micro_batch(runs, batches, hosts, pieces, None)
+        assert got_sizes == want_sizes
+        assert sorted(got) == sorted(want)
+        for key in want:
+            assert got[key].dtype == want[key].dtype, key
+            assert torch.equal(got[key], want[key]), (trial, key)
+    # rows that differ in number between members take the trimming path
+    assert StepRows.of([*batches[:1], step_batch(gen, 6, 5, 5, pad)], hosts[:2], pad) is None
