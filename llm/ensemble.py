@@ -841,6 +841,20 @@ class StepRows:
         )
         self.host_prompt = torch.stack(masks["prompt"])
         self.host_completion = torch.stack(masks["completion"])
+        self.members = torch.arange(len(batches))[:, None]
+        self.at = self.members.to(self.full["prompt"].device)
+
+    def counts(self, runs: Sequence[Run], rows: Sequence[Tensor]) -> list[dict[str, Any]]:
+        """:func:`llm.train.minibatch_counts` of every member's minibatch ``rows[k]`` (the same
+        number for every member) from one gather of the stacked loss masks."""
+        mask = self.full["loss_mask"][self.at, torch.stack(list(rows)).to(self.at.device)]
+        per_row = mask.sum(-1)  # [K, n]
+        tokens = per_row.sum(-1).float().unbind()
+        seqs = (per_row > 0).sum(-1).float().unbind()
+        return [
+            {"num_tokens": t, "num_seqs": s, "max_len": run.cfg.max_new_tokens}
+            for run, t, s in zip(runs, tokens, seqs, strict=True)
+        ]
 
     @classmethod
     def of(
@@ -865,7 +879,7 @@ class StepRows:
         :func:`llm.train.trim` cuts them and :func:`stack_batches` stacks them, and each member's
         ``(rows, Tc)``: the bounds from the CPU masks, one read for all K."""
         rows = torch.stack(list(pieces))  # [K, b]
-        members = torch.arange(rows.shape[0])[:, None]
+        members = self.members
         seen = self.host_prompt[members, rows].any(1)  # [K, Wp]: a column some row uses
         width = self.host_prompt.shape[-1]
         prompts = torch.where(
@@ -882,7 +896,7 @@ class StepRows:
         )
         out = {}
         for key, value in self.full.items():
-            v = value[members.to(device), at]
+            v = value[self.at, at]
             fill = self.pad_id if key in ("prompt", "completion") else 0
             if key in ("prompt", "prompt_mask"):
                 v = torch.where(kept[0], v[..., v.shape[-1] - Tp :], fill)
@@ -940,7 +954,7 @@ class StackedMetrics:
                 )
                 if not any(has):
                     continue
-                fill = torch.zeros((), device=device)
+                fill = None if all(key in m for m in metrics) else torch.zeros((), device=device)
                 v = torch.stack([m.get(key, fill) for m in metrics]).float()
                 if not key.endswith(("_max", "_min")):
                     self.accumulate(key, v * weight, has, present)
@@ -1035,12 +1049,16 @@ def ensemble_update(
             active = [r.numel() > 0 for r in mb_rows]
             if not any(active):
                 continue
-            counts = [
-                minibatch_counts(run, b, r)
-                if a
-                else {"num_tokens": 1.0, "num_seqs": 1.0, "max_len": cfg.max_new_tokens}
-                for run, b, r, a in zip(runs, batches, mb_rows, active, strict=True)
-            ]
+            counts = (
+                step_rows.counts(runs, mb_rows)
+                if step_rows is not None and len({r.numel() for r in mb_rows}) == 1
+                else [
+                    minibatch_counts(run, b, r)
+                    if a
+                    else {"num_tokens": 1.0, "num_seqs": 1.0, "max_len": cfg.max_new_tokens}
+                    for run, b, r, a in zip(runs, batches, mb_rows, active, strict=True)
+                ]
+            )
             for a in range(cfg.grad_accum):
                 pieces = [r.tensor_split(cfg.grad_accum)[a] for r in mb_rows]
                 batch, sizes, empty = micro_batch(runs, batches, hosts, pieces, step_rows)

@@ -116,12 +116,14 @@ def test_gathered_micro_batches_equal_trimmed_padded_stacked_ones():
     from types import SimpleNamespace
 
     from llm.ensemble import StepRows, micro_batch
+    from llm.train import minibatch_counts
 
     gen, pad = torch.Generator().manual_seed(0), 1
     shapes = [(5, 7), (9, 4), (6, 10)]  # per member: prompt and completion widths
     batches = [step_batch(gen, 8, p, c, pad) for p, c in shapes]
     hosts = [{k: v.clone() for k, v in b.items()} for b in batches]
-    runs = [SimpleNamespace(device=CPU, tokenizer=SimpleNamespace(pad_token_id=pad))] * 3
+    cfg = SimpleNamespace(max_new_tokens=10)
+    runs = [SimpleNamespace(device=CPU, tokenizer=SimpleNamespace(pad_token_id=pad), cfg=cfg)] * 3
     step_rows = StepRows.of(batches, hosts, pad)
     assert step_rows is not None
     for trial in range(6):
@@ -133,5 +135,11 @@ def test_gathered_micro_batches_equal_trimmed_padded_stacked_ones():
         for key in want:
             assert got[key].dtype == want[key].dtype, key
             assert torch.equal(got[key], want[key]), (trial, key)
+        counts = step_rows.counts(runs, pieces)  # the minibatch's counts, gathered alike
+        for run, batch, rows, count in zip(runs, batches, pieces, counts, strict=True):
+            alone = minibatch_counts(run, batch, rows)
+            assert count["max_len"] == alone["max_len"] == 10
+            for key in ("num_tokens", "num_seqs"):
+                assert count[key].dtype == alone[key].dtype and count[key] == alone[key], key
     # rows that differ in number between members take the trimming path
     assert StepRows.of([*batches[:1], step_batch(gen, 6, 5, 5, pad)], hosts[:2], pad) is None
