@@ -1044,8 +1044,9 @@ def ensemble_update(
         run.policy.train()
     for epoch in range(cfg.epochs):
         perms = [minibatch_order(r, keep, step, epoch) for r, keep in zip(runs, keeps, strict=True)]
+        splits = [p.tensor_split(cfg.minibatches) for p in perms]  # once per epoch, not per mb
         for mb in range(cfg.minibatches):
-            mb_rows = [p.tensor_split(cfg.minibatches)[mb] for p in perms]
+            mb_rows = [s[mb] for s in splits]
             active = [r.numel() > 0 for r in mb_rows]
             if not any(active):
                 continue
@@ -1060,7 +1061,11 @@ def ensemble_update(
                 ]
             )
             for a in range(cfg.grad_accum):
-                pieces = [r.tensor_split(cfg.grad_accum)[a] for r in mb_rows]
+                pieces = (
+                    mb_rows
+                    if cfg.grad_accum == 1
+                    else [r.tensor_split(cfg.grad_accum)[a] for r in mb_rows]
+                )
                 batch, sizes, empty = micro_batch(runs, batches, hosts, pieces, step_rows)
                 generators = [objective_generator(r, step, epoch, mb, a) for r in runs]
                 with runs[0].autocast:
