@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -215,6 +216,9 @@ def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
     alone, pair = (float(r["ops_per_run_step"]) for r in rows[2:])
     assert pair < alone and float(rows[3]["ops_ratio_to_K1"]) == pytest.approx(pair / alone)
     assert "ratio batched K=2 / today, operators per run-step:" in proc.stdout
+    # the run alone on CUDA's multi-tensor AdamW and clipping: fewer operators than its CPU loops
+    foreach = re.search(r"\(cuda_foreach\): (\d+) operators per run-step", proc.stdout)
+    assert foreach and 0 < int(foreach.group(1)) < float(rows[0]["ops_per_run_step"])
     # the last column: the prefill's share of the FLOPs, counted on the compact decoder only
     table = [
         line.split()
