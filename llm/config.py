@@ -106,6 +106,11 @@ class TrainConfig:
     generate_compile: str = arg(
         "auto", "compile decoding (auto: off; on needs a static cache)", choices=AUTO_ON_OFF
     )
+    compile_update: str = arg(
+        "off",
+        "compile the ensemble's training forward + loss per micro-batch (llm.ensemble only)",
+        choices=("off", "on"),
+    )
     lm_head: str = arg(
         "chunked", "log-prob head: torch chunks or TRL's fused kernel", choices=HEADS
     )
@@ -304,6 +309,7 @@ RESUMABLE_CHANGES = frozenset(
         "logp_chunk",
         "generate_cache",
         "generate_compile",
+        "compile_update",
         "lm_head",
     }
 )

@@ -71,14 +71,14 @@ import functools
 import os
 import sys
 from collections.abc import Sequence
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from llm import checkpoint
 from llm.config import TrainConfig
+from llm.decode import bucket
 from llm.logprobs import (
     TRL_VOCAB_CHUNK,
     LogProbHead,
@@ -106,6 +106,14 @@ from llm.train import (
     trim,
 )
 from sandbox.loss import LossOutput, PolicyLoss
+
+
+class HeadWeights(NamedTuple):
+    """The members' LM head as :class:`llm.logprobs.LogProbHead` reads it (a tuple, which
+    ``torch.compile`` traces)."""
+
+    weight: Tensor
+    bias: Tensor | None
 
 
 class Ensemble:
@@ -242,7 +250,7 @@ class Ensemble:
 
         def lm_head(k: slice | int, size: int) -> Tensor:
             """The stats of members ``k`` (an index, or all of them as one batched head)."""
-            linear = SimpleNamespace(weight=weight[k], bias=None if bias is None else bias[k])
+            linear = HeadWeights(weight[k], None if bias is None else bias[k])
             return LogProbHead(
                 linear,  # type: ignore[arg-type]  # the members' head weight and bias
                 completion[k],
@@ -449,11 +457,7 @@ def batched_losses(
 ) -> list[LossOutput]:
     """The K members' losses with one rule ``loss_fn`` as one ``torch.func.vmap`` of its call over
     the member dimension (:func:`stacked_losses`; the members' counts stacked to ``[K]``)."""
-    B, T = mask.shape[1:]
-    if sizes is not None and any(tuple(s) != (B, T) for s in sizes):  # each member's own region
-        bounds = torch.tensor(sizes, device=mask.device)[:, :, None, None]  # [K, 2, 1, 1]
-        rows = torch.arange(B, device=mask.device)[:, None] < bounds[:, 0]
-        mask = torch.where(rows & (torch.arange(T, device=mask.device) < bounds[:, 1]), mask, 0)
+    mask = own_region(mask, sizes)
     tensors = {
         "logp_old": logp.detach() if on_policy else batch["logp_old"],
         "adv": batch["adv"],
@@ -485,6 +489,16 @@ def batched_losses(
     ]
 
 
+def own_region(mask: Tensor, sizes: Sequence[tuple[int, int]] | None) -> Tensor:
+    """``mask`` ``[K, B, T]`` zeroed beyond each member's own ``sizes[k]`` = ``(rows, Tc)``."""
+    B, T = mask.shape[1:]
+    if sizes is None or all(tuple(s) == (B, T) for s in sizes):
+        return mask
+    bounds = torch.tensor(sizes, device=mask.device)[:, :, None, None]  # [K, 2, 1, 1]
+    rows = torch.arange(B, device=mask.device)[:, None] < bounds[:, 0]
+    return torch.where(rows & (torch.arange(T, device=mask.device) < bounds[:, 1]), mask, 0)
+
+
 def stacked_count(values: Sequence[Tensor | float], device: torch.device) -> Tensor:
     """The members' counts (numbers or one-value tensors) as one ``[K]`` tensor whose rows
     :func:`sandbox.aggregate.aggregate` rounds to the loss's dtype as it rounds each count alone:
@@ -498,6 +512,122 @@ def stacked_count(values: Sequence[Tensor | float], device: torch.device) -> Ten
     return torch.stack(
         [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values]
     )
+
+
+def stacked_loss(
+    ensemble: Ensemble,
+    batch: dict[str, Tensor],
+    loss_fns: Sequence[PolicyLoss],
+    counts: Sequence[dict[str, Any]] | None,
+    on_policy: Sequence[bool],
+    temperature: float,
+    head: str,
+    chunk_size: int | None,
+) -> tuple[Tensor, list[dict[str, Tensor]]]:
+    """:func:`member_losses` of one rule (no sizes: ``batch``'s masks already cut each member's
+    region) as the losses ``[K]`` and each member's metrics: what :class:`CompiledLosses`
+    compiles."""
+    outs = member_losses(
+        ensemble,
+        batch,
+        loss_fns,
+        temperature=temperature,
+        counts=counts,
+        on_policy=on_policy,
+        head=head,
+        chunk_size=chunk_size,
+    )
+    return torch.stack([o.loss for o in outs]), [o.metrics for o in outs]
+
+
+class CompiledLosses:
+    """``--compile-update on``: :func:`member_losses` of a micro-batch (the batched forward, the
+    LM head, the vmapped loss) as one ``torch.compile(fullgraph=True, dynamic=False)`` graph of
+    :func:`stacked_loss`, for the ensemble's micro-steps whose members share a deterministic rule
+    (:func:`batchable`); the others, and stochastic rules (whose draws come from each member's
+    generator), run eagerly. Each micro-batch is padded to fixed widths first, so every
+    micro-batch of a run has one shape and the step compiles once: rows to the nominal
+    micro-batch's (``ceil(ceil(N / minibatches) / grad_accum)``, stand-in rows masked out as
+    :func:`pad_rows` adds them), prompts on the left to their :func:`llm.decode.bucket` width,
+    completions on the right to ``max_new_tokens``. Every added position is masked (no loss, no
+    attention to it), so the losses and gradients are the unpadded ones to float rounding.
+    ``backend``: a ``torch.compile`` backend (default inductor; the CPU tests trace with
+    ``"aot_eager"``)."""
+
+    def __init__(self, ensemble: Ensemble, cfg: TrainConfig, pad_id: int, backend: str | None):
+        self.ensemble, self.pad_id = ensemble, pad_id
+        rows = -(-cfg.prompts_per_step * cfg.group_size // cfg.minibatches)
+        self.rows, self.width = -(-rows // cfg.grad_accum), cfg.max_new_tokens
+        options: dict[str, Any] = dict(fullgraph=True, dynamic=False)
+        if backend is not None:
+            options["backend"] = backend
+        self.step = torch.compile(stacked_loss, **options)
+
+    def __call__(
+        self,
+        ensemble: Ensemble,
+        batch: dict[str, Tensor],
+        loss_fns: Sequence[PolicyLoss],
+        **kwargs: Any,
+    ) -> list[LossOutput]:
+        """:func:`member_losses`' call and result, compiled where the members share a rule."""
+        counts, sizes = kwargs.get("counts"), kwargs.get("sizes")
+        on_policy = kwargs.get("on_policy", False)
+        on_policy = [on_policy] * len(ensemble) if isinstance(on_policy, bool) else on_policy
+        mask = batch["loss_mask"] if "loss_mask" in batch else batch["completion_mask"]
+        if ensemble is not self.ensemble or not batchable(
+            loss_fns, counts, on_policy, sizes, mask.shape[-1]
+        ):
+            return member_losses(ensemble, batch, loss_fns, **kwargs)
+        batch = self.fixed_widths({**batch, "loss_mask": own_region(mask, sizes)})
+        losses, metrics = self.step(
+            ensemble,
+            batch,
+            list(loss_fns),
+            None if counts is None else self.float64_counts(counts, mask.device),
+            list(on_policy),
+            float(kwargs["temperature"]),
+            kwargs.get("head", "chunked"),
+            kwargs.get("chunk_size"),
+        )
+        return [LossOutput(loss, m) for loss, m in zip(losses.unbind(), metrics, strict=True)]
+
+    @staticmethod
+    def float64_counts(counts: Sequence[dict[str, Any]], device: torch.device) -> list[dict]:
+        """The members' counts with every number (a Python float for a member without rows, a
+        tensor otherwise) a float64 0-d tensor, so the graph sees one type whatever the step
+        (the counts are whole numbers: exact in float64, rounded to the loss's dtype as
+        :func:`stacked_count` rounds them)."""
+        return [
+            {
+                key: torch.as_tensor(v, dtype=torch.float64, device=device).reshape(())
+                if key != "max_len"
+                else v
+                for key, v in c.items()
+            }
+            for c in counts
+        ]
+
+    def fixed_widths(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``batch`` ``[K, B, ...]`` padded to :attr:`rows` rows, its prompts to their bucket
+        width and its completions to :attr:`width` columns, every added position masked."""
+        pad = torch.nn.functional.pad
+        Tp = bucket(batch["prompt"].shape[-1])
+        out = {}
+        for key, v in batch.items():
+            fill = self.pad_id if key in ("prompt", "completion") else 0
+            if key in ("prompt", "prompt_mask"):
+                v = pad(v, (Tp - v.shape[-1], 0), value=fill)
+            elif key in COMPLETION_KEYS:
+                v = pad(v, (0, max(self.width - v.shape[-1], 0)), value=fill)
+            n = v.shape[1]
+            if n < self.rows:  # stand-in rows: copies of the first, masked out
+                extra = v[:, :1].expand(v.shape[0], self.rows - n, *v.shape[2:])
+                if key in ("completion_mask", "loss_mask"):
+                    extra = torch.zeros_like(extra)
+                v = torch.cat([v, extra], 1)
+            out[key] = v
+        return out
 
 
 def ensemble_step(
@@ -662,6 +792,7 @@ SHARED = (
     "logp_chunk",
     "device",
     "rollout_backend",
+    "compile_update",
 )
 
 
@@ -700,7 +831,10 @@ def resume_step(cfg: TrainConfig) -> int:
 
 
 def train_ensemble(
-    cfgs: Sequence[TrainConfig], *, stop_after: int | None = None
+    cfgs: Sequence[TrainConfig],
+    *,
+    stop_after: int | None = None,
+    _compile_backend: str | None = None,
 ) -> list[list[dict[str, float]]]:
     """K runs of :func:`llm.train.train` (``cfgs``: their :class:`llm.config.TrainConfig`) in one
     process: each run's own rollouts, scores, logs, checkpoint and model in its own ``--out``, the
@@ -714,11 +848,13 @@ def train_ensemble(
     one step (:func:`check_members`). Checkpoints (every member's, in its ``--out``): every
     member's ``--checkpoint-every`` steps, at the end, after ``stop_after`` steps of this call
     (then it returns), and on SIGTERM or Ctrl-C, which finish the step, write every member's
-    checkpoint and exit with status 143 / 130 (:func:`llm.train.stop_on_signals`)."""
+    checkpoint and exit with status 143 / 130 (:func:`llm.train.stop_on_signals`).
+    ``_compile_backend``: the ``torch.compile`` backend of ``--compile-update on`` (default
+    inductor; the CPU tests trace with ``"aot_eager"``)."""
     check_members(cfgs)
     if "WORLD_SIZE" in os.environ:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
-    phases = Phases()
+    phases = Phases(_compile_backend)
     return train_together(cfgs, phases.update, stop_after=stop_after, rollout_fn=phases.rollout)
 
 
@@ -727,15 +863,25 @@ class Phases:
     :class:`Ensemble` of the runs' models, built by :meth:`update` (called once the runs are set
     up, and resumed, before the loop's first step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compile_backend: str | None = None) -> None:
         self.ensemble: Ensemble | None = None
+        self.compile_backend = compile_backend
 
     def update(self, runs: Sequence[Run]) -> UpdateFn:
         """:func:`ensemble_update` on the runs' :class:`Ensemble`, stepped by one
-        :class:`StackedAdamW` of the runs' own optimizers."""
+        :class:`StackedAdamW` of the runs' own optimizers; with ``--compile-update on`` its
+        micro-steps through :class:`CompiledLosses` (``compile_backend``: its backend)."""
         self.ensemble = Ensemble([r.model for r in runs])
         optimizer = StackedAdamW(self.ensemble, [r.optimizer for r in runs])
-        return functools.partial(ensemble_update, ensemble=self.ensemble, optimizer=optimizer)
+        cfg = runs[0].cfg
+        compiled = (
+            CompiledLosses(self.ensemble, cfg, runs[0].tokenizer.pad_token_id, self.compile_backend)
+            if cfg.compile_update == "on"
+            else None
+        )
+        return functools.partial(
+            ensemble_update, ensemble=self.ensemble, optimizer=optimizer, compiled=compiled
+        )
 
     def rollout(self, runs: Sequence[Run], step: int) -> list[dict[str, Tensor]]:
         """With ``--rollout-backend compact``: :func:`batched_rollout` with the runs'
@@ -1029,13 +1175,15 @@ def ensemble_update(
     *,
     ensemble: Ensemble,
     optimizer: StackedAdamW,
+    compiled: CompiledLosses | None = None,
 ) -> list[StepMetrics]:
     """:func:`llm.train.update` for every run at once: the same permutations, minibatches,
     micro-batches, counts and objective seeds as each run alone, one batched forward and
     backward per micro-batch, then each run's own clipping and optimizer step. A run with no row
     in a minibatch (dynamic sampling dropped them) rides along with a masked stand-in row and
     makes no optimizer step, as alone it makes none. An :data:`llm.train.UpdateFn` once
-    ``ensemble`` is given (:func:`batched_update`)."""
+    ``ensemble`` is given (:func:`batched_update`); ``compiled`` (``--compile-update on``):
+    the micro-steps' forward and loss through :class:`CompiledLosses`."""
     cfg, K = runs[0].cfg, len(runs)
     metrics = [StepMetrics(r.device) for r in runs]
     stacked = StackedMetrics(metrics)
@@ -1069,7 +1217,7 @@ def ensemble_update(
                 batch, sizes, empty = micro_batch(runs, batches, hosts, pieces, step_rows)
                 generators = [objective_generator(r, step, epoch, mb, a) for r in runs]
                 with runs[0].autocast:
-                    outs = member_losses(
+                    outs = (compiled or member_losses)(
                         ensemble,
                         batch,
                         [r.loss_fn for r in runs],

@@ -276,7 +276,8 @@ class LogProbHead(torch.nn.Module):
         K, H = hidden.shape[0], hidden.shape[-1]
         keep = self.mask.bool().flatten(1)  # [K, B * Tc]
         counts = keep.sum(1)
-        n = int(counts.max())
+        # compiled (llm.ensemble's --compile-update): every row, no host read in the graph
+        n = keep.shape[1] if torch.compiler.is_compiling() else int(counts.max())
         order = torch.argsort((~keep).to(torch.uint8), dim=1, stable=True)[:, :n]
         valid = torch.arange(n, device=keep.device) < counts[:, None]  # [K, n]
         rows = hidden.flatten(1, 2).gather(1, order[..., None].expand(K, n, H))

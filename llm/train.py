@@ -1000,6 +1000,10 @@ def train(cfg: TrainConfig, *, stop_after: int | None = None) -> list[dict[str, 
     """Run ``cfg``; returns the logged rows (rank 0; other ranks get an empty list). SIGTERM or
     Ctrl-C finishes the current step, writes a checkpoint and exits with status 143 / 130;
     ``stop_after`` returns after that many steps of this call, with a checkpoint."""
+    if cfg.compile_update != "off":
+        raise ValueError(
+            "--compile-update on compiles an ensemble's update (python -m llm.ensemble)"
+        )
     return train_together([cfg], lambda runs: update_each, stop_after=stop_after)[0]
 
 
