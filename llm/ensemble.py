@@ -59,7 +59,9 @@ own rollout phase); with compact the members' old log-probs are one batched forw
 torchrun, LoRA or vLLM. The members run without gradient
 checkpointing (the template, rebuilt from the members' config, is called inside ``vmap``), so the
 activation memory is K runs' without checkpointing. What it buys on a GPU is unmeasured
-(``benchmarks/llm_throughput.py`` measures it).
+(``benchmarks/llm_throughput.py`` measures it). ``--compile-update on`` compiles each
+micro-step's forward and loss (:class:`CompiledLosses`: one ``fullgraph`` graph, micro-batches
+padded to fixed widths so that a run compiles once; ``tests/test_llm_ensemble_compile.py``).
 """
 
 from __future__ import annotations

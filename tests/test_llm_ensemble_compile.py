@@ -17,11 +17,11 @@ import torch
 
 pytest.importorskip("transformers")
 
-from torch._dynamo.utils import counters  # noqa: E402
+from torch._dynamo.utils import counters
 
-from llm.checkpoint import model_state  # noqa: E402
-from llm.config import TrainConfig  # noqa: E402
-from llm.ensemble import train_ensemble  # noqa: E402
+from llm.checkpoint import model_state
+from llm.config import TrainConfig
+from llm.ensemble import train_ensemble
 
 TIMING = ("tokens_per_s", "step_time")
 RUN = dict(
@@ -105,3 +105,84 @@ def test_a_run_alone_refuses_compile_update(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "error: --compile-update on compiles an ensemble's update (python -m llm.ensemble)"
     ]
+
+
+def test_stochastic_rule_stays_eager(tmp_path):
+    """A rule that draws random numbers (NSR's band noise, from each member's generator) is not
+    compiled: the micro-steps run the eager path, so the run is the eager ensemble's exactly."""
+
+    def cfgs(tag, compile_update):
+        nsr = dict(objective="nsr", objective_params={"noise": "band", "sigma": 0.1})
+        return [
+            TrainConfig(
+                **{**RUN, "steps": 1},
+                **nsr,
+                seed=s,
+                compile_update=compile_update,
+                out=str(tmp_path / f"{tag}{s}"),
+            )
+            for s in (0, 1)
+        ]
+
+    eager = train_ensemble(cfgs("eager", "off"))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = train_ensemble(cfgs("comp", "on"), _compile_backend="aot_eager")
+    assert counters["stats"]["unique_graphs"] == 0
+    for rows_e, rows_c in zip(eager, compiled, strict=True):
+        assert [{k: v for k, v in r.items() if k not in TIMING} for r in rows_c] == [
+            {k: v for k, v in r.items() if k not in TIMING} for r in rows_e
+        ]
+
+
+def test_micro_batches_of_other_widths_share_one_graph():
+    """Micro-batches of other prompt widths, completion widths and row counts (ragged masks)
+    padded to one shape: one graph for both, and each gives the eager :func:`member_losses`'
+    losses, metrics and gradients (float64)."""
+    import sandbox.objectives as registry
+    from llm.ensemble import CompiledLosses, Ensemble, member_losses
+    from llm.model import tiny_model, tiny_tokenizer
+    from sandbox.loss import PolicyLoss
+
+    tok = tiny_tokenizer()
+    ens = Ensemble([tiny_model(len(tok), s).double() for s in (0, 1)])
+    cfg = TrainConfig(prompts_per_step=2, group_size=2, max_new_tokens=8)
+    compiled = CompiledLosses(ens, cfg, tok.pad_token_id, "aot_eager")
+    loss_fns = [PolicyLoss(registry.get_objective("dapo"), None)] * 2
+    leaves = ens.parameters()
+    gen = torch.Generator().manual_seed(0)
+    torch._dynamo.reset()
+    counters.clear()
+    for Tp, Tc, rows in ((3, 5, 4), (5, 7, 3)):
+        K = 2
+        prompt_len = torch.randint(1, Tp + 1, (K, rows, 1), generator=gen)
+        completion_len = torch.randint(1, Tc + 1, (K, rows, 1), generator=gen)
+        completion_mask = (torch.arange(Tc) < completion_len).long()
+        batch = {
+            "prompt": torch.randint(3, len(tok), (K, rows, Tp), generator=gen),
+            "prompt_mask": (torch.arange(Tp) >= Tp - prompt_len).long(),
+            "completion": torch.randint(3, len(tok), (K, rows, Tc), generator=gen),
+            "completion_mask": completion_mask,
+            "loss_mask": completion_mask,
+            "adv": torch.randn(K, rows, 1, generator=gen, dtype=torch.float64),
+            "logp_old": -torch.rand(K, rows, Tc, generator=gen, dtype=torch.float64) * 5,
+        }
+        counts = [
+            {"num_tokens": m.sum().double(), "num_seqs": float(rows), "max_len": 8}
+            for m in completion_mask
+        ]
+        kwargs = dict(temperature=1.0, counts=counts, sizes=[(rows, Tc)] * K)
+        eager = member_losses(ens, batch, loss_fns, **kwargs)
+        outs = compiled(ens, batch, loss_fns, **kwargs)
+        for e, c in zip(eager, outs, strict=True):
+            torch.testing.assert_close(c.loss, e.loss, atol=1e-12, rtol=1e-10)
+            assert set(c.metrics) == set(e.metrics)
+            for key, value in e.metrics.items():
+                torch.testing.assert_close(c.metrics[key], value, atol=1e-12, rtol=1e-10)
+        grads_e = torch.autograd.grad(sum(o.loss for o in eager), leaves)
+        grads_c = torch.autograd.grad(sum(o.loss for o in outs), leaves)
+        assert max(g.abs().max().item() for g in grads_e) > 1e-3
+        for ge, gc in zip(grads_e, grads_c, strict=True):
+            torch.testing.assert_close(gc, ge, atol=1e-12, rtol=1e-10)
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 1
