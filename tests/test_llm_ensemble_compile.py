@@ -130,6 +130,7 @@ def test_stochastic_rule_stays_eager(tmp_path):
     compiled = train_ensemble(cfgs("comp", "on"), _compile_backend="aot_eager")
     assert counters["stats"]["unique_graphs"] == 0
     for rows_e, rows_c in zip(eager, compiled, strict=True):
+        assert [r["step"] for r in rows_c] == [1] and rows_c[0]["loss"] != 0
         assert [{k: v for k, v in r.items() if k not in TIMING} for r in rows_c] == [
             {k: v for k, v in r.items() if k not in TIMING} for r in rows_e
         ]
