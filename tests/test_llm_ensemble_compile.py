@@ -17,29 +17,17 @@ import torch
 
 pytest.importorskip("transformers")
 
+from test_llm_ensemble import RUN as ENSEMBLE_RUN
+from test_llm_ensemble import TIMING
+from test_llm_train_loop import strip_timing
 from torch._dynamo.utils import counters
 
 from llm.checkpoint import model_state
 from llm.config import TrainConfig
 from llm.ensemble import train_ensemble
 
-TIMING = ("tokens_per_s", "step_time")
-RUN = dict(
-    model="tiny",
-    task="parity",
-    task_knobs={"length": 2},
-    lr=1e-2,
-    prompts_per_step=4,
-    group_size=4,
-    max_new_tokens=8,
-    steps=3,
-    epochs=2,
-    minibatches=2,
-    grad_accum=2,
-    progress=False,
-    save_model=True,
-    device="cpu",
-)
+#: the ensemble tests' runs (test_llm_ensemble), 3 steps of 2 x 2 micro-batches each
+RUN = {**ENSEMBLE_RUN, "steps": 3, "minibatches": 2, "grad_accum": 2}
 
 
 @pytest.mark.parametrize(
@@ -131,9 +119,7 @@ def test_stochastic_rule_stays_eager(tmp_path):
     assert counters["stats"]["unique_graphs"] == 0
     for rows_e, rows_c in zip(eager, compiled, strict=True):
         assert [r["step"] for r in rows_c] == [1] and rows_c[0]["loss"] != 0
-        assert [{k: v for k, v in r.items() if k not in TIMING} for r in rows_c] == [
-            {k: v for k, v in r.items() if k not in TIMING} for r in rows_e
-        ]
+        assert strip_timing(rows_c) == strip_timing(rows_e)
 
 
 def test_micro_batches_of_other_widths_share_one_graph():
