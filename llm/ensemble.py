@@ -95,6 +95,7 @@ from llm.train import (
     UpdateFn,
     draw_prompts,
     grad_noise_update,
+    mask_counts,
     minibatch_counts,
     minibatch_order,
     needs_sampler_logp,
@@ -996,13 +997,9 @@ class StepRows:
         """:func:`llm.train.minibatch_counts` of every member's minibatch ``rows[k]`` (the same
         number for every member) from one gather of the stacked loss masks."""
         mask = self.full["loss_mask"][self.at, torch.stack(list(rows)).to(self.at.device)]
-        per_row = mask.sum(-1)  # [K, n]
-        tokens = per_row.sum(-1).float().unbind()
-        seqs = (per_row > 0).sum(-1).float().unbind()
-        return [
-            {"num_tokens": t, "num_seqs": s, "max_len": run.cfg.max_new_tokens}
-            for run, t, s in zip(runs, tokens, seqs, strict=True)
-        ]
+        both = mask_counts(mask, runs[0].cfg.max_new_tokens)  # [K] each (max_len is shared)
+        tokens, seqs = both["num_tokens"].unbind(), both["num_seqs"].unbind()
+        return [{**both, "num_tokens": t, "num_seqs": s} for t, s in zip(tokens, seqs, strict=True)]
 
     @classmethod
     def of(

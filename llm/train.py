@@ -652,11 +652,17 @@ def minibatch_counts(
     run: Run, batch: dict[str, torch.Tensor], mb_rows: torch.Tensor
 ) -> dict[str, Any]:
     """The global counts every micro-batch of a minibatch aggregates with."""
-    mb_mask = batch["loss_mask"][mb_rows.to(run.device)]
+    return mask_counts(batch["loss_mask"][mb_rows.to(run.device)], run.cfg.max_new_tokens)
+
+
+def mask_counts(mask: torch.Tensor, max_len: int) -> dict[str, Any]:
+    """Loss tokens and sequences with one of a minibatch's loss mask ``[..., rows, T]`` (the
+    leading dims, e.g. an ensemble's members, kept), and ``max_len``."""
+    per_row = mask.sum(-1)
     return {
-        "num_tokens": mb_mask.sum().float(),
-        "num_seqs": (mb_mask.sum(-1) > 0).sum().float(),
-        "max_len": run.cfg.max_new_tokens,
+        "num_tokens": per_row.sum(-1).float(),
+        "num_seqs": (per_row > 0).sum(-1).float(),
+        "max_len": max_len,
     }
 
 
