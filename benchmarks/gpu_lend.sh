@@ -167,11 +167,12 @@ case "${1:-}" in
   dry-run)
     DRY=1 DEVICE=cpu XDIST="" STASH=$(mktemp -d) STAGE=$(mktemp -d) OUT=${OUT:-$(mktemp -d)}
     # the tiny model (--smoke: 1 warm-up + 1 step; today's path, then the ensemble), the quick
-    # profile's llm rung; 30 s + 85 s of limits, so the whole dry run ends within 2 minutes
+    # profile's llm rung; 90 s + 85 s of limits (the first only collects the gpu-marked tests, but
+    # on a loaded 2-core machine that alone took over 25 s), so the dry run ends within 3 minutes
     BENCH_ARGS="--smoke" K8_PATHS=today MARGIN=10 BENCH_S=${GPU_LEND_BENCH_S:-50}
     CLAIMS_ARGS="--quick --rungs llm --device cpu --workers 1"
     prepare >/dev/null
-    START=$(date +%s) LIMIT=30; command_1
+    START=$(date +%s) LIMIT=90; command_1
     START=$(date +%s) LIMIT=${GPU_LEND_SECONDS:-85}; command_2
     rm -rf "$STASH" "$STAGE"
     echo "dry run: results in $OUT"

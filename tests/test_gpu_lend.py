@@ -1,5 +1,5 @@
 """``benchmarks/gpu_lend.sh dry-run`` (issue 28 item 6): the prepared GPU lend run end to end on CPU
-with the tiny model, within its 2-minute bound: prepare's split of a stand-in GGUF, command 1
+with the tiny model, within its 3-minute bound: prepare's split of a stand-in GGUF, command 1
 (stash piece 1, the gpu-marked tests: skipped without CUDA), command 2 (join and sha256 check,
 llm_throughput.py --smoke, llm.claims --quick --rungs llm under --time-budget), each command's
 provenance. A real subprocess; the figures of the benchmark are not asserted (CPU, loaded)."""
