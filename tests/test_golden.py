@@ -183,13 +183,13 @@ def test_toy_orchestrators_reproduce_the_golden_results(name, tmp_path):
 def test_float64_fixtures_hold_on_other_cpu_kernels():
     """RTOL's premise, on this machine: torch's scalar kernels (``ATEN_CPU_CAPABILITY=default``,
     the most different path from AVX2 and AVX-512) and MKL's AVX2 path reproduce a reasoning
-    (tiny transformer) and a bandit fixture; the bandit one holds the kl_k3 column that drifted
+    (tiny transformer) and the bandit compare fixture, whose kl_k3 column drifted
     by 1.06e-5 between CPUs in float32."""
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     cases = (
         "test_toy_orchestrators_reproduce_the_golden_results and (compare_reasoning or "
-        "sweep_bandit)"
+        "compare_bandit)"
     )
     proc = subprocess.run(
         [
