@@ -50,7 +50,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 import torch
@@ -107,12 +107,6 @@ RESERVED_COLUMNS = (
 #: (:func:`~.runs.bandit_sampled`; the more rules, the less each costs), and two per setting keep
 #: a pool's two workers busy to the end.
 SAMPLED_JOBS_PER_SETTING = 2
-#: The way to a fresh start named by the refusal of a folder made with other settings.
-HINTS = {
-    "sweep": "use --force to recompute them, or another --out/--name",
-    "compare": "run the same command as before to resume, or use another --name, or --force to "
-    "recompute",
-}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,14 +116,8 @@ HINTS = {
 
 @dataclass
 class SweepPlan:
-    """A validated grid: shared training fields, settings, base seeds and variants.
-
-    ``layout``: how its runs are stored. ``"sweep"``: a part per run (its sampled run and exact
-    flow, :func:`run_part`), a job each, ``plan.json``, tables of the plan's runs with
-    :data:`RUN_COLUMNS`. ``"compare"`` (:func:`~.compare.compare_plan`): a part per (setting,
-    rule, flow), a setting's exact flows in one job and its sampled runs in chunks of
-    ``rules_per_job`` (:func:`chunks`), ``config.json``, tables of every part in the folder (a
-    later run of a subset of rules adds to them, never shrinks them)."""
+    """A validated grid: shared training fields, settings, base seeds and variants, and the
+    ``layout`` its runs are stored and reported in (:class:`SweepLayout`, :class:`CompareLayout`)."""
 
     name: str
     config: CompareConfig  # the shared training fields (and the suite)
@@ -140,8 +128,7 @@ class SweepPlan:
     train: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: str | None = field(default=None, compare=False)
-    layout: Literal["sweep", "compare"] = "sweep"
-    rules_per_job: int | None = 1
+    layout: SweepLayout | CompareLayout = field(default_factory=lambda: SweepLayout())
 
     @property
     def suite(self) -> str:
@@ -165,46 +152,27 @@ class SweepPlan:
         ]
 
     def parts(self) -> list[tuple[str, list[RunSpec]]]:
-        """Every part file the plan wants, in plan order, with the specs whose frames it holds:
-        a run's sampled spec and exact flow (a sweep's), or one of them (compare's)."""
-        if self.layout == "compare":
-            flows = [s for run in self.runs() for s in with_exact_flow(run)]
-            return [(part_name(s.setting, s.label, run_kind(s.kind).flow), [s]) for s in flows]
-        return [(run_part(run), with_exact_flow(run)) for run in self.runs()]
+        """Every part file the plan wants, in plan order, with the specs whose frames it holds
+        (:meth:`SweepLayout.parts`)."""
+        return self.layout.parts(self.runs())
 
     def jobs(self, todo: list[tuple[str, list[RunSpec]]]) -> list[Job]:
         """The jobs of the parts ``todo``: per setting, the parts that are exact flows in one
-        batched job, then the others in chunks of :attr:`rules_per_job` (:func:`chunks`), each
-        chunk's specs run as one :func:`~.runs.run_specs` call. A sweep's job is one run, named
-        by its id; compare's are named ``setting/sampled`` or ``setting/exact``."""
+        batched job, then the others in chunks of the layout's ``rules_per_job``
+        (:func:`chunks`), each chunk's specs run as one :func:`~.runs.run_specs` call, named by
+        :meth:`SweepLayout.job_key`."""
         jobs = []
         for setting in self.settings:
             here = [part for part in todo if part[1][0].setting == setting]
             exact = [p for p in here if all(run_kind(s.kind).deterministic for s in p[1])]
             groups = [(EXACT, exact)] if exact else []
             sampled = [p for p in here if p not in exact]
-            groups += [(SAMPLED, chunk) for chunk in chunks(sampled, self.rules_per_job)]
+            groups += [(SAMPLED, c) for c in chunks(sampled, self.layout.rules_per_job)]
             for flow, group in groups:
                 names, specs = zip(*group, strict=True)
-                sweep = self.layout == "sweep"
-                key = names[0].removesuffix(".parquet") if sweep else f"{setting}/{flow}"
-                jobs.append(Job(key, names, (self.suite, list(specs), sweep)))
+                key = self.layout.job_key(setting, flow, names)
+                jobs.append(Job(key, names, (self.suite, list(specs), self.layout)))
         return jobs
-
-    def folder(self, out_dir: str | Path, force: bool) -> RunFolder:
-        """The results folder, refused if its parts were made with other training fields."""
-        if self.layout == "compare":  # the flat record of compare's config.json
-            record = dict(
-                settings=self.config.training_fields(), contents=with_rng(asdict(self.config))
-            )
-        else:
-            record = dict(
-                settings=self.training_fields(),
-                compare=changed_fields,
-                record="plan.json",
-                contents=self.to_dict(),
-            )
-        return RunFolder(out_dir, force=force, hint=HINTS[self.layout], **record)
 
     def finished(self, out_dir: str | Path) -> tuple[int, int]:
         """(parts on disk, parts wanted) in ``out_dir``."""
@@ -286,6 +254,126 @@ def chunks(items: list, size: int | None) -> list[list]:
     parts = -(-count // size) if size else min(SAMPLED_JOBS_PER_SETTING, count)
     bounds = [round(i * count / parts) for i in range(parts + 1)] if parts else [0]
     return [items[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the layouts: how a plan's runs are stored and reported
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """A sweep's: a part per run (its sampled run and exact flow, :func:`run_part`), a job each
+    named by its run id, ``plan.json``, tables of the plan's runs with :data:`RUN_COLUMNS` and
+    the variants' parameters; ``clip-sandbox sweep`` prints the plan first and counts runs."""
+
+    rules_per_job = 1  # a class constant: every run is a job of its own
+
+    def parts(self, runs: list[RunSpec]) -> list[tuple[str, list[RunSpec]]]:
+        """Each part file with the specs whose frames it holds."""
+        return [(run_part(run), with_exact_flow(run)) for run in runs]
+
+    def job_key(self, setting: str, flow: str, names: tuple[str, ...]) -> str:
+        """The name of the job that writes ``names``."""
+        return names[0].removesuffix(".parquet")
+
+    def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
+        """The results folder, refused if its parts were made with other training fields."""
+        return RunFolder(
+            out_dir,
+            plan.training_fields(),
+            force=force,
+            hint="use --force to recompute them, or another --out/--name",
+            compare=changed_fields,
+            record="plan.json",
+            contents=plan.to_dict(),
+        )
+
+    def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
+        """A part's frame with the run's own columns (:func:`add_run_columns`)."""
+        return add_run_columns(frame, spec)
+
+    def stored(self, names: list[str], parts_dir: Path) -> list[str]:
+        """The parts the results hold, in order: the plan's ``names``."""
+        return names
+
+    def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
+        """The final scores with each variant's base objective and parameters."""
+        table = plan.variant_table()
+        scores = scores.merge(table, on="objective", how="left")
+        front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
+        return scores[front + [c for c in scores.columns if c not in front]]
+
+    def highlight(self, plan: SweepPlan) -> list[str] | None:
+        """The line plots' objectives (None: :func:`~.plots.pick_lines`)."""
+        return None
+
+    def title(self, plan: SweepPlan) -> str:
+        """The progress bar's description."""
+        return f"sweep {plan.name}"
+
+    def header(self, plan: SweepPlan) -> str | None:
+        """What :func:`main` prints before the runs."""
+        return describe_plan(plan)
+
+    def size(self, plan: SweepPlan) -> str:
+        """The size of the work in :func:`main`'s last line."""
+        seeds, steps = plan.config.seeds, plan.config.steps
+        return f"{len(plan.runs())} runs ({seeds} seeds x {steps} steps each)"
+
+
+@dataclass(frozen=True)
+class CompareLayout:
+    """Compare's (:func:`compare_plan`), with :class:`SweepLayout`'s interface: a part per
+    (setting, rule, flow), a setting's exact flows in one job and its sampled runs in chunks of
+    ``rules_per_job`` (:func:`chunks`), ``config.json``, tables of every part in the folder (a
+    later run of a subset of rules adds to them, never shrinks them)."""
+
+    rules_per_job: int | None = None
+
+    def parts(self, runs: list[RunSpec]) -> list[tuple[str, list[RunSpec]]]:
+        flows = [s for run in runs for s in with_exact_flow(run)]
+        return [(part_name(s.setting, s.label, run_kind(s.kind).flow), [s]) for s in flows]
+
+    def job_key(self, setting: str, flow: str, names: tuple[str, ...]) -> str:
+        return f"{setting}/{flow}"
+
+    def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
+        return RunFolder(  # the flat record of compare's config.json
+            out_dir,
+            plan.config.training_fields(),
+            force=force,
+            hint="run the same command as before to resume, or use another --name, or --force "
+            "to recompute",
+            contents=with_rng(asdict(plan.config)),
+        )
+
+    def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
+        return frame
+
+    def stored(self, names: list[str], parts_dir: Path) -> list[str]:
+        known = set(names)
+        return names + sorted(p.name for p in parts_dir.glob("*.parquet") if p.name not in known)
+
+    def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
+        return scores
+
+    def highlight(self, plan: SweepPlan) -> list[str] | None:
+        """:data:`~.plots.HIGHLIGHT` rules first, then the others, at most 12."""
+        labels = {rule: variant_label(rule, dict(params)) for rule, params in plan.variants}
+        first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
+        return [*first, *[label for label in labels.values() if label not in first]][:12]
+
+    def title(self, plan: SweepPlan) -> str:
+        return "compare"
+
+    def header(self, plan: SweepPlan) -> str | None:
+        return None
+
+    def size(self, plan: SweepPlan) -> str:
+        seeds, steps = plan.config.seeds, plan.config.steps
+        size = f"{len(plan.variants)} objectives x {len(plan.settings)} settings, {seeds} seeds"
+        return size + f" x {steps} steps"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,18 +608,20 @@ def add_run_columns(frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
     return frame
 
 
-def run_parts(suite: str, parts: list[list[RunSpec]], run_columns: bool) -> list[pd.DataFrame]:
+def run_parts(
+    suite: str, parts: list[list[RunSpec]], layout: SweepLayout | CompareLayout
+) -> list[pd.DataFrame]:
     """Worker entry (process pool or Ray task), one thread: a tidy frame per part, from all the
     parts' specs run as one :func:`~.runs.run_specs` call (batched where a kind allows): each
-    spec's frame labelled (:func:`label_frame`), ``optimum`` last, and with ``run_columns`` the
-    sweep run's columns (:func:`add_run_columns`)."""
+    spec's frame labelled (:func:`label_frame`), ``optimum`` last, and the ``layout``'s
+    :meth:`~SweepLayout.run_columns`."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
     frames = iter(run_specs([spec for specs in parts for spec in specs]))
     out = []
     for specs in parts:
         frame = pd.concat([label_frame(next(frames), suite) for _ in specs], ignore_index=True)
         frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
-        out.append(add_run_columns(frame, specs[0]) if run_columns else frame)
+        out.append(layout.run_columns(frame, specs[0]))
     return out
 
 
@@ -561,14 +651,11 @@ def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 
 
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
-    """The plan's finished parts, in plan order, as one tidy frame; in compare's layout the
-    folder's other parts follow by name (made with the same training fields, or the folder
-    would have been refused)."""
+    """The plan's finished parts, in plan order, as one tidy frame (and, as its layout says, the
+    folder's other parts, made with the same training fields or the folder would have been
+    refused: :meth:`SweepLayout.stored`)."""
     parts_dir = Path(parts_dir)
-    names = [name for name, _ in plan.parts()]
-    if plan.layout == "compare":
-        known = set(names)
-        names += sorted(p.name for p in parts_dir.glob("*.parquet") if p.name not in known)
+    names = plan.layout.stored([name for name, _ in plan.parts()], parts_dir)
     results = pd.concat([pd.read_parquet(parts_dir / name) for name in names], ignore_index=True)
     # a parameter that is a string for one objective and a number for another: store as text
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
@@ -576,28 +663,6 @@ def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
         if len(kinds) > 1:
             results[column] = results[column].map(lambda v: v if pd.isna(v) else format_value(v))
     return results
-
-
-def summarize(plan: SweepPlan, results: pd.DataFrame) -> pd.DataFrame:
-    """Final scores per (setting, variant); a sweep's with the variant's base objective and
-    parameters."""
-    scores = final_scores(results)
-    if plan.layout == "compare":
-        return scores
-    table = plan.variant_table()
-    scores = scores.merge(table, on="objective", how="left")
-    front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
-    return scores[front + [c for c in scores.columns if c not in front]]
-
-
-def highlight(plan: SweepPlan) -> list[str] | None:
-    """The line plots' objectives: compare's :data:`~.plots.HIGHLIGHT` rules first, then its
-    others, at most 12; a sweep's the default pick (None: :func:`~.plots.pick_lines`)."""
-    if plan.layout == "sweep":
-        return None
-    labels = {rule: variant_label(rule, dict(params)) for rule, params in plan.variants}
-    first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
-    return [*first, *[label for label in labels.values() if label not in first]][:12]
 
 
 def run_sweep(
@@ -627,7 +692,7 @@ def run_sweep(
     check_workers(workers)
     if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
         raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
-    folder = plan.folder(out_dir, force)
+    folder = plan.layout.folder(plan, out_dir, force)
     parts = plan.parts()
     folder.run(
         run_parts,
@@ -635,7 +700,7 @@ def run_sweep(
         total=len(parts),
         workers=workers,
         progress=progress,
-        desc="compare" if plan.layout == "compare" else f"sweep {plan.name}",
+        desc=plan.layout.title(plan),
         backend=backend,
         address=address,
         error=SweepRunError,
@@ -644,11 +709,11 @@ def run_sweep(
     results = collect_results(plan, folder.parts)
     with recording_tables(folder.out):  # files rewritten only when their bytes change
         write_parquet_if_changed(results, folder.out / "results.parquet")
-        scores = summarize(plan, results)
+        scores = plan.layout.summarize(plan, final_scores(results))
         write_csv(scores, folder.out / "summary.csv")
         if figures:  # drawn in the pool's processes too, unless the runs were made here
             drawers = 1 if backend == "ray" else workers or min(os.cpu_count() or 1, 4)
-            render_all(results, folder.out, highlight(plan), scores, workers=drawers)
+            render_all(results, folder.out, plan.layout.highlight(plan), scores, workers=drawers)
     return results, scores
 
 
@@ -686,8 +751,7 @@ def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> Swe
         seeds=[config.seed],
         variants=[(rule, freeze(config.params(rule))) for rule in config.objectives],
         setting_defs={setting: standard[setting] for setting in config.settings},
-        layout="compare",
-        rules_per_job=rules_per_job,
+        layout=CompareLayout(rules_per_job),
     )
 
 
@@ -721,18 +785,13 @@ def main(plan: SweepPlan, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
     """Run, then print the final-score table and the wall time (the CLI entry of ``sweep`` and,
     with :func:`compare_plan`, of ``compare``)."""
     start = time.perf_counter()
-    if plan.layout == "sweep":
-        print(describe_plan(plan))
+    header = plan.layout.header(plan)
+    if header is not None:
+        print(header)
     _, scores = run_sweep(plan, out_dir, **kwargs)
     print(format_scores(scores))
-    seeds, steps = plan.config.seeds, plan.config.steps
-    if plan.layout == "compare":
-        size = f"{len(plan.variants)} objectives x {len(plan.settings)} settings, {seeds} seeds"
-        size += f" x {steps} steps"
-    else:
-        size = f"{len(plan.runs())} runs ({seeds} seeds x {steps} steps each)"
     print(
-        f"\n{size}: {time.perf_counter() - start:.1f} s. Wrote "
+        f"\n{plan.layout.size(plan)}: {time.perf_counter() - start:.1f} s. Wrote "
         f"{Path(out_dir) / 'results.parquet'}, summary.csv and figures."
     )
     return scores
