@@ -11,7 +11,7 @@ from sandbox.exact import exact_flow
 from sandbox.experiments import CompareConfig, load_results, run_compare
 from sandbox.experiments.compare import parse_objective_params
 from sandbox.experiments.plots import mean_ci
-from sandbox.experiments.sweep import compare_plan
+from sandbox.experiments.sweep import CompareLayout, compare_plan
 from sandbox.objectives import get_objective
 
 SMALL = dict(
@@ -67,7 +67,7 @@ def test_a_comparison_is_a_grid_planned_in_compare_layout():
     per setting the exact flows in one job, then the sampled runs in two near-equal jobs (one per
     run with rules_per_job=1); only the parts asked for are planned."""
     plan = compare_plan(CompareConfig(**SMALL))
-    assert plan.layout == "compare" and plan.seeds == [0]
+    assert plan.layout == CompareLayout(rules_per_job=None) and plan.seeds == [0]
     parts = plan.parts()
     assert [name for name, _ in parts[:5]] == [
         "easy__grpo__sampled.parquet",

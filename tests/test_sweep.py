@@ -1,6 +1,7 @@
 """Sweeps: file parsing and validation, grid expansion, local and Ray backends, resume, plot CLI."""
 
 import dataclasses
+import inspect
 import signal
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from sandbox.experiments import sweep
 from sandbox.experiments.runs import RunSpec, trainer_config
 from sandbox.experiments.sweep import (
     SweepRunError,
+    describe_plan,
     load_sweep,
     parse_sweep,
     run_id,
@@ -20,6 +22,7 @@ from sandbox.experiments.sweep import (
 )
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+LAYOUTS = (sweep.SweepLayout, sweep.CompareLayout)
 FIGURES = (
     "reward_vs_step",
     "entropy_vs_step",
@@ -276,6 +279,21 @@ def test_run_columns_and_custom_env(tiny):
         and len(frame[frame["kind"] == "exact"]) == 2
     )
     assert (frame["optimum"] == 1.0).all()  # the needle arm pays 1
+
+
+def test_the_two_layouts_have_one_interface_and_no_code_asks_which_it_has(tiny):
+    """SweepLayout and CompareLayout answer the same names (methods with the same signatures),
+    so the plan and the engine call whichever the plan holds; none of them compares a layout."""
+    public = [{n for n in vars(cls) if not n.startswith("_")} for cls in LAYOUTS]
+    assert public[0] == public[1] and {"parts", "folder", "summarize", "title"} <= public[0]
+    for name in sorted(public[0]):
+        here, there = (getattr(cls, name) for cls in LAYOUTS)
+        if callable(here):
+            assert inspect.signature(here) == inspect.signature(there), name
+    assert tiny.layout == sweep.SweepLayout() and tiny.layout.header(tiny) == describe_plan(tiny)
+    assert sweep.CompareLayout().header(tiny) is None and tiny.layout.rules_per_job == 1
+    source = inspect.getsource(sweep)
+    assert "layout ==" not in source and "isinstance(plan.layout" not in source
 
 
 # ------------------------------------------------------------------------------------------------

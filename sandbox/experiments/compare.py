@@ -8,15 +8,12 @@ For each (setting, objective) pair it runs
   GRPO advantage and ``epochs * minibatches`` inner updates per step: the deterministic dynamics the
   sampled runs follow in expectation (rules without a closed form, clip_cov and kl_cov, have none).
 
-A comparison is a grid with one entry per objective and one base seed (:func:`~.sweep.compare_plan`), run
-by the sweep engine (:func:`~.sweep.run_sweep`) in compare's layout: each finished run is written
-atomically as ``<out>/parts/<setting>__<label>__<kind>.parquet`` (``kind`` sampled or exact), so
-an interrupted comparison resumes where it stopped; ``config.json`` records the training fields,
-and a rerun with other ones is refused rather than mixed with the old parts. A setting's exact
-flows run as one batched program, its sampled runs in a few jobs whose rules train as one program
-each. Then ``results.parquet`` (tidy: one row per setting, objective, kind, seed, step),
-``summary.csv`` and the figures. This module also holds what every grid shares: the suites, the
-training fields (:class:`CompareConfig`) and one run's spec (:func:`run_spec`).
+A comparison is a grid with one entry per objective and one base seed (:func:`~.sweep.compare_plan`)
+run by the sweep engine in compare's layout (:class:`~.sweep.CompareLayout`: a part per setting,
+rule and kind, ``config.json``; an interrupted comparison resumes, a rerun with other training
+fields is refused). Then ``results.parquet`` (tidy: one row per setting, objective, kind, seed,
+step), ``summary.csv`` and the figures. This module also holds what every grid shares: the suites,
+the training fields (:class:`CompareConfig`) and one run's spec (:func:`run_spec`).
 
 Steps are 1-based, as in ``llm.train``'s ``metrics.jsonl``: the row of step s is logged after the
 s-th rollout + update round, and its ``reward``, ``expected_reward`` and ``entropy`` describe the
@@ -43,12 +40,6 @@ from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
 
 from .runs import RunSpec, freeze, objective_of, trainer_config, variant_label
-
-
-def default_objectives() -> list[str]:
-    """Every preset, then every registered objective (paper defaults)."""
-    return available_presets() + available_objectives()
-
 
 #: The reasoning suite: setting name -> (task, knobs). Tiny vocabularies, so that a model trained
 #: from scratch finds the answer format quickly and the rules differ in what they do next.
@@ -171,14 +162,13 @@ class CompareConfig:
         for key, value in SUITE_DEFAULTS[self.suite].items():
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
-        if self.objectives is None:
-            self.objectives = default_objectives()
+        if self.objectives is None:  # every preset, then every registered objective
+            self.objectives = available_presets() + available_objectives()
         self.objectives = list(dict.fromkeys(self.objectives))  # dapo dapo -> one run
         self.settings = list(dict.fromkeys(self.settings))
         valid = sorted(standard_settings(self.suite))
-        for name in self.settings:
-            if name not in valid:
-                raise ValueError(f"settings: unknown setting {name!r}; valid: {valid}")
+        if unknown := [name for name in self.settings if name not in valid]:
+            raise ValueError(f"settings: unknown setting {unknown[0]!r}; valid: {valid}")
         if not self.objectives:
             raise ValueError("objectives must not be empty")
         for name in self.objectives:

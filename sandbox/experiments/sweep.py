@@ -1,42 +1,25 @@
 """Sweeps: a grid over objectives x hyperparameters x settings x seeds, and the one engine that
-runs every grid (a sweep file's, and the default comparison's: :mod:`.compare`).
+runs every grid (a sweep file's, and the default comparison's: :func:`compare_plan`).
 
-A sweep file names the suite, the shared training fields of :class:`CompareConfig` and a grid::
-
-    name = "nsr-noise"
-    suite = "bandit"                 # or "reasoning"
-    settings = ["needle", "mixed"]   # bandit settings, reasoning settings, or [envs]/[tasks] below
-    seeds = 32                       # seeds per run (vectorised inside one process)
-    steps = 100
-    seed = [0, 1]                    # optional: base seeds, one run each (default 0)
-
-    [[grid]]
-    objective = "nsr"                # registry name or preset (a list of names is allowed)
-    params = { noise = ["uniform", "band"], sigma = [0.05, 0.1] }   # cartesian product
-
-    [[grid]]
-    objective = "dapo"               # no params: the preset as it is
-
-Optional tables: ``[train]`` (further fields of ``BanditTrainConfig`` / ``SequenceTrainConfig``
-such as ``aggregation`` or ``d_model``, fixed for every run), ``[envs.NAME]`` (bandit suite: a
-custom setting, ``env = "sandbox/SoftmaxBandit-v0"`` plus the env's kwargs) and ``[tasks.NAME]``
-(reasoning suite: ``task = "bits"`` plus the task's knobs). Everything is validated before any run
-starts; a bad name or value raises ``ValueError`` naming the field (``grid[1].params.sigma``).
+A sweep file (TOML or YAML; its keys and examples in docs/sweeps.md) names the suite, the shared
+training fields of :class:`~.compare.CompareConfig`, a ``[[grid]]`` of objectives whose
+``params`` lists are expanded as a cartesian product, and optionally ``[train]`` (further trainer
+fields), ``[envs.NAME]`` (bandit suite: a custom setting, ``env`` plus the env's kwargs) and
+``[tasks.NAME]`` (reasoning suite: ``task`` plus its knobs). Everything is validated before any
+run starts; a bad name or value raises ``ValueError`` naming the field (``grid[1].params.sigma``).
 
 One run is one (setting, variant, base seed): the sampled trainer over ``seeds`` seeds and, where
-the objective has one (:func:`with_exact_flow`), the exact expected-gradient flow. The one engine
-(:func:`run_sweep`, which runs compare's plans too) writes each finished part atomically as
-``<out>/parts/<run_id>.parquet``; a restart skips finished parts, so an interrupted sweep loses
-nothing and recomputes nothing. Runs go to a local process pool or, with ``backend="ray"``, to Ray
-tasks (the driver writes the parts, so workers need no shared disk). At the end:
-``results.parquet`` (tidy; ``objective`` holds the variant label such as
-``nsr[noise=band,sigma=0.1]``, plus :data:`RUN_COLUMNS` and one column per swept parameter),
-``summary.csv`` (final scores with the parameter columns) and the standard figures.
+the objective has one (:func:`with_exact_flow`), the exact expected-gradient flow.
+:func:`run_sweep` writes each finished part atomically in ``<out>/parts/``, named as the plan's
+layout says (:class:`SweepLayout`, :class:`CompareLayout`); a restart skips finished parts, so an
+interrupted sweep loses nothing and recomputes nothing. Runs go to a local process pool or to Ray
+tasks (the driver writes the parts: workers need no shared disk). At the end: ``results.parquet``
+(tidy; ``objective`` holds the variant label such as ``nsr[noise=band,sigma=0.1]``),
+``summary.csv`` (final scores) and the standard figures.
 
     clip-sandbox sweep sweeps/atr_delta.toml                      # local process pool
     clip-sandbox sweep sweeps/atr_delta.toml --dry-run            # validate and list the runs
     clip-sandbox sweep sweeps/nsr_noise.toml --backend ray --address auto
-    clip-sandbox plot runs/atr-delta                               # figures from any results
 """
 
 from __future__ import annotations
@@ -50,7 +33,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pandas as pd
 import torch
@@ -80,8 +63,8 @@ from .runs import (
     variant_slug,
 )
 
-#: Shared training fields a sweep file may set at top level (CompareConfig's, less the two the
-#: sweep owns: ``objectives`` come from the grid, ``seed`` may be a list of base seeds).
+#: Shared training fields a sweep file may set at top level (CompareConfig's, less the ones the
+#: grid owns).
 SHARED_FIELDS = tuple(
     f.name for f in fields(CompareConfig) if f.name not in ("objectives", "objective_params")
 )
@@ -89,30 +72,112 @@ TOP_LEVEL_KEYS = ("name", "description", "grid", "train", "envs", "tasks", *SHAR
 GRID_KEYS = ("objective", "params")
 #: Trainer fields the sweep sets itself; ``[train]`` may not override them.
 MANAGED_TRAIN_FIELDS = ("objective", "objective_params", "seed", "task", "task_knobs")
-#: Columns a run adds to the trainer's frame.
+#: The first columns of every part (``optimum`` is its last).
+HEAD_COLUMNS = ("suite", "setting", "objective", "kind", "step", "seed")
+#: Columns a sweep's run adds to the trainer's frame.
 RUN_COLUMNS = ("base_objective", "variant", "run_id", "run_seed")
 #: A swept parameter with one of these names (``seed`` of nsr, say) is stored as ``param_<name>``.
-RESERVED_COLUMNS = (
-    "suite",
-    "setting",
-    "objective",
-    "kind",
-    "seed",
-    "step",
-    "optimum",
-    *RUN_COLUMNS,
-)
-#: Compare's sampled runs of a setting are split into this many jobs of near-equal size (fewer
-#: when there are fewer runs): each job trains its rules as one program
-#: (:func:`~.runs.bandit_sampled`; the more rules, the less each costs), and two per setting keep
-#: a pool's two workers busy to the end.
+RESERVED_COLUMNS = (*HEAD_COLUMNS, "optimum", *RUN_COLUMNS)
+#: Compare's sampled runs of a setting go to this many jobs of near-equal size (fewer when there
+#: are fewer runs): the rules of a job train as one program (:func:`~.runs.bandit_sampled`; the
+#: more rules, the less each costs), and two per setting keep a pool's two workers busy.
 SAMPLED_JOBS_PER_SETTING = 2
-#: The way to a fresh start named by the refusal of a folder made with other settings.
-HINTS = {
-    "sweep": "use --force to recompute them, or another --out/--name",
-    "compare": "run the same command as before to resume, or use another --name, or --force to "
-    "recompute",
-}
+
+Variant = tuple[str, tuple[tuple[str, Any], ...]]  # (rule, params sorted by name)
+Parts = list[tuple[str, list[RunSpec]]]  # (part file name, the specs whose frames it holds)
+
+
+# ------------------------------------------------------------------------------------------------
+# the layouts: how a plan's runs are stored and reported
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """A sweep's: a part per run (its sampled run and exact flow, :func:`run_part`), a job each
+    named by its run id, ``plan.json``, tables of the plan's runs with :data:`RUN_COLUMNS` and the
+    variants' parameters, the plan printed before the runs. The interface of every layout."""
+
+    rules_per_job = 1  # at most this many sampled parts per job (None: :func:`chunks`)
+    title = "sweep {name}"  # the progress bar's description
+    job_key = "{part}"  # a job's name (part: its first part's name less .parquet)
+    size = "{runs} runs ({seeds} seeds x {steps} steps each)"  # :func:`main`'s last line
+    hint = "use --force to recompute them, or another --out/--name"  # refusal of a folder
+
+    def parts(self, runs: list[RunSpec]) -> Parts:
+        """The part files of ``runs``, in their order."""
+        return [(run_part(run), with_exact_flow(run)) for run in runs]
+
+    def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
+        """The results folder, refused if its parts were made with other training fields."""
+        record = dict(compare=changed_fields, record="plan.json", contents=plan.to_dict())
+        return RunFolder(out_dir, plan.training_fields(), force=force, hint=self.hint, **record)
+
+    def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
+        """A part's frame with its run's columns (:func:`add_run_columns`)."""
+        return add_run_columns(frame, spec)
+
+    def stored(self, names: list[str], parts_dir: Path) -> list[str]:
+        """The parts the results hold, in order: the plan's ``names``."""
+        return names
+
+    def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
+        """The final scores with each variant's base objective and parameters."""
+        table = plan.variant_table()
+        scores = scores.merge(table, on="objective", how="left")
+        front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
+        return scores[front + [c for c in scores.columns if c not in front]]
+
+    def highlight(self, plan: SweepPlan) -> list[str] | None:
+        """The line plots' objectives (None: :func:`~.plots.pick_lines`)."""
+        return None
+
+    def header(self, plan: SweepPlan) -> str | None:
+        """What :func:`main` prints before the runs."""
+        return describe_plan(plan)
+
+
+@dataclass(frozen=True)
+class CompareLayout:
+    """Compare's (:func:`compare_plan`): a part per (setting, rule, flow), a setting's exact flows
+    in one job and its sampled runs in chunks of ``rules_per_job`` (:func:`chunks`),
+    ``config.json``, tables of every part in the folder (a later run of a subset of rules adds to
+    them, never shrinks them), the highlighted rules first in the figures."""
+
+    rules_per_job: int | None = None
+    title = "compare"
+    job_key = "{setting}/{flow}"
+    size = "{objectives} objectives x {settings} settings, {seeds} seeds x {steps} steps"
+    hint = (
+        "run the same command as before to resume, or use another --name, or --force to recompute"
+    )
+
+    def parts(self, runs: list[RunSpec]) -> Parts:
+        flows = [s for run in runs for s in with_exact_flow(run)]
+        return [(part_name(s.setting, s.label, run_kind(s.kind).flow), [s]) for s in flows]
+
+    def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
+        settings, contents = plan.config.training_fields(), with_rng(asdict(plan.config))
+        return RunFolder(out_dir, settings, force=force, hint=self.hint, contents=contents)
+
+    def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
+        return frame
+
+    def stored(self, names: list[str], parts_dir: Path) -> list[str]:
+        others = sorted({p.name for p in parts_dir.glob("*.parquet")} - set(names))
+        return names + others
+
+    def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
+        return scores
+
+    def highlight(self, plan: SweepPlan) -> list[str] | None:
+        """:data:`~.plots.HIGHLIGHT` rules first, then the others, at most 12."""
+        labels = dict(zip([rule for rule, _ in plan.variants], plan.labels(), strict=True))
+        first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
+        return [*first, *[label for label in labels.values() if label not in first]][:12]
+
+    def header(self, plan: SweepPlan) -> str | None:
+        return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -122,26 +187,19 @@ HINTS = {
 
 @dataclass
 class SweepPlan:
-    """A validated grid: shared training fields, settings, base seeds and variants.
-
-    ``layout``: how its runs are stored. ``"sweep"``: a part per run (its sampled run and exact
-    flow, :func:`run_part`), a job each, ``plan.json``, tables of the plan's runs with
-    :data:`RUN_COLUMNS`. ``"compare"`` (:func:`~.compare.compare_plan`): a part per (setting,
-    rule, flow), a setting's exact flows in one job and its sampled runs in chunks of
-    ``rules_per_job`` (:func:`chunks`), ``config.json``, tables of every part in the folder (a
-    later run of a subset of rules adds to them, never shrinks them)."""
+    """A validated grid: shared training fields, settings, base seeds and variants, and the
+    ``layout`` its runs are stored and reported in."""
 
     name: str
     config: CompareConfig  # the shared training fields (and the suite)
     settings: list[str]
     seeds: list[int]
-    variants: list[tuple[str, tuple[tuple[str, Any], ...]]]  # (rule, params sorted by name)
+    variants: list[Variant]
     setting_defs: dict[str, dict[str, Any]]  # setting -> RunSpec.definition (env or task + knobs)
     train: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: str | None = field(default=None, compare=False)
-    layout: Literal["sweep", "compare"] = "sweep"
-    rules_per_job: int | None = 1
+    layout: SweepLayout | CompareLayout = SweepLayout()
 
     @property
     def suite(self) -> str:
@@ -164,47 +222,27 @@ class SweepPlan:
             )
         ]
 
-    def parts(self) -> list[tuple[str, list[RunSpec]]]:
-        """Every part file the plan wants, in plan order, with the specs whose frames it holds:
-        a run's sampled spec and exact flow (a sweep's), or one of them (compare's)."""
-        if self.layout == "compare":
-            flows = [s for run in self.runs() for s in with_exact_flow(run)]
-            return [(part_name(s.setting, s.label, run_kind(s.kind).flow), [s]) for s in flows]
-        return [(run_part(run), with_exact_flow(run)) for run in self.runs()]
+    def parts(self) -> Parts:
+        """Every part file the plan wants, in plan order, with the specs whose frames it holds."""
+        return self.layout.parts(self.runs())
 
-    def jobs(self, todo: list[tuple[str, list[RunSpec]]]) -> list[Job]:
+    def jobs(self, todo: Parts) -> list[Job]:
         """The jobs of the parts ``todo``: per setting, the parts that are exact flows in one
-        batched job, then the others in chunks of :attr:`rules_per_job` (:func:`chunks`), each
-        chunk's specs run as one :func:`~.runs.run_specs` call. A sweep's job is one run, named
-        by its id; compare's are named ``setting/sampled`` or ``setting/exact``."""
+        batched job, then the others in chunks of the layout's ``rules_per_job``, each job's
+        specs run as one :func:`~.runs.run_specs` call."""
         jobs = []
         for setting in self.settings:
             here = [part for part in todo if part[1][0].setting == setting]
             exact = [p for p in here if all(run_kind(s.kind).deterministic for s in p[1])]
             groups = [(EXACT, exact)] if exact else []
             sampled = [p for p in here if p not in exact]
-            groups += [(SAMPLED, chunk) for chunk in chunks(sampled, self.rules_per_job)]
+            groups += [(SAMPLED, c) for c in chunks(sampled, self.layout.rules_per_job)]
             for flow, group in groups:
                 names, specs = zip(*group, strict=True)
-                sweep = self.layout == "sweep"
-                key = names[0].removesuffix(".parquet") if sweep else f"{setting}/{flow}"
-                jobs.append(Job(key, names, (self.suite, list(specs), sweep)))
+                part = names[0].removesuffix(".parquet")
+                key = self.layout.job_key.format(setting=setting, flow=flow, part=part)
+                jobs.append(Job(key, names, (self.suite, list(specs), self.layout)))
         return jobs
-
-    def folder(self, out_dir: str | Path, force: bool) -> RunFolder:
-        """The results folder, refused if its parts were made with other training fields."""
-        if self.layout == "compare":  # the flat record of compare's config.json
-            record = dict(
-                settings=self.config.training_fields(), contents=with_rng(asdict(self.config))
-            )
-        else:
-            record = dict(
-                settings=self.training_fields(),
-                compare=changed_fields,
-                record="plan.json",
-                contents=self.to_dict(),
-            )
-        return RunFolder(out_dir, force=force, hint=HINTS[self.layout], **record)
 
     def finished(self, out_dir: str | Path) -> tuple[int, int]:
         """(parts on disk, parts wanted) in ``out_dir``."""
@@ -212,42 +250,35 @@ class SweepPlan:
         return sum((Path(out_dir) / "parts" / name).exists() for name in names), len(names)
 
     def training_fields(self) -> dict[str, Any]:
-        """What every run shares (a finished part is only reused if these are unchanged)."""
-        # compare's, less the base seed, which each run's id records
+        """What every run shares (a finished part is only reused if these are unchanged):
+        compare's, less the base seed, which each run's id records."""
         shared = {k: v for k, v in self.config.training_fields().items() if k != "seed"}
         defs = {s: self.setting_defs[s] for s in self.settings}
         return _jsonable({"shared": shared, "train": self.train, "setting_defs": defs})
 
+    def labels(self) -> list[str]:
+        """Each variant's label (:func:`~.runs.variant_label`): ``nsr[noise=band,sigma=0.1]``."""
+        return [variant_label(rule, dict(params)) for rule, params in self.variants]
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved plan, JSON-friendly (written to ``<out>/plan.json``)."""
-        return _jsonable(
-            {
-                "name": self.name,
-                "suite": self.suite,
-                "description": self.description,
-                "settings": self.settings,
-                "seed": self.seeds,
-                **self.training_fields(),
-                "variants": [
-                    {
-                        "label": variant_label(rule, dict(params)),
-                        "objective": rule,
-                        "params": dict(params),
-                    }
-                    for rule, params in self.variants
-                ],
-                "runs": len(self.runs()),
-            }
-        )
+        variants = [
+            {"label": label, "objective": rule, "params": dict(params)}
+            for label, (rule, params) in zip(self.labels(), self.variants, strict=True)
+        ]
+        plan = dict(name=self.name, suite=self.suite, description=self.description)
+        plan |= dict(settings=self.settings, seed=self.seeds, **self.training_fields())
+        return _jsonable(plan | dict(variants=variants, runs=len(self.runs())))
 
     def variant_table(self) -> pd.DataFrame:
         """One row per variant: label, base objective and one column per swept parameter."""
-        rows = []
-        for rule, params in self.variants:
-            row = {"objective": variant_label(rule, dict(params)), "base_objective": rule}
-            row.update({_param_column(k): val for k, val in params})
-            rows.append(row)
-        return pd.DataFrame(rows)
+        return pd.DataFrame(
+            [
+                {"objective": label, "base_objective": rule}
+                | {_param_column(k): value for k, value in params}
+                for label, (rule, params) in zip(self.labels(), self.variants, strict=True)
+            ]
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -308,19 +339,22 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return values
 
 
-def _parse_grid(grid: Any) -> list[tuple[str, tuple[tuple[str, Any], ...]]]:
+def _check_keys(where: str, given: Iterable[str], valid: tuple[str, ...]) -> None:
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ValueError(f"{where}unknown key(s) {unknown}; valid keys: {list(valid)}")
+
+
+def _parse_grid(grid: Any) -> list[Variant]:
     if not isinstance(grid, list) or not grid:
         raise ValueError("grid: needs at least one [[grid]] entry (objective = ..., params = ...)")
     variants = []
     for i, entry in enumerate(grid):
         where = f"grid[{i}]"
-        if isinstance(entry, str):
-            entry = {"objective": entry}
+        entry = {"objective": entry} if isinstance(entry, str) else entry
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: expected a table with objective and params, got {entry!r}")
-        unknown = sorted(set(entry) - set(GRID_KEYS))
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {list(GRID_KEYS)}")
+        _check_keys(f"{where}: ", entry, GRID_KEYS)
         if "objective" not in entry:
             raise ValueError(f"{where}.objective: missing (a registry name or preset)")
         names = _as_list(f"{where}.objective", entry["objective"])
@@ -345,55 +379,63 @@ def _parse_grid(grid: Any) -> list[tuple[str, tuple[tuple[str, Any], ...]]]:
                         f"{where}.params.{bad[0]}: {name} with {combo_params}: {exc}"
                     ) from exc
                 variants.append((name, freeze(combo_params)))
-    seen: set[str] = set()
-    for rule, params in variants:
-        label = variant_label(rule, dict(params))
-        if label in seen:
-            raise ValueError(f"grid: variant {label} appears twice")
-        seen.add(label)
+    labels = [variant_label(rule, dict(params)) for rule, params in variants]
+    if twice := _duplicate(labels):
+        raise ValueError(f"grid: variant {twice} appears twice")
     return variants
+
+
+def _duplicate(values: list[Any]) -> Any:
+    """The first value that appears twice in ``values`` (None: none does)."""
+    return next((value for value in values if values.count(value) > 1), None)
+
+
+def _check_env(where: str, env_id: str, kwargs: dict[str, Any]) -> None:
+    try:
+        model = BanditSetting(env_id, kwargs).make().unwrapped
+    except Exception as exc:  # gymnasium raises its own error types
+        raise ValueError(f"{where}: cannot make {env_id} with {kwargs}: {exc}") from exc
+    if not hasattr(model, "mean_rewards"):
+        raise ValueError(f"{where}.env: {env_id} is not a bandit with an exact model")
+
+
+def _check_task(where: str, task: str, knobs: dict[str, Any]) -> None:
+    try:
+        make_task(task, **knobs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+#: A custom setting of each suite: its table, its key, what that key names, and its check.
+CUSTOM_SETTINGS = {
+    "bandit": ("envs", "env", "a registered id such as sandbox/SoftmaxBandit-v0", _check_env),
+    "reasoning": ("tasks", "task", "one of envs.reasoning.available_tasks()", _check_task),
+}
 
 
 def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
     """The sweep's settings and each one's definition (standard or from [envs] / [tasks]), as
     :attr:`RunSpec.definition` holds it: ``env`` or ``task``, then the kwargs or knobs."""
-    own_key, other_key = ("envs", "tasks") if suite == "bandit" else ("tasks", "envs")
+    own_key, key, what, check = CUSTOM_SETTINGS[suite]
+    other_key = "tasks" if own_key == "envs" else "envs"
     if other_key in spec:
         raise ValueError(f"{other_key}: not used by the {suite} suite (use [{own_key}.NAME])")
-    standard = standard_settings(suite)
+    defs = standard_settings(suite)
     custom = spec.get(own_key, {})
     if not isinstance(custom, dict):
         raise ValueError(f"{own_key}: expected tables [{own_key}.NAME], got {custom!r}")
-    defs = dict(standard)
     for name, table in custom.items():
         where = f"{own_key}.{name}"
-        if name in standard:
+        if name in defs:
             raise ValueError(f"{where}: shadows the standard setting {name!r}; pick another name")
         if not isinstance(table, dict):
             raise ValueError(f"{where}: expected a table, got {table!r}")
         kwargs = dict(table)
-        if suite == "bandit":
-            env_id = kwargs.pop("env", None)
-            if not isinstance(env_id, str):
-                raise ValueError(
-                    f"{where}.env: missing (a registered id such as sandbox/SoftmaxBandit-v0)"
-                )
-            try:
-                model = BanditSetting(env_id, kwargs).make().unwrapped
-            except Exception as exc:  # gymnasium raises its own error types
-                raise ValueError(f"{where}: cannot make {env_id} with {kwargs}: {exc}") from exc
-            if not hasattr(model, "mean_rewards"):
-                raise ValueError(f"{where}.env: {env_id} is not a bandit with an exact model")
-            defs[name] = {"env": env_id, **kwargs}
-        else:
-            task = kwargs.pop("task", None)
-            if not isinstance(task, str):
-                raise ValueError(f"{where}.task: missing (one of envs.reasoning.available_tasks())")
-            try:
-                make_task(task, **kwargs)
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{where}: {exc}") from exc
-            defs[name] = {"task": task, **kwargs}
+        made_from = kwargs.pop(key, None)
+        if not isinstance(made_from, str):
+            raise ValueError(f"{where}.{key}: missing ({what})")
+        check(where, made_from, kwargs)
+        defs[name] = {key: made_from, **kwargs}
     settings = _as_list("settings", spec.get("settings", SUITE_DEFAULTS[suite]["settings"]))
     for name in settings:
         if name not in defs:
@@ -408,9 +450,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     if not isinstance(spec, Mapping):
         raise ValueError(f"a sweep is a mapping of keys, got {type(spec).__name__}")
     spec = dict(spec)
-    unknown = sorted(set(spec) - set(TOP_LEVEL_KEYS))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown}; valid keys: {list(TOP_LEVEL_KEYS)}")
+    _check_keys("", spec, TOP_LEVEL_KEYS)
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name: missing (the sweep's name; results go to OUT/NAME)")
@@ -427,9 +467,8 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
 
     variants = _parse_grid(spec.get("grid"))
     settings, setting_defs = _parse_settings(suite, spec)
-    shared = {
-        k: spec[k] for k in SHARED_FIELDS if k in spec and k not in ("suite", "settings", "seed")
-    }
+    owned = ("suite", "settings", "seed")
+    shared = {k: spec[k] for k in SHARED_FIELDS if k in spec and k not in owned}
     objectives = list(dict.fromkeys(rule for rule, _ in variants))
     try:
         # the suite's default settings here: CompareConfig only knows the standard ones
@@ -466,10 +505,8 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
             trainer_config(run)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{run.label} on {run.setting}: {exc}") from exc
-    ids = [run_id(r) for r in plan.runs()]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"grid: two runs map to the run id {dup!r}; rename a value")
+    if twice := _duplicate([run_id(r) for r in plan.runs()]):
+        raise ValueError(f"grid: two runs map to the run id {twice!r}; rename a value")
     return plan
 
 
@@ -482,11 +519,9 @@ def with_overrides(
         return plan
     config = copy.copy(plan.config)  # not replace(): custom settings are not CompareConfig's
     for key, value in (("seeds", seeds), ("steps", steps)):
-        if value is None:
-            continue
-        setattr(config, key, check_int(key, value))
-    new = replace(plan, config=config)
-    new.source = plan.source
+        if value is not None:
+            setattr(config, key, check_int(key, value))
+    new = replace(plan, config=config)  # the source too
     trainer_config(new.runs()[0])  # the trainer's checks
     return new
 
@@ -503,8 +538,7 @@ def label_frame(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
     frame = frame.rename(columns={"rule": "objective"})
     frame["kind"] = frame["kind"].map(lambda name: run_kind(name).flow)
     frame.insert(0, "suite", suite)
-    head = ["suite", "setting", "objective", "kind", "step", "seed"]
-    return frame[head + [c for c in frame.columns if c not in head]]
+    return frame[[*HEAD_COLUMNS, *[c for c in frame.columns if c not in HEAD_COLUMNS]]]
 
 
 def add_run_columns(frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
@@ -520,18 +554,20 @@ def add_run_columns(frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
     return frame
 
 
-def run_parts(suite: str, parts: list[list[RunSpec]], run_columns: bool) -> list[pd.DataFrame]:
+def run_parts(
+    suite: str, parts: list[list[RunSpec]], layout: SweepLayout | CompareLayout
+) -> list[pd.DataFrame]:
     """Worker entry (process pool or Ray task), one thread: a tidy frame per part, from all the
     parts' specs run as one :func:`~.runs.run_specs` call (batched where a kind allows): each
-    spec's frame labelled (:func:`label_frame`), ``optimum`` last, and with ``run_columns`` the
-    sweep run's columns (:func:`add_run_columns`)."""
+    spec's frame labelled (:func:`label_frame`), ``optimum`` last, with the layout's
+    :meth:`~SweepLayout.run_columns`."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
     frames = iter(run_specs([spec for specs in parts for spec in specs]))
     out = []
     for specs in parts:
         frame = pd.concat([label_frame(next(frames), suite) for _ in specs], ignore_index=True)
         frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
-        out.append(add_run_columns(frame, specs[0]) if run_columns else frame)
+        out.append(layout.run_columns(frame, specs[0]))
     return out
 
 
@@ -561,43 +597,14 @@ def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[
 
 
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
-    """The plan's finished parts, in plan order, as one tidy frame; in compare's layout the
-    folder's other parts follow by name (made with the same training fields, or the folder
-    would have been refused)."""
-    parts_dir = Path(parts_dir)
-    names = [name for name, _ in plan.parts()]
-    if plan.layout == "compare":
-        known = set(names)
-        names += sorted(p.name for p in parts_dir.glob("*.parquet") if p.name not in known)
-    results = pd.concat([pd.read_parquet(parts_dir / name) for name in names], ignore_index=True)
+    """The finished parts its layout keeps (:meth:`SweepLayout.stored`), as one tidy frame."""
+    names = plan.layout.stored([name for name, _ in plan.parts()], Path(parts_dir))
+    results = pd.concat([pd.read_parquet(Path(parts_dir) / n) for n in names], ignore_index=True)
     # a parameter that is a string for one objective and a number for another: store as text
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
-        kinds = {type(v) for v in results[column].dropna()}
-        if len(kinds) > 1:
+        if len({type(v) for v in results[column].dropna()}) > 1:
             results[column] = results[column].map(lambda v: v if pd.isna(v) else format_value(v))
     return results
-
-
-def summarize(plan: SweepPlan, results: pd.DataFrame) -> pd.DataFrame:
-    """Final scores per (setting, variant); a sweep's with the variant's base objective and
-    parameters."""
-    scores = final_scores(results)
-    if plan.layout == "compare":
-        return scores
-    table = plan.variant_table()
-    scores = scores.merge(table, on="objective", how="left")
-    front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
-    return scores[front + [c for c in scores.columns if c not in front]]
-
-
-def highlight(plan: SweepPlan) -> list[str] | None:
-    """The line plots' objectives: compare's :data:`~.plots.HIGHLIGHT` rules first, then its
-    others, at most 12; a sweep's the default pick (None: :func:`~.plots.pick_lines`)."""
-    if plan.layout == "sweep":
-        return None
-    labels = {rule: variant_label(rule, dict(params)) for rule, params in plan.variants}
-    first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
-    return [*first, *[label for label in labels.values() if label not in first]][:12]
 
 
 def run_sweep(
@@ -627,7 +634,7 @@ def run_sweep(
     check_workers(workers)
     if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
         raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
-    folder = plan.folder(out_dir, force)
+    folder = plan.layout.folder(plan, out_dir, force)
     parts = plan.parts()
     folder.run(
         run_parts,
@@ -635,7 +642,7 @@ def run_sweep(
         total=len(parts),
         workers=workers,
         progress=progress,
-        desc="compare" if plan.layout == "compare" else f"sweep {plan.name}",
+        desc=plan.layout.title.format(name=plan.name),
         backend=backend,
         address=address,
         error=SweepRunError,
@@ -644,26 +651,23 @@ def run_sweep(
     results = collect_results(plan, folder.parts)
     with recording_tables(folder.out):  # files rewritten only when their bytes change
         write_parquet_if_changed(results, folder.out / "results.parquet")
-        scores = summarize(plan, results)
+        scores = plan.layout.summarize(plan, final_scores(results))
         write_csv(scores, folder.out / "summary.csv")
         if figures:  # drawn in the pool's processes too, unless the runs were made here
             drawers = 1 if backend == "ray" else workers or min(os.cpu_count() or 1, 4)
-            render_all(results, folder.out, highlight(plan), scores, workers=drawers)
+            render_all(results, folder.out, plan.layout.highlight(plan), scores, workers=drawers)
     return results, scores
 
 
 def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
     """A short text description of the runs (``clip-sandbox sweep --dry-run``)."""
-    runs = plan.runs()
+    shared = ", ".join(f"{k}={v}" for k, v in plan.training_fields()["shared"].items())
     lines = [
         f"sweep {plan.name} ({plan.suite}): {len(plan.variants)} variants x "
-        f"{len(plan.settings)} settings x {len(plan.seeds)} base seeds = {len(runs)} runs",
+        f"{len(plan.settings)} settings x {len(plan.seeds)} base seeds = {len(plan.runs())} runs",
         f"  settings: {', '.join(plan.settings)};  base seeds: {plan.seeds}",
-        "  shared: "
-        + ", ".join(f"{k}={v}" for k, v in plan.training_fields()["shared"].items())
-        + (f";  train: {plan.train}" if plan.train else ""),
-        "  variants: "
-        + ", ".join(variant_label(rule, dict(params)) for rule, params in plan.variants),
+        f"  shared: {shared}" + (f";  train: {plan.train}" if plan.train else ""),
+        f"  variants: {', '.join(plan.labels())}",
     ]
     if out_dir is not None:
         done, total = plan.finished(out_dir)
@@ -673,7 +677,7 @@ def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
 
 def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> SweepPlan:
     """The comparison as a grid for the sweep engine: one entry per objective with its
-    parameters, the standard settings, one base seed, compare's folder layout.
+    parameters, the standard settings, one base seed, :class:`CompareLayout`.
     ``rules_per_job``: at most this many sampled runs per job (None: a setting's runs in
     :data:`SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run)."""
     if rules_per_job is not None:
@@ -686,29 +690,17 @@ def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> Swe
         seeds=[config.seed],
         variants=[(rule, freeze(config.params(rule))) for rule in config.objectives],
         setting_defs={setting: standard[setting] for setting in config.settings},
-        layout="compare",
-        rules_per_job=rules_per_job,
+        layout=CompareLayout(rules_per_job),
     )
 
 
 def run_compare(
-    config: CompareConfig,
-    out_dir: str | Path,
-    *,
-    workers: int | None = None,
-    progress: bool = True,
-    force: bool = False,
-    figures: bool = True,
-    rules_per_job: int | None = None,
+    config: CompareConfig, out_dir: str | Path, *, rules_per_job: int | None = None, **kwargs: Any
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run (or resume) a comparison into ``out_dir``; returns ``(results, scores)``: its plan
-    (:func:`compare_plan`; results do not depend on ``rules_per_job``) in the sweep engine
-    (:func:`run_sweep`: the refusal of other training fields, ``force``, the pool of
-    ``workers``, interruption and resume)."""
-    plan = compare_plan(config, rules_per_job)
-    return run_sweep(
-        plan, out_dir, workers=workers, progress=progress, force=force, figures=figures
-    )
+    """Run (or resume) a comparison into ``out_dir``: its plan (:func:`compare_plan`; results do
+    not depend on ``rules_per_job``) in :func:`run_sweep`, with its keyword arguments
+    (``workers``, ``progress``, ``force``, ``figures``)."""
+    return run_sweep(compare_plan(config, rules_per_job), out_dir, **kwargs)
 
 
 def compare_progress(config: CompareConfig, out_dir: str | Path) -> str:
@@ -721,16 +713,13 @@ def main(plan: SweepPlan, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
     """Run, then print the final-score table and the wall time (the CLI entry of ``sweep`` and,
     with :func:`compare_plan`, of ``compare``)."""
     start = time.perf_counter()
-    if plan.layout == "sweep":
-        print(describe_plan(plan))
+    header = plan.layout.header(plan)
+    if header is not None:
+        print(header)
     _, scores = run_sweep(plan, out_dir, **kwargs)
     print(format_scores(scores))
-    seeds, steps = plan.config.seeds, plan.config.steps
-    if plan.layout == "compare":
-        size = f"{len(plan.variants)} objectives x {len(plan.settings)} settings, {seeds} seeds"
-        size += f" x {steps} steps"
-    else:
-        size = f"{len(plan.runs())} runs ({seeds} seeds x {steps} steps each)"
+    counts = dict(runs=len(plan.runs()), objectives=len(plan.variants), settings=len(plan.settings))
+    size = plan.layout.size.format(seeds=plan.config.seeds, steps=plan.config.steps, **counts)
     print(
         f"\n{size}: {time.perf_counter() - start:.1f} s. Wrote "
         f"{Path(out_dir) / 'results.parquet'}, summary.csv and figures."
