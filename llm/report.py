@@ -119,10 +119,12 @@ class StepMetrics:
         seen = self.seen.get(key, [False] * len(has))
         self.seen[key] = [s or h for s, h in zip(seen, has, strict=True)]
 
-    def split_into(self, members: Sequence[StepMetrics]) -> None:
-        """Each member's rows (its loss, the sums and extremes it added) into its own
-        ``StepMetrics`` (``members=K``; once per step)."""
-        for k, m in enumerate(members):
+    def split_into(self, runs: Sequence[StepMetrics]) -> None:
+        """Each member's rows (its loss, the sums and extremes it added) into its run's own
+        ``StepMetrics`` ``runs[k]`` (``members=K``; once per step)."""
+        if len(runs) != (self.members or 0):
+            raise ValueError(f"runs: {len(runs)} given for the rows of {self.members or 0} members")
+        for k, m in enumerate(runs):
             m.loss = self.loss[k]
             for mine, theirs in ((self.sums, m.sums), (self.extremes, m.extremes)):
                 theirs.update({key: v[k] for key, v in mine.items() if self.seen[key][k]})

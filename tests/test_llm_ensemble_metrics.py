@@ -123,8 +123,13 @@ def test_a_runs_row_by_hand(members):
             [False, True, True],
         )
     row = metrics
-    if members is not None:
+    if members is None:
+        with pytest.raises(ValueError, match="runs: 1 given for the rows of 0 members"):
+            metrics.split_into([StepMetrics(CPU)])
+    else:
         rows = [StepMetrics(CPU) for _ in range(members)]
+        with pytest.raises(ValueError, match="runs: 2 given for the rows of 3 members"):
+            metrics.split_into(rows[:2])
         metrics.split_into(rows)
         assert sorted(rows[0].reduce()) == ["grad_norm", "loss"]
         row = rows[1]
