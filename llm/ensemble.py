@@ -1051,94 +1051,6 @@ class StepRows:
         return out, [(rows.shape[1], r) for r in rights_l]
 
 
-def keep(new: Tensor, old: Tensor | float, present: Tensor | None) -> Tensor:
-    """``new`` where ``present`` (every member where None), else ``old``."""
-    return new if present is None else torch.where(present, new, old)
-
-
-class StackedMetrics:
-    """The K members' :class:`llm.report.StepMetrics` of a step accumulated as ``[K]`` tensors:
-    per micro-batch, each metric stacked once over the members and one multiply-add (or
-    maximum) for all K, the same float32 operations member k's ``StepMetrics.add`` makes on its
-    own values, so every row equals its run alone's bit for bit. :meth:`flush` hands each member
-    its rows (once per step). A member that is not ``active`` in a micro-batch (no row in its
-    minibatch) keeps its rows as they are, and a member that never added a metric gets none, as
-    it gets none alone."""
-
-    def __init__(self, members: Sequence[StepMetrics]) -> None:
-        self.members = list(members)
-        self.sums: dict[str, Tensor] = {}
-        self.extremes: dict[str, Tensor] = {}  # *_max, and -(*_min)
-        self.seen: dict[str, list[bool]] = {}  # per key: which members added it
-        self.loss: Tensor | None = None
-
-    def add(
-        self,
-        losses: Tensor,
-        metrics: Sequence[dict[str, Tensor]],
-        tokens: Tensor,
-        empty: Sequence[bool],
-        active: Sequence[bool],
-    ) -> None:
-        """One micro-batch of every member: the losses ``[K]``, each member's metrics, the
-        valid-token counts ``[K]``; ``empty[k]`` as for ``StepMetrics.add``, and members that
-        are not ``active`` left out."""
-        K, device = len(self.members), losses.device
-        mask = None if all(active) else torch.tensor(active, device=device)
-        if self.loss is None:
-            self.loss = torch.zeros(K, device=device)
-        self.loss = keep(self.loss + losses.detach(), self.loss, mask)
-        weight = tokens.float()
-        self.accumulate("_tokens", weight, active, mask)
-        keys = dict.fromkeys(k for m in metrics for k in m)
-        with torch.no_grad():
-            for key in keys:
-                has = [a and key in m for a, m in zip(active, metrics, strict=True)]
-                present = (
-                    mask if all(key in m for m in metrics) else torch.tensor(has, device=device)
-                )
-                if not any(has):
-                    continue
-                fill = None if all(key in m for m in metrics) else torch.zeros((), device=device)
-                v = torch.stack([m.get(key, fill) for m in metrics]).float()
-                if not key.endswith(("_max", "_min")):
-                    self.accumulate(key, v * weight, has, present)
-                    continue
-                v = v if key.endswith("_max") else -v
-                if any(empty):
-                    v = torch.where(torch.tensor(empty, device=device), -torch.inf, v)
-                old = self.extremes.get(key)
-                self.extremes[key] = keep(
-                    v if old is None else torch.maximum(old, v),
-                    -torch.inf if old is None else old,
-                    present,
-                )
-                self.mark(key, has)
-
-    def accumulate(
-        self, key: str, value: Tensor, has: Sequence[bool], present: Tensor | None
-    ) -> None:
-        old = self.sums.get(key, 0.0)
-        self.sums[key] = keep(old + value, old, present)
-        self.mark(key, has)
-
-    def mark(self, key: str, has: Sequence[bool]) -> None:
-        seen = self.seen.setdefault(key, [False] * len(self.members))
-        self.seen[key] = [s or h for s, h in zip(seen, has, strict=True)]
-
-    def flush(self) -> None:
-        """Each member's rows into its ``StepMetrics`` (its loss, the sums and extremes it
-        added)."""
-        if self.loss is not None:
-            for m, loss in zip(self.members, self.loss.unbind(), strict=True):
-                m.loss = loss
-        for acc, table in ((self.sums, "sums"), (self.extremes, "extremes")):
-            for key, value in acc.items():
-                for m, row, seen in zip(self.members, value.unbind(), self.seen[key], strict=True):
-                    if seen:
-                        getattr(m, table)[key] = row
-
-
 def micro_batch(
     runs: Sequence[Run],
     batches: Sequence[dict[str, Tensor]],
@@ -1185,7 +1097,7 @@ def ensemble_update(
     the micro-steps' forward and loss through :class:`CompiledLosses`."""
     cfg, K = runs[0].cfg, len(runs)
     metrics = [StepMetrics(r.device) for r in runs]
-    stacked = StackedMetrics(metrics)
+    stacked = StepMetrics(runs[0].device, members=K)
     step_rows = StepRows.of(batches, hosts, runs[0].tokenizer.pad_token_id)
     for run in runs:
         run.policy.train()
@@ -1244,7 +1156,7 @@ def ensemble_update(
                     metrics[k].add_grad_norm(norms[k])
             optimizer.step(active)
             optimizer.zero_grad()
-    stacked.flush()
+    stacked.split_into(metrics)
     return metrics
 
 

@@ -1,9 +1,9 @@
 """What a step reports: metric sums over micro-batches and ranks, and where the rows go.
 
 :class:`StepMetrics` adds up the metrics of every micro-batch of a step on the device (no host
-sync) and reduces them across ranks with one all-reduce for the token-weighted sums and one for
-the extremes. :class:`Reporter` writes one JSON line per step to ``OUT/metrics.jsonl`` (rank 0),
-and to TensorBoard / W&B when asked.
+sync), of one run or of an ensemble's K members as ``[K]`` rows, and reduces them across ranks
+with one all-reduce for the token-weighted sums and one for the extremes. :class:`Reporter` writes
+one JSON line per step to ``OUT/metrics.jsonl`` (rank 0), and to TensorBoard / W&B when asked.
 """
 
 from __future__ import annotations
@@ -11,11 +11,25 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from llm import dist
+
+#: a micro-batch's metrics: one run's, or (``StepMetrics(members=K)``) each member's
+Metrics = dict[str, torch.Tensor] | Sequence[dict[str, torch.Tensor]]
+
+
+def keep(new: torch.Tensor, old: torch.Tensor, present: torch.Tensor | None) -> torch.Tensor:
+    """``new`` where ``present`` (everywhere where None), else ``old``."""
+    return new if present is None else torch.where(present, new, old)
+
+
+def mask(flags: Sequence[bool], device: torch.device) -> torch.Tensor | None:
+    """``flags`` as a bool tensor on ``device``; None where all are set (nothing to mask)."""
+    return None if all(flags) else torch.tensor(flags, device=device)
 
 
 class StepMetrics:
@@ -24,37 +38,96 @@ class StepMetrics:
     ``*_max`` / ``*_min`` metrics are extremes over micro-batches and ranks; every other metric is
     averaged with the micro-batch's valid-token count as its weight. ``loss`` is the sum of the
     micro-batch losses divided by the number of optimizer steps, ``grad_norm`` the mean of the
-    optimizer steps' norms."""
+    optimizer steps' norms.
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    ``members=K`` (:mod:`llm.ensemble`): the K runs' sums, extremes and losses as ``[K]`` rows,
+    added by the same float32 operations each run's own ``StepMetrics`` makes on its values, so
+    :meth:`split_into` hands every run the rows it gets alone, bit for bit."""
+
+    def __init__(self, device: torch.device, members: int | None = None) -> None:
+        self.device, self.members = device, members
         self.sums: dict[str, torch.Tensor] = {}
         self.extremes: dict[str, torch.Tensor] = {}  # *_max, and -(*_min)
-        self.loss = torch.zeros((), device=device)
+        self.seen: dict[str, list[bool]] = {}  # per key: which members added it
+        self.loss = torch.zeros(() if members is None else members, device=device)
         self.grad_norms: list[torch.Tensor] = []
         self.means: dict[str, list[torch.Tensor]] = {}  # per update (or step): plain means
 
     def add(
         self,
         loss: torch.Tensor,
-        metrics: dict[str, torch.Tensor],
+        metrics: Metrics,
         tokens: torch.Tensor,
-        empty: bool,
+        empty: bool | Sequence[bool],
+        active: Sequence[bool] | None = None,
     ) -> None:
         """One micro-batch: its loss, metrics and valid-token count (``empty``: a stand-in
-        micro-batch run only so every rank calls backward; neutral for the extremes)."""
-        self.loss += loss.detach()
+        micro-batch run only so every rank calls backward; neutral for the extremes).
+
+        With ``members``: ``loss`` and ``tokens`` are ``[K]``, ``metrics`` and ``empty`` one per
+        member, and ``active`` the members that take part (all where None). A member keeps its
+        rows where it is not active or does not log a metric, and gets no row of a metric it
+        never logs, as alone."""
+        active = list(active or [True] * (self.members or 1))
+        present = mask(active, self.device)
+        self.loss = keep((self.loss + loss.detach()).to(self.loss.dtype), self.loss, present)
         weight = tokens.float()
-        self.sums["_tokens"] = self.sums.get("_tokens", 0.0) + weight
-        for k, v in metrics.items():
+        self.accumulate("_tokens", weight, active, present)
+        empties = [empty] if isinstance(empty, bool) else list(empty)
+        some = any(empties) and not all(empties)  # members: the empty ones' extremes neutral
+        neutral = torch.tensor(empties, device=self.device) if some else None
+        for key, (v, has) in self.by_key(metrics, active).items():
+            at = present if has == active else mask(has, self.device)
             v = v.detach().float()
-            if k.endswith(("_max", "_min")):
-                v = v if k.endswith("_max") else -v
-                if empty:  # no token: keys stay the same on every rank, the value is neutral
-                    v = torch.full_like(v, -math.inf)
-                self.extremes[k] = torch.maximum(self.extremes[k], v) if k in self.extremes else v
-            else:
-                self.sums[k] = self.sums.get(k, 0.0) + v * weight
+            if not key.endswith(("_max", "_min")):
+                self.accumulate(key, v * weight, has, at)
+                continue
+            v = v if key.endswith("_max") else -v
+            if all(empties):  # no token: keys stay the same on every rank, the value is neutral
+                v = torch.full_like(v, -math.inf)
+            elif neutral is not None:
+                v = torch.where(neutral, -math.inf, v)
+            self.accumulate(key, v, has, at, extreme=True)
+
+    def by_key(
+        self, metrics: Metrics, active: list[bool]
+    ) -> dict[str, tuple[torch.Tensor, list[bool]]]:
+        """Each metric's value (stacked over the members, 0 for one that does not log it) and
+        which members log it and take part."""
+        if self.members is None:
+            return {k: (v, active) for k, v in metrics.items()}
+        zero, out = torch.zeros((), device=self.device), {}
+        for key in dict.fromkeys(k for m in metrics for k in m):
+            has = [a and key in m for a, m in zip(active, metrics, strict=True)]
+            if any(has):
+                out[key] = torch.stack([m.get(key, zero) for m in metrics]), has
+        return out
+
+    def accumulate(
+        self,
+        key: str,
+        value: torch.Tensor,
+        has: list[bool],
+        present: torch.Tensor | None,
+        extreme: bool = False,
+    ) -> None:
+        """``value`` added to the sum ``key`` (or its extreme: the maximum) of the members that
+        ``has`` (``present`` on the device) names."""
+        table = self.extremes if extreme else self.sums
+        old = table[key] if key in table else torch.full_like(value, -math.inf if extreme else 0.0)
+        table[key] = keep(torch.maximum(old, value) if extreme else old + value, old, present)
+        seen = self.seen.get(key, [False] * len(has))
+        self.seen[key] = [s or h for s, h in zip(seen, has, strict=True)]
+
+    def split_into(self, runs: Sequence[StepMetrics]) -> None:
+        """Each member's rows (its loss, the sums and extremes it added) into its run's own
+        ``StepMetrics`` ``runs[k]`` (``members=K``; once per step)."""
+        if len(runs) != (self.members or 0):
+            raise ValueError(f"runs: {len(runs)} given for the rows of {self.members or 0} members")
+        for k, m in enumerate(runs):
+            m.loss = self.loss[k]
+            for mine, theirs in ((self.sums, m.sums), (self.extremes, m.extremes)):
+                theirs.update({key: v[k] for key, v in mine.items() if self.seen[key][k]})
 
     def add_means(self, values: dict[str, torch.Tensor]) -> None:
         """Values logged as their plain mean over the calls of the step (one call per optimizer

@@ -1,16 +1,16 @@
-"""The ensemble's batched metric accumulator (llm.ensemble.StackedMetrics, issue 28 item 4): the K
-members' metrics of a step summed as ``[K]`` tensors must give each member exactly the row its
-own :class:`llm.report.StepMetrics` gives alone: token-weighted means, extremes with empty
-micro-batches neutral, the loss, for members that sit out a micro-batch (dynamic sampling dropped
-their rows) and members whose rule logs other metrics."""
+"""The ensemble's batched metric accumulator (llm.report.StepMetrics with ``members=K``, issues 28
+item 4 and 26): the K members' metrics of a step summed as ``[K]`` tensors must give each member
+exactly the row its own :class:`llm.report.StepMetrics` gives alone: token-weighted means,
+extremes with empty micro-batches neutral, the loss, for members that sit out a micro-batch
+(dynamic sampling dropped their rows) and members whose rule logs other metrics."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from llm.ensemble import StackedMetrics
 from llm.report import StepMetrics
 
 CPU = torch.device("cpu")
@@ -57,13 +57,13 @@ def test_stacked_metrics_equal_each_members_step_metrics():
     K = 5
     alone = [StepMetrics(CPU) for _ in range(K)]
     together = [StepMetrics(CPU) for _ in range(K)]
-    stacked = StackedMetrics(together)
+    stacked = StepMetrics(CPU, members=K)
     for mb in micro_batches(K, seed=0):
         stacked.add(mb["losses"], mb["metrics"], mb["tokens"], mb["empty"], mb["active"])
         for k in range(K):
             if mb["active"][k]:
                 alone[k].add(mb["losses"][k], mb["metrics"][k], mb["tokens"][k], mb["empty"][k])
-    stacked.flush()
+    stacked.split_into(together)
     for k in range(K):
         alone[k].add_grad_norm(torch.tensor(0.5 + k))
         together[k].add_grad_norm(torch.tensor(0.5 + k))
@@ -82,13 +82,80 @@ def test_stacked_metrics_equal_each_members_step_metrics():
 def test_a_member_that_never_takes_part_gets_no_metric():
     K = 3
     together = [StepMetrics(CPU) for _ in range(K)]
-    stacked = StackedMetrics(together)
+    stacked = StepMetrics(CPU, members=K)
     for mb in micro_batches(K, seed=1)[:2]:
         stacked.add(mb["losses"], mb["metrics"], mb["tokens"], mb["empty"], [True, True, False])
-    stacked.flush()
+    stacked.split_into(together)
     assert sorted(together[2].reduce()) == ["grad_norm", "loss"]
     assert together[2].reduce()["loss"] == 0.0
     assert "ratio_min" in together[1].reduce() and "ratio_min" in together[0].reduce()
+
+
+# one run's micro-batches: loss, clip_frac, ratio_max, ratio_min, valid tokens, empty
+MICRO = [
+    (0.25, 0.5, 1.5, 0.5, 3, False),
+    (0.5, 0.25, 2.0, 0.75, 1, False),
+    (0.0, 7.0, 9.0, -9.0, 0, True),  # the stand-in: no token, and its extremes neutral
+]
+# loss (0.25 + 0.5 + 0) / 2 updates; clip_frac (0.5 * 3 + 0.25 * 1 + 7 * 0) / 4 tokens; the
+# extremes of the first two (the stand-in's 9 and -9 ignored); grad_norm the mean of 1 and 3
+BY_HAND = {"loss": 0.375, "grad_norm": 2.0, "clip_frac": 0.4375, "ratio_max": 2.0, "ratio_min": 0.5}
+
+
+@pytest.mark.parametrize("members", [None, 3])
+def test_a_runs_row_by_hand(members):
+    """The accumulation rules on values worked out by hand, for a run alone and for the same run
+    as member 1 of 3 (member 0 sits out every micro-batch, member 2 logs other values): the
+    same row. The losses are float64 and the row's loss the float32 sum, as alone."""
+    metrics = StepMetrics(CPU, members)
+    for loss, clip, high, low, tokens, empty in MICRO:
+        mine = {"clip_frac": clip, "ratio_max": high, "ratio_min": low}
+        mine = {k: torch.tensor(v) for k, v in mine.items()}
+        if members is None:
+            metrics.add(torch.tensor(loss, dtype=torch.float64), mine, torch.tensor(tokens), empty)
+            continue
+        other = {k: v * 10 for k, v in mine.items()}
+        metrics.add(
+            torch.tensor([1.0, loss, 5.0], dtype=torch.float64),
+            [other, mine, other],
+            torch.tensor([4, tokens, 2]),
+            [False, empty, False],
+            [False, True, True],
+        )
+    row = metrics
+    if members is None:
+        with pytest.raises(ValueError, match="runs: 1 given for the rows of 0 members"):
+            metrics.split_into([StepMetrics(CPU)])
+    else:
+        rows = [StepMetrics(CPU) for _ in range(members)]
+        with pytest.raises(ValueError, match="runs: 2 given for the rows of 3 members"):
+            metrics.split_into(rows[:2])
+        metrics.split_into(rows)
+        assert sorted(rows[0].reduce()) == ["grad_norm", "loss"]
+        row = rows[1]
+    assert row.loss.dtype == torch.float32
+    row.add_grad_norm(torch.tensor(1.0))
+    row.add_grad_norm(torch.tensor(3.0))
+    assert row.reduce() == BY_HAND
+
+
+def test_adding_reads_nothing_back_to_the_host(monkeypatch):
+    """A micro-batch's metrics stay on the device (a read back would sync a GPU per micro-step):
+    every way a tensor reaches Python raises while a run alone and K members add theirs."""
+
+    def read_back(*args, **kwargs):
+        raise AssertionError("a tensor read back to the host")
+
+    K, stacked, alone = 5, StepMetrics(CPU, members=5), StepMetrics(CPU)
+    batches = micro_batches(K, seed=2)
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+        monkeypatch.setattr(torch.Tensor, name, read_back)
+    for mb in batches:
+        stacked.add(mb["losses"], mb["metrics"], mb["tokens"], mb["empty"], mb["active"])
+        alone.add(mb["losses"][0], mb["metrics"][0], mb["tokens"][0], mb["empty"][0])
+    monkeypatch.undo()
+    assert sorted(alone.sums) == ["_tokens", "clip_frac", "kl"]
+    assert sorted(stacked.extremes) == ["ratio_max", "ratio_min"]
 
 
 def step_batch(gen: torch.Generator, rows: int, prompt: int, completion: int, pad: int) -> dict:
