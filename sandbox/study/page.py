@@ -3,14 +3,10 @@ results/claims --doc docs/claims.md``).
 
 The words are ``page.md`` beside this module: the page, a :class:`string.Template` (``$name`` /
 ``${name}``), then its *sentences* (``- name: words`` after ``<!-- sentences``), whose ``{field}``
-slots :func:`say` fills. Method prose (how the study works) is fixed text in the page; every
-number and every sentence that states a result (which rule wins, what is supported,
-headroom, baselines, power, rank agreement, the mechanism checks) is a placeholder filled here
-from the folder's tables (``ledger.csv``, ``ledger_auc.csv``, ``summary.csv``, ``power.csv``,
-``agreement.csv``, ``bounds.csv``, ``calibration.csv``, ``entropy_law.csv``, ``grad_noise.csv``,
-``transfer.csv``, ``config.json``, ``provenance.json``). A placeholder without a value, or a value
-a table lacks, is a ``ValueError`` naming the placeholder, never a blank. Every path is resolved
-from the study folder, never the working directory.
+slots :func:`say` fills. Method prose is fixed text in the page; every number and every sentence
+that states a result is a placeholder filled from the folder's tables (:func:`page_values`). A
+placeholder without a value, or a value a table lacks, is a ``ValueError`` naming the placeholder,
+never a blank. Every path is resolved from the study folder, never the working directory.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import math
 import os
 import re
 import textwrap
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from string import Template
@@ -30,11 +27,11 @@ import pandas as pd
 from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
 from sandbox.streams import RNG
 
-from . import evidence
-from .analysis import fmt_interval, same_on_exact_flow
+from . import evidence, transfer
+from .analysis import fmt_interval, ladder_order, same_on_exact_flow
 from .claims import CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
-from .rungs import RUNGS, Rung
+from .rungs import RUNGS
 from .settings import knob_text, migrate, section_settings
 
 TEMPLATE = Path(__file__).with_name("page.md")
@@ -55,7 +52,6 @@ LAW_HOLDS = 0.9
 #: The order in which the page lists what a ledger found: the five verdict classes, then the rows
 #: that carry none.
 CLASSES = (*evidence.VERDICTS, *evidence.NOT_VERDICTS)
-TRANSFER_COLUMNS = ("claim", "metric", "rung", "estimate", "lo", "hi", "verdict")
 #: The gradient-mass shares of ``summary.csv`` and their names on the page.
 SHARES = {
     "grad_mass_zero_lo": "zero_lo",
@@ -217,16 +213,12 @@ def transfer_section(out: Path) -> str:
     if not (out / "transfer.csv").exists():
         return say("no_transfer")
     t = pd.read_csv(out / "transfer.csv")
-    if missing := [c for c in TRANSFER_COLUMNS if c not in t.columns]:
+    if missing := [c for c in transfer.COLUMNS if c not in t.columns]:
         raise ValueError(f"{out / 'transfer.csv'} lacks the columns {missing}")
-    t = t.assign(effect=list(map(fmt_interval, t["estimate"], t["lo"], t["hi"])))
-    keys = {"index": ["claim", "metric"], "columns": "rung", "aggfunc": "first", "sort": False}
-    wide = {v: t.pivot_table(values=v, **keys) for v in ("effect", "verdict")}
-    verdicts = wide["verdict"].reindex_like(wide["effect"])
-    cells = wide["effect"].fillna("—") + verdicts.map(
-        lambda v: f" ({v})" if isinstance(v, str) else ""
-    )
-    text = _table(cells.reset_index())
+    effect = map(fmt_interval, t["estimate"], t["lo"], t["hi"])
+    t = t.assign(cell=list(effect) + (" (" + t["verdict"] + ")").fillna(""))
+    cells = t.pivot_table("cell", ["claim", "metric"], "rung", "first", sort=False)
+    text = _table(cells.fillna("—").reset_index())
     if not (out / "transfer_agreement.csv").exists():
         return text
     a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'verdicts'")
@@ -277,19 +269,12 @@ def llm_pilot(out: Path) -> str:
 # -- provenance and settings ------------------------------------------------------------------
 
 
-def _machine(entry: dict) -> str:
-    """One provenance entry's machine and software, in words."""
-
-    def get(key: str) -> str:
-        value = entry.get(key)
-        return NOT_RECORDED if value is None or value == "" else str(value)
-
-    device = get("device") + (f" ({entry['gpu']})" if entry.get("gpu") else "")
-    dirty = " with uncommitted changes" if entry.get("git_dirty") is True else ""
-    return (
-        f"device {device}, CPU {get('cpu_model')}, torch {get('torch')}, Python {get('python')}, "
-        f"torch threads {get('torch_threads')}, OS {get('os')}, code {get('git_commit')}{dirty}"
-    )
+#: One provenance entry as the page lists it (a field not recorded says so).
+PROVENANCE_LINE = (
+    "- {what}: `{command}` — {date}{parts}; device {device}{gpu}, CPU {cpu_model}, "
+    "torch {torch}, Python {python}, torch threads {torch_threads}, OS {os}, "
+    "code {git_commit}{dirty}{note}"
+)
 
 
 def provenance_text(out: Path) -> str:
@@ -298,17 +283,21 @@ def provenance_text(out: Path) -> str:
     record = read_provenance(out)
     if not record:
         return f"- {NOT_RECORDED} (the folder has no readable `{PROVENANCE}`)"
-
-    def line(what: str, entry: dict, parts: str = "", note: str = "") -> str:
-        command, date = entry.get("command", NOT_RECORDED), entry.get("date", NOT_RECORDED)
-        return f"- {what}: `{command}` — {date}{parts}; {_machine(entry)}{note}"
-
+    entries = [("runs", run) for run in record.get("runs", [])]
+    entries += [("tables and figures", record["tables"])] if record.get("tables") else []
     lines = []
-    for run in record.get("runs", []):
-        parts = f", {run['parts']} parts" if "parts" in run else ""
-        lines.append(line("runs", run, parts, f" ({run['note']})" if run.get("note") else ""))
-    if record.get("tables"):
-        lines.append(line("tables and figures", record["tables"]))
+    for what, entry in entries:
+        run = what == "runs"
+        words = defaultdict(lambda: NOT_RECORDED)
+        words |= {k: v for k, v in entry.items() if v is not None and v != ""}
+        words |= {
+            "what": what,
+            "gpu": f" ({entry['gpu']})" if entry.get("gpu") else "",
+            "dirty": " with uncommitted changes" if entry.get("git_dirty") is True else "",
+            "parts": f", {entry['parts']} parts" if run and "parts" in entry else "",
+            "note": f" ({entry['note']})" if run and entry.get("note") else "",
+        }
+        lines.append(PROVENANCE_LINE.format_map(words))
     return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
 
 
@@ -338,24 +327,17 @@ def rungs_design(config: dict) -> str:
     return " ".join(say(name, b=b, t=t, about=about, knobs=knobs) for name in said)
 
 
-def _llm_rung() -> Rung:
-    """The registered llm rung (``llm.claims`` registers it; ``sandbox`` never imports ``llm``)."""
+def llm_rung(floor: bool = False) -> str:
+    """The llm rung's model and task at its default settings (``floor``: its answer baseline).
+    ``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``."""
     rung = RUNGS.get("llm")
     if rung is None or rung.bounds is None:
         raise ValueError("the llm rung is not registered (python -m llm.claims registers it)")
-    return rung
-
-
-def llm_task() -> str:
-    """The llm rung's model and task at its default settings."""
-    s = section_settings(_llm_rung().section)
+    if floor:
+        return _num3(rung.bounds(StudyConfig()).floor)
+    s = section_settings(rung.section)
     knobs = ", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s.task_knobs.items()))
     return f"`{s.model}` on `{s.task}` ({knobs})"
-
-
-def llm_floor() -> str:
-    """The llm rung's answer baseline at its default settings."""
-    return _num3(_llm_rung().bounds(StudyConfig()).floor)
 
 
 # -- reading the tables -----------------------------------------------------------------------
@@ -367,19 +349,16 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     predates (``bounds``, ``grad_noise``, ``exact_mu``) is empty."""
     names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
-    beside = {"exact_mu": out.parent / EXACT_MU / "calibration.csv"}
-    for name in ("bounds", "grad_noise", "exact_mu"):
-        path = beside.get(name, out / f"{name}.csv")
+    optional = {n: out / f"{n}.csv" for n in ("bounds", "grad_noise")}
+    optional["exact_mu"] = out.parent / EXACT_MU / "calibration.csv"
+    for name, path in optional.items():
         read[name] = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["rung"])
-    rank = {"rung": {r: i for i, r in enumerate(RUNGS)}}
-    rank["claim"] = {c.name: i for i, c in enumerate(CLAIMS)}
-    keys = {"summary": ["rung", "rule"], "power": ["rung", "metric"]}
-    for name in ("summary", "ledger", "ledger_auc", "power"):
-        read[name] = read[name].sort_values(
-            keys.get(name, ["claim", "rung"]),
-            key=lambda c: c.map(rank[c.name]) if c.name in rank else c,
-            kind="stable",
-        )
+    read["summary"] = ladder_order(read["summary"], ["rung", "rule"])
+    read["power"] = ladder_order(read["power"], ["rung", "metric"])
+    claim = {c.name: i for i, c in enumerate(CLAIMS)}
+    for name in ("ledger", "ledger_auc"):
+        by_rung = ladder_order(read[name], ["rung"])
+        read[name] = by_rung.sort_values("claim", key=lambda c: c.map(claim), kind="stable")
     return read
 
 
@@ -772,8 +751,8 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "step_size_rule": lambda: STEP_SIZE_RULE,
         "gpu": lambda: GPU_COMMAND,
         "transfer": lambda: transfer_section(out),
-        "llm_floor": llm_floor,
-        "llm_task": llm_task,
+        "llm_floor": lambda: llm_rung(floor=True),
+        "llm_task": llm_rung,
         "llm_pilot": lambda: llm_pilot(out),
         "pairing_note": lambda: say(f"pairing_{now}", rng=RNG),
         "held_out_note": lambda: say(f"held_out_{now}", rng=RNG),
