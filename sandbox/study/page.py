@@ -29,7 +29,7 @@ from sandbox.streams import RNG
 
 from . import evidence, transfer
 from .analysis import fmt_interval, ladder_order, same_on_exact_flow
-from .claims import CLAIMS
+from .claims import BOUNDED, CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
 from .settings import knob_text, migrate, section_settings
@@ -59,6 +59,8 @@ SHARES = {
     "grad_mass_rescued": "rescued",
 }
 UNDEFINED_TAU = "undefined (a rung resolves no pair)"
+#: The claims table's columns (a :class:`.claims.Claim`'s fields, renamed).
+CLAIM_COLUMNS = ["claim", "A", "B", "metric", "A is", "source"]
 
 
 # -- words and numbers ------------------------------------------------------------------------
@@ -373,6 +375,11 @@ def _band(config: dict) -> tuple[float, float, str]:
     return low, high, f"{100 * low:g}–{100 * high:g}%"
 
 
+def _tried(rung: str, cal: pd.DataFrame, exact_mu: pd.DataFrame) -> pd.Series:
+    """The clip shares of every (step size, mu) a rung was calibrated at, here and beside."""
+    return pd.concat([t[t["rung"] == rung] for t in (cal, exact_mu)])["clip_share"]
+
+
 def _shares(summ: pd.DataFrame) -> pd.DataFrame:
     """The rows with gradient-mass shares, each marked a hard clip (zeroes more of the mass than
     it keeps where a hard clip binds) or not."""
@@ -437,7 +444,7 @@ def baseline_text(summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
 def headroom_text(ledger: pd.DataFrame, summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
     """How many pass-rate rows have no headroom, per rung and why (the ledger's own words), the
     answer baselines against the rules' means, and which rungs cannot answer a pass-rate claim."""
-    bounded = ledger[ledger["metric"].isin(["final_pass", "reward_auc"])]
+    bounded = ledger[ledger["metric"].isin(BOUNDED)]
     said, closed = [], []
     for rung, part in bounded.groupby("rung", sort=False):
         none = part[part["verdict"] == evidence.NO_HEADROOM]
@@ -474,13 +481,11 @@ def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> s
         more = exact_mu[exact_mu["rung"] == rung]
         if len(more):
             peaks = more.groupby("epochs")["clip_share"].max()
-            mus = ", ".join(map(str, peaks.index))
-            peaks = ", ".join(map(_pct, peaks))
-            said.append(
-                say("exact_mu", mus=mus, folder=EXACT_MU, command=EXACT_MU_COMMAND, peaks=peaks)
-            )
-            part = pd.concat([part, more])
-        if RUNGS.get(rung) and RUNGS[rung].traits.deterministic and part["clip_share"].max() < low:
+            mus, peaks = ", ".join(map(str, peaks.index)), ", ".join(map(_pct, peaks))
+            words = {"folder": EXACT_MU, "command": EXACT_MU_COMMAND}
+            said.append(say("exact_mu", mus=mus, peaks=peaks, **words))
+        flow = RUNGS.get(rung) and RUNGS[rung].traits.deterministic
+        if flow and _tried(rung, cal, exact_mu).max() < low:
             said.append(say("smooth_flow"))
         rungs.append(f"{rung} — " + "; ".join(said))
     text = say("calibration_mu", band=band, rungs="; ".join(rungs))
@@ -504,8 +509,7 @@ def calibration_band(
         if low <= share <= high:
             inside.append(f"{rung} ({point})")
         else:
-            tried = pd.concat([cal[cal["rung"] == rung], exact_mu[exact_mu["rung"] == rung]])
-            best = _pct(tried["clip_share"].max())
+            best = _pct(_tried(rung, cal, exact_mu).max())
             outside.append(say("band_missed", rung=rung, point=point, best=best))
     said = [say("band_inside", rungs=_and(inside), band=band)] if inside else []
     said += [say("band_outside", rungs=_and(outside))] if outside else []
@@ -598,8 +602,8 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     law = law.merge(_shares(summ)[["rung", "rule", "hard"]], on=["rung", "rule"], how="left")
     holds = law.groupby("rule")["corr"].min() >= LAW_HOLDS
     good = law[law["rule"].isin(holds[holds].index)]
-    hard_rest = law[(law["corr"] < LAW_HOLDS) & (law["hard"] == True)]  # noqa: E712
-    soft = law[law["hard"] == False]  # noqa: E712
+    hard_rest = law[(law["corr"] < LAW_HOLDS) & law["hard"].eq(True)]
+    soft = law[law["hard"].eq(False)]
     soft = soft.assign(wrong=soft["predicted_mean"] * soft["observed_mean"] < 0)
     if len(good):
         rules, rungs = _and(good["rule"].unique()), _and(good["rung"].unique())
@@ -661,13 +665,11 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
 
 def placeholders(template: str) -> set[str]:
     """The names of the template's ``$name`` / ``${name}`` placeholders."""
-    found = set()
-    for m in Template.pattern.finditer(template):
-        if m.group("invalid") is not None:
-            line = template[: m.start()].count("\n") + 1
-            raise ValueError(f"page.md line {line}: a '$' that is no placeholder (write $$)")
-        found.add(m.group("named") or m.group("braced"))
-    return found - {None}
+    if not Template(template).is_valid():
+        bad = next(m for m in Template.pattern.finditer(template) if m.group("invalid") is not None)
+        line = template[: bad.start()].count("\n") + 1
+        raise ValueError(f"page.md line {line}: a '$' that is no placeholder (write $$)")
+    return set(Template(template).get_identifiers())
 
 
 def render(template: str, values: dict[str, Callable[[], str]]) -> str:
@@ -696,21 +698,17 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
     summ, led, auc, law, cal = (
         t[n] for n in ("summary", "ledger", "ledger_auc", "entropy_law", "calibration")
     )
-    claims = pd.DataFrame(
-        [
-            (c.name, c.rule_a, c.rule_b, c.metric, c.direction, f"{c.source}, {c.where}")
-            for c in CLAIMS
-        ],
-        columns=["claim", "A", "B", "metric", "A is", "source"],
-    )
+    claims = pd.DataFrame(CLAIMS).assign(source=[f"{c.source}, {c.where}" for c in CLAIMS])
+    claims = claims.rename(columns={"name": "claim", "rule_a": "A", "rule_b": "B"})
     law_cols = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
     power_cols = ["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin"]
+    power = {"residual_sd": _num, "diff_sd": _num, "seeds_needed": _count}
     now = "now" if config.get("rng") == RNG else "before"
     return {
         "rel": lambda: os.path.relpath(out, path.parent),
         "provenance": lambda: provenance_text(out),
         "config": lambda: "\n".join(f"    {k}: {v}" for k, v in config.items()),
-        "claims": lambda: _table(claims),
+        "claims": lambda: _table(claims.rename(columns={"direction": "A is"}), CLAIM_COLUMNS),
         "calibration": lambda: calibration_table(cal, summ),
         "calib_seeds": lambda: str(config["calib_seeds"]),
         "calibration_mu": lambda: calibration_mu(cal, config, t["exact_mu"]),
@@ -733,13 +731,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "mechanism_b": lambda: mechanism_b(summ),
         "mechanism_c": lambda: mechanism_c(t["grad_noise"], led, auc),
         "rules": lambda: rules_table(summ),
-        "power": lambda: _table(
-            t["power"],
-            [*power_cols, "seeds_needed"],
-            residual_sd=_num,
-            diff_sd=_num,
-            seeds_needed=_count,
-        ),
+        "power": lambda: _table(t["power"], [*power_cols, "seeds_needed"], **power),
         "agreement": lambda: agreement_table(t["agreement"]),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
