@@ -309,18 +309,16 @@ def run_dates(out: Path) -> str:
     return _and(sorted({str(r.get("date", NOT_RECORDED))[:10] for r in runs})) or NOT_RECORDED
 
 
-def toy_seeds(config: dict) -> str:
-    """The toy rungs' paired seeds (the bandit and tf sections'; an old record's ``seeds``)."""
-    sections = migrate(config, FIELDS)["sections"]
+def toy_seeds(sections: dict) -> str:
+    """The toy rungs' paired seeds (the bandit and tf sections of ``config.json``)."""
     seeds = [sections[n]["seeds"] for n in ("bandit", "tf") if "seeds" in sections.get(n, {})]
     return " / ".join(str(n) for n in dict.fromkeys(seeds))
 
 
-def rungs_design(config: dict) -> str:
+def rungs_design(config: dict, sections: dict) -> str:
     """The Rungs bullet: each toy rung's regime as the folder's ``config.json`` records it."""
     from envs import make_bandit_suite
 
-    sections = migrate(config, FIELDS)["sections"]
     b = section_settings("bandit", sections.get("bandit"))
     t = section_settings("tf", sections.get("tf"))
     about = make_bandit_suite()[b.setting].description
@@ -403,11 +401,10 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> s
         found = {v: part.loc[part["verdict"] == v, "named"] for v in CLASSES}
         classes = [f"{v}: {', '.join(names)}" for v, names in found.items() if len(names)]
         lines.append(f"- **{rung}** — " + "; ".join(classes) + ".")
-    across = ledger.pivot_table(index="claim", columns="rung", values="verdict", aggfunc="first")
-    read = {c: row.dropna() for c, row in across.iterrows()}
-    same = [f"{c} ({v.iloc[0]})" for c, v in read.items() if v.nunique() == 1 and len(v) > 1]
-    differ = [c for c, v in read.items() if v.nunique() > 1]
-    same, differ = ", ".join(same) or "none", ", ".join(differ) or "none"
+    across = ledger.groupby("claim")["verdict"].agg(["nunique", "count", "first"])
+    same = across[(across["nunique"] == 1) & (across["count"] > 1)]
+    same = ", ".join(f"{c} ({v})" for c, v in same["first"].items()) or "none"
+    differ = ", ".join(across.index[across["nunique"] > 1]) or "none"
     said = ["\n".join(lines), say("same_reading", same=same, differ=differ)]
     if summary is not None:
         idle = summary[summary["never_binds"]]
@@ -643,12 +640,11 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
         for r in noise.itertuples()
     )
     text = say("rescue_noise", rule=rule, adds=adds, ratio=ratio)
-    rows = pd.concat([led, auc])
-    pairs = {(a, b) for a, b in zip(rows["rule_a"], rows["rule_b"], strict=True) if a == rule}
-    twin = [b for a, b in sorted(pairs) if same_on_exact_flow(a, b)]
+    rows = pd.concat([led, auc]).query("rule_a == @rule")
+    twin = sorted(b for b in set(rows["rule_b"]) if same_on_exact_flow(rule, b))
     if not twin:
         return f"{text} {say('no_twin', rule=rule)}"
-    rows = rows[(rows["rule_a"] == rule) & (rows["rule_b"] == twin[0])]
+    rows = rows[rows["rule_b"] == twin[0]]
     found = "; ".join(
         f"{r.rung} `{r.metric}`{' (secondary)' if r.reading != 'primary' else ''}: {r.verdict}"
         for r in rows.itertuples()
@@ -703,6 +699,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
     law_cols = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
     power_cols = ["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin"]
     power = {"residual_sd": _num, "diff_sd": _num, "seeds_needed": _count}
+    sections = migrate(config, FIELDS)["sections"]  # an old record's ``seeds`` moved in
     now = "now" if config.get("rng") == RNG else "before"
     return {
         "rel": lambda: os.path.relpath(out, path.parent),
@@ -735,8 +732,8 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "agreement": lambda: agreement_table(t["agreement"]),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
-        "seeds": lambda: toy_seeds(config),
-        "rungs_design": lambda: rungs_design(config),
+        "seeds": lambda: toy_seeds(sections),
+        "rungs_design": lambda: rungs_design(config, sections),
         "regimes": lambda: regimes_section(out),
         "margins": lambda: ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         "reference": lambda: REFERENCE,
