@@ -597,8 +597,7 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     if law.empty:
         return say("no_law")
     law = law.merge(_shares(summ)[["rung", "rule", "hard"]], on=["rung", "rule"], how="left")
-    holds = law.groupby("rule")["corr"].min() >= LAW_HOLDS
-    good = law[law["rule"].isin(holds[holds].index)]
+    good = law[law.groupby("rule")["corr"].transform("min") >= LAW_HOLDS]  # on every rung
     hard_rest = law[(law["corr"] < LAW_HOLDS) & law["hard"].eq(True)]
     soft = law[law["hard"].eq(False)]
     soft = soft.assign(wrong=soft["predicted_mean"] * soft["observed_mean"] < 0)
