@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -255,3 +256,34 @@ def test_every_sentence_of_the_template_is_said_and_every_said_one_exists():
         if line.strip() and not line.startswith(("- ", "  ")) and not line.endswith(":")
     ]
     assert stray == [], stray
+
+
+def test_the_provenance_list_says_what_each_entry_did_not_record(tmp_path):
+    """A run with a GPU, uncommitted changes, parts and a note; a run that recorded only its date
+    (an empty or null field reads "not recorded" too); the tables entry, whose parts and note
+    are not listed; then no record, and a record that lists no command."""
+    from sandbox.study.page import provenance_text
+
+    machine = {"device": "cuda", "gpu": "H100", "cpu_model": "", "torch": "2.13.0"}
+    machine |= {"python": "3.11.7", "torch_threads": 2, "os": None, "git_commit": "abc"}
+    run = {"command": "python -m llm.claims --quick", "date": "2026-01-02", **machine}
+    run |= {"git_dirty": True, "parts": 3, "note": "resumed"}
+    tables = {"command": "python -m llm.claims --tables-only", "date": "2026-01-04"}
+    tables |= {"device": "cpu", "parts": 9, "note": "not listed", "git_dirty": False}
+    record = {"runs": [run, {"date": "2026-01-03"}], "tables": tables}
+    (tmp_path / "provenance.json").write_text(json.dumps(record))
+    unknown = "CPU not recorded, torch not recorded, Python not recorded, torch threads not "
+    unknown += "recorded, OS not recorded, code not recorded"
+    assert provenance_text(tmp_path).split("\n") == [
+        "- runs: `python -m llm.claims --quick` — 2026-01-02, 3 parts; device cuda (H100), "
+        "CPU not recorded, torch 2.13.0, Python 3.11.7, torch threads 2, OS not recorded, "
+        "code abc with uncommitted changes (resumed)",
+        f"- runs: `not recorded` — 2026-01-03; device not recorded, {unknown}",
+        f"- tables and figures: `python -m llm.claims --tables-only` — 2026-01-04; device cpu, "
+        f"{unknown}",
+    ]
+    (tmp_path / "provenance.json").unlink()
+    no_file = "- not recorded (the folder has no readable `provenance.json`)"
+    assert provenance_text(tmp_path) == no_file
+    (tmp_path / "provenance.json").write_text('{"runs": []}')
+    assert provenance_text(tmp_path) == "- not recorded (`provenance.json` lists no command)"

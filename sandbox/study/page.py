@@ -3,14 +3,10 @@ results/claims --doc docs/claims.md``).
 
 The words are ``page.md`` beside this module: the page, a :class:`string.Template` (``$name`` /
 ``${name}``), then its *sentences* (``- name: words`` after ``<!-- sentences``), whose ``{field}``
-slots :func:`say` fills. Method prose (how the study works) is fixed text in the page; every
-number and every sentence that states a result (which rule wins, what is supported,
-headroom, baselines, power, rank agreement, the mechanism checks) is a placeholder filled here
-from the folder's tables (``ledger.csv``, ``ledger_auc.csv``, ``summary.csv``, ``power.csv``,
-``agreement.csv``, ``bounds.csv``, ``calibration.csv``, ``entropy_law.csv``, ``grad_noise.csv``,
-``transfer.csv``, ``config.json``, ``provenance.json``). A placeholder without a value, or a value
-a table lacks, is a ``ValueError`` naming the placeholder, never a blank. Every path is resolved
-from the study folder, never the working directory.
+slots :func:`say` fills. Method prose is fixed text in the page; every number and every sentence
+that states a result is a placeholder filled from the folder's tables (:func:`page_values`). A
+placeholder without a value, or a value a table lacks, is a ``ValueError`` naming the placeholder,
+never a blank. Every path is resolved from the study folder, never the working directory.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import math
 import os
 import re
 import textwrap
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from string import Template
@@ -30,11 +27,11 @@ import pandas as pd
 from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenance, write_text
 from sandbox.streams import RNG
 
-from . import evidence
-from .analysis import fmt_interval, same_on_exact_flow
-from .claims import CLAIMS
+from . import evidence, transfer
+from .analysis import fmt_interval, ladder_order, same_on_exact_flow
+from .claims import BOUNDED, CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
-from .rungs import RUNGS, Rung
+from .rungs import RUNGS
 from .settings import knob_text, migrate, section_settings
 
 TEMPLATE = Path(__file__).with_name("page.md")
@@ -55,7 +52,6 @@ LAW_HOLDS = 0.9
 #: The order in which the page lists what a ledger found: the five verdict classes, then the rows
 #: that carry none.
 CLASSES = (*evidence.VERDICTS, *evidence.NOT_VERDICTS)
-TRANSFER_COLUMNS = ("claim", "metric", "rung", "estimate", "lo", "hi", "verdict")
 #: The gradient-mass shares of ``summary.csv`` and their names on the page.
 SHARES = {
     "grad_mass_zero_lo": "zero_lo",
@@ -63,6 +59,8 @@ SHARES = {
     "grad_mass_rescued": "rescued",
 }
 UNDEFINED_TAU = "undefined (a rung resolves no pair)"
+#: The claims table's columns (a :class:`.claims.Claim`'s fields, renamed).
+CLAIM_COLUMNS = ["claim", "A", "B", "metric", "A is", "source"]
 
 
 # -- words and numbers ------------------------------------------------------------------------
@@ -217,16 +215,12 @@ def transfer_section(out: Path) -> str:
     if not (out / "transfer.csv").exists():
         return say("no_transfer")
     t = pd.read_csv(out / "transfer.csv")
-    if missing := [c for c in TRANSFER_COLUMNS if c not in t.columns]:
+    if missing := [c for c in transfer.COLUMNS if c not in t.columns]:
         raise ValueError(f"{out / 'transfer.csv'} lacks the columns {missing}")
-    t = t.assign(effect=list(map(fmt_interval, t["estimate"], t["lo"], t["hi"])))
-    keys = {"index": ["claim", "metric"], "columns": "rung", "aggfunc": "first", "sort": False}
-    wide = {v: t.pivot_table(values=v, **keys) for v in ("effect", "verdict")}
-    verdicts = wide["verdict"].reindex_like(wide["effect"])
-    cells = wide["effect"].fillna("—") + verdicts.map(
-        lambda v: f" ({v})" if isinstance(v, str) else ""
-    )
-    text = _table(cells.reset_index())
+    effect = map(fmt_interval, t["estimate"], t["lo"], t["hi"])
+    t = t.assign(cell=list(effect) + (" (" + t["verdict"] + ")").fillna(""))
+    cells = t.pivot_table("cell", ["claim", "metric"], "rung", "first", sort=False)
+    text = _table(cells.fillna("—").reset_index())
     if not (out / "transfer_agreement.csv").exists():
         return text
     a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'verdicts'")
@@ -277,19 +271,12 @@ def llm_pilot(out: Path) -> str:
 # -- provenance and settings ------------------------------------------------------------------
 
 
-def _machine(entry: dict) -> str:
-    """One provenance entry's machine and software, in words."""
-
-    def get(key: str) -> str:
-        value = entry.get(key)
-        return NOT_RECORDED if value is None or value == "" else str(value)
-
-    device = get("device") + (f" ({entry['gpu']})" if entry.get("gpu") else "")
-    dirty = " with uncommitted changes" if entry.get("git_dirty") is True else ""
-    return (
-        f"device {device}, CPU {get('cpu_model')}, torch {get('torch')}, Python {get('python')}, "
-        f"torch threads {get('torch_threads')}, OS {get('os')}, code {get('git_commit')}{dirty}"
-    )
+#: One provenance entry as the page lists it (a field not recorded says so).
+PROVENANCE_LINE = (
+    "- {what}: `{command}` — {date}{parts}; device {device}{gpu}, CPU {cpu_model}, "
+    "torch {torch}, Python {python}, torch threads {torch_threads}, OS {os}, "
+    "code {git_commit}{dirty}{note}"
+)
 
 
 def provenance_text(out: Path) -> str:
@@ -298,17 +285,21 @@ def provenance_text(out: Path) -> str:
     record = read_provenance(out)
     if not record:
         return f"- {NOT_RECORDED} (the folder has no readable `{PROVENANCE}`)"
-
-    def line(what: str, entry: dict, parts: str = "", note: str = "") -> str:
-        command, date = entry.get("command", NOT_RECORDED), entry.get("date", NOT_RECORDED)
-        return f"- {what}: `{command}` — {date}{parts}; {_machine(entry)}{note}"
-
+    entries = [("runs", run) for run in record.get("runs", [])]
+    entries += [("tables and figures", record["tables"])] if record.get("tables") else []
     lines = []
-    for run in record.get("runs", []):
-        parts = f", {run['parts']} parts" if "parts" in run else ""
-        lines.append(line("runs", run, parts, f" ({run['note']})" if run.get("note") else ""))
-    if record.get("tables"):
-        lines.append(line("tables and figures", record["tables"]))
+    for what, entry in entries:
+        run = what == "runs"
+        words = defaultdict(lambda: NOT_RECORDED)
+        words |= {k: v for k, v in entry.items() if v is not None and v != ""}
+        words |= {
+            "what": what,
+            "gpu": f" ({entry['gpu']})" if entry.get("gpu") else "",
+            "dirty": " with uncommitted changes" if entry.get("git_dirty") is True else "",
+            "parts": f", {entry['parts']} parts" if run and "parts" in entry else "",
+            "note": f" ({entry['note']})" if run and entry.get("note") else "",
+        }
+        lines.append(PROVENANCE_LINE.format_map(words))
     return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
 
 
@@ -318,18 +309,16 @@ def run_dates(out: Path) -> str:
     return _and(sorted({str(r.get("date", NOT_RECORDED))[:10] for r in runs})) or NOT_RECORDED
 
 
-def toy_seeds(config: dict) -> str:
-    """The toy rungs' paired seeds (the bandit and tf sections'; an old record's ``seeds``)."""
-    sections = migrate(config, FIELDS)["sections"]
+def toy_seeds(sections: dict) -> str:
+    """The toy rungs' paired seeds (the bandit and tf sections of ``config.json``)."""
     seeds = [sections[n]["seeds"] for n in ("bandit", "tf") if "seeds" in sections.get(n, {})]
     return " / ".join(str(n) for n in dict.fromkeys(seeds))
 
 
-def rungs_design(config: dict) -> str:
+def rungs_design(config: dict, sections: dict) -> str:
     """The Rungs bullet: each toy rung's regime as the folder's ``config.json`` records it."""
     from envs import make_bandit_suite
 
-    sections = migrate(config, FIELDS)["sections"]
     b = section_settings("bandit", sections.get("bandit"))
     t = section_settings("tf", sections.get("tf"))
     about = make_bandit_suite()[b.setting].description
@@ -338,24 +327,17 @@ def rungs_design(config: dict) -> str:
     return " ".join(say(name, b=b, t=t, about=about, knobs=knobs) for name in said)
 
 
-def _llm_rung() -> Rung:
-    """The registered llm rung (``llm.claims`` registers it; ``sandbox`` never imports ``llm``)."""
+def llm_rung(floor: bool = False) -> str:
+    """The llm rung's model and task at its default settings (``floor``: its answer baseline).
+    ``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``."""
     rung = RUNGS.get("llm")
     if rung is None or rung.bounds is None:
         raise ValueError("the llm rung is not registered (python -m llm.claims registers it)")
-    return rung
-
-
-def llm_task() -> str:
-    """The llm rung's model and task at its default settings."""
-    s = section_settings(_llm_rung().section)
+    if floor:
+        return _num3(rung.bounds(StudyConfig()).floor)
+    s = section_settings(rung.section)
     knobs = ", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s.task_knobs.items()))
     return f"`{s.model}` on `{s.task}` ({knobs})"
-
-
-def llm_floor() -> str:
-    """The llm rung's answer baseline at its default settings."""
-    return _num3(_llm_rung().bounds(StudyConfig()).floor)
 
 
 # -- reading the tables -----------------------------------------------------------------------
@@ -367,19 +349,16 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     predates (``bounds``, ``grad_noise``, ``exact_mu``) is empty."""
     names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
-    beside = {"exact_mu": out.parent / EXACT_MU / "calibration.csv"}
-    for name in ("bounds", "grad_noise", "exact_mu"):
-        path = beside.get(name, out / f"{name}.csv")
+    optional = {n: out / f"{n}.csv" for n in ("bounds", "grad_noise")}
+    optional["exact_mu"] = out.parent / EXACT_MU / "calibration.csv"
+    for name, path in optional.items():
         read[name] = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["rung"])
-    rank = {"rung": {r: i for i, r in enumerate(RUNGS)}}
-    rank["claim"] = {c.name: i for i, c in enumerate(CLAIMS)}
-    keys = {"summary": ["rung", "rule"], "power": ["rung", "metric"]}
-    for name in ("summary", "ledger", "ledger_auc", "power"):
-        read[name] = read[name].sort_values(
-            keys.get(name, ["claim", "rung"]),
-            key=lambda c: c.map(rank[c.name]) if c.name in rank else c,
-            kind="stable",
-        )
+    read["summary"] = ladder_order(read["summary"], ["rung", "rule"])
+    read["power"] = ladder_order(read["power"], ["rung", "metric"])
+    claim = {c.name: i for i, c in enumerate(CLAIMS)}
+    for name in ("ledger", "ledger_auc"):
+        by_rung = ladder_order(read[name], ["rung"])
+        read[name] = by_rung.sort_values("claim", key=lambda c: c.map(claim), kind="stable")
     return read
 
 
@@ -392,6 +371,11 @@ def _chosen(summ: pd.DataFrame) -> dict[str, tuple[float, int]]:
 def _band(config: dict) -> tuple[float, float, str]:
     low, high = config["target_low"], config["target_high"]
     return low, high, f"{100 * low:g}–{100 * high:g}%"
+
+
+def _tried(rung: str, cal: pd.DataFrame, exact_mu: pd.DataFrame) -> pd.Series:
+    """The clip shares of every (step size, mu) a rung was calibrated at, here and beside."""
+    return pd.concat([t[t["rung"] == rung] for t in (cal, exact_mu)])["clip_share"]
 
 
 def _shares(summ: pd.DataFrame) -> pd.DataFrame:
@@ -417,11 +401,10 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> s
         found = {v: part.loc[part["verdict"] == v, "named"] for v in CLASSES}
         classes = [f"{v}: {', '.join(names)}" for v, names in found.items() if len(names)]
         lines.append(f"- **{rung}** — " + "; ".join(classes) + ".")
-    across = ledger.pivot_table(index="claim", columns="rung", values="verdict", aggfunc="first")
-    read = {c: row.dropna() for c, row in across.iterrows()}
-    same = [f"{c} ({v.iloc[0]})" for c, v in read.items() if v.nunique() == 1 and len(v) > 1]
-    differ = [c for c, v in read.items() if v.nunique() > 1]
-    same, differ = ", ".join(same) or "none", ", ".join(differ) or "none"
+    across = ledger.groupby("claim")["verdict"].agg(["nunique", "count", "first"])
+    same = across[(across["nunique"] == 1) & (across["count"] > 1)]
+    same = ", ".join(f"{c} ({v})" for c, v in same["first"].items()) or "none"
+    differ = ", ".join(across.index[across["nunique"] > 1]) or "none"
     said = ["\n".join(lines), say("same_reading", same=same, differ=differ)]
     if summary is not None:
         idle = summary[summary["never_binds"]]
@@ -458,7 +441,7 @@ def baseline_text(summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
 def headroom_text(ledger: pd.DataFrame, summ: pd.DataFrame, bounds: pd.DataFrame) -> str:
     """How many pass-rate rows have no headroom, per rung and why (the ledger's own words), the
     answer baselines against the rules' means, and which rungs cannot answer a pass-rate claim."""
-    bounded = ledger[ledger["metric"].isin(["final_pass", "reward_auc"])]
+    bounded = ledger[ledger["metric"].isin(BOUNDED)]
     said, closed = [], []
     for rung, part in bounded.groupby("rung", sort=False):
         none = part[part["verdict"] == evidence.NO_HEADROOM]
@@ -495,13 +478,11 @@ def calibration_mu(cal: pd.DataFrame, config: dict, exact_mu: pd.DataFrame) -> s
         more = exact_mu[exact_mu["rung"] == rung]
         if len(more):
             peaks = more.groupby("epochs")["clip_share"].max()
-            mus = ", ".join(map(str, peaks.index))
-            peaks = ", ".join(map(_pct, peaks))
-            said.append(
-                say("exact_mu", mus=mus, folder=EXACT_MU, command=EXACT_MU_COMMAND, peaks=peaks)
-            )
-            part = pd.concat([part, more])
-        if RUNGS.get(rung) and RUNGS[rung].traits.deterministic and part["clip_share"].max() < low:
+            mus, peaks = ", ".join(map(str, peaks.index)), ", ".join(map(_pct, peaks))
+            words = {"folder": EXACT_MU, "command": EXACT_MU_COMMAND}
+            said.append(say("exact_mu", mus=mus, peaks=peaks, **words))
+        flow = RUNGS.get(rung) and RUNGS[rung].traits.deterministic
+        if flow and _tried(rung, cal, exact_mu).max() < low:
             said.append(say("smooth_flow"))
         rungs.append(f"{rung} — " + "; ".join(said))
     text = say("calibration_mu", band=band, rungs="; ".join(rungs))
@@ -525,8 +506,7 @@ def calibration_band(
         if low <= share <= high:
             inside.append(f"{rung} ({point})")
         else:
-            tried = pd.concat([cal[cal["rung"] == rung], exact_mu[exact_mu["rung"] == rung]])
-            best = _pct(tried["clip_share"].max())
+            best = _pct(_tried(rung, cal, exact_mu).max())
             outside.append(say("band_missed", rung=rung, point=point, best=best))
     said = [say("band_inside", rungs=_and(inside), band=band)] if inside else []
     said += [say("band_outside", rungs=_and(outside))] if outside else []
@@ -617,10 +597,9 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     if law.empty:
         return say("no_law")
     law = law.merge(_shares(summ)[["rung", "rule", "hard"]], on=["rung", "rule"], how="left")
-    holds = law.groupby("rule")["corr"].min() >= LAW_HOLDS
-    good = law[law["rule"].isin(holds[holds].index)]
-    hard_rest = law[(law["corr"] < LAW_HOLDS) & (law["hard"] == True)]  # noqa: E712
-    soft = law[law["hard"] == False]  # noqa: E712
+    good = law[law.groupby("rule")["corr"].transform("min") >= LAW_HOLDS]  # on every rung
+    hard_rest = law[(law["corr"] < LAW_HOLDS) & law["hard"].eq(True)]
+    soft = law[law["hard"].eq(False)]
     soft = soft.assign(wrong=soft["predicted_mean"] * soft["observed_mean"] < 0)
     if len(good):
         rules, rungs = _and(good["rule"].unique()), _and(good["rung"].unique())
@@ -660,12 +639,11 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
         for r in noise.itertuples()
     )
     text = say("rescue_noise", rule=rule, adds=adds, ratio=ratio)
-    rows = pd.concat([led, auc])
-    pairs = {(a, b) for a, b in zip(rows["rule_a"], rows["rule_b"], strict=True) if a == rule}
-    twin = [b for a, b in sorted(pairs) if same_on_exact_flow(a, b)]
+    rows = pd.concat([led, auc]).query("rule_a == @rule")
+    twin = sorted(b for b in set(rows["rule_b"]) if same_on_exact_flow(rule, b))
     if not twin:
         return f"{text} {say('no_twin', rule=rule)}"
-    rows = rows[(rows["rule_a"] == rule) & (rows["rule_b"] == twin[0])]
+    rows = rows[rows["rule_b"] == twin[0]]
     found = "; ".join(
         f"{r.rung} `{r.metric}`{' (secondary)' if r.reading != 'primary' else ''}: {r.verdict}"
         for r in rows.itertuples()
@@ -682,13 +660,11 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
 
 def placeholders(template: str) -> set[str]:
     """The names of the template's ``$name`` / ``${name}`` placeholders."""
-    found = set()
-    for m in Template.pattern.finditer(template):
-        if m.group("invalid") is not None:
-            line = template[: m.start()].count("\n") + 1
-            raise ValueError(f"page.md line {line}: a '$' that is no placeholder (write $$)")
-        found.add(m.group("named") or m.group("braced"))
-    return found - {None}
+    if not Template(template).is_valid():
+        bad = next(m for m in Template.pattern.finditer(template) if m.group("invalid") is not None)
+        line = template[: bad.start()].count("\n") + 1
+        raise ValueError(f"page.md line {line}: a '$' that is no placeholder (write $$)")
+    return set(Template(template).get_identifiers())
 
 
 def render(template: str, values: dict[str, Callable[[], str]]) -> str:
@@ -717,21 +693,18 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
     summ, led, auc, law, cal = (
         t[n] for n in ("summary", "ledger", "ledger_auc", "entropy_law", "calibration")
     )
-    claims = pd.DataFrame(
-        [
-            (c.name, c.rule_a, c.rule_b, c.metric, c.direction, f"{c.source}, {c.where}")
-            for c in CLAIMS
-        ],
-        columns=["claim", "A", "B", "metric", "A is", "source"],
-    )
+    claims = pd.DataFrame(CLAIMS).assign(source=[f"{c.source}, {c.where}" for c in CLAIMS])
+    claims = claims.rename(columns={"name": "claim", "rule_a": "A", "rule_b": "B"})
     law_cols = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
     power_cols = ["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin"]
+    power = {"residual_sd": _num, "diff_sd": _num, "seeds_needed": _count}
+    sections = migrate(config, FIELDS)["sections"]  # an old record's ``seeds`` moved in
     now = "now" if config.get("rng") == RNG else "before"
     return {
         "rel": lambda: os.path.relpath(out, path.parent),
         "provenance": lambda: provenance_text(out),
         "config": lambda: "\n".join(f"    {k}: {v}" for k, v in config.items()),
-        "claims": lambda: _table(claims),
+        "claims": lambda: _table(claims.rename(columns={"direction": "A is"}), CLAIM_COLUMNS),
         "calibration": lambda: calibration_table(cal, summ),
         "calib_seeds": lambda: str(config["calib_seeds"]),
         "calibration_mu": lambda: calibration_mu(cal, config, t["exact_mu"]),
@@ -754,26 +727,20 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "mechanism_b": lambda: mechanism_b(summ),
         "mechanism_c": lambda: mechanism_c(t["grad_noise"], led, auc),
         "rules": lambda: rules_table(summ),
-        "power": lambda: _table(
-            t["power"],
-            [*power_cols, "seeds_needed"],
-            residual_sd=_num,
-            diff_sd=_num,
-            seeds_needed=_count,
-        ),
+        "power": lambda: _table(t["power"], [*power_cols, "seeds_needed"], **power),
         "agreement": lambda: agreement_table(t["agreement"]),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
-        "seeds": lambda: toy_seeds(config),
-        "rungs_design": lambda: rungs_design(config),
+        "seeds": lambda: toy_seeds(sections),
+        "rungs_design": lambda: rungs_design(config, sections),
         "regimes": lambda: regimes_section(out),
         "margins": lambda: ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         "reference": lambda: REFERENCE,
         "step_size_rule": lambda: STEP_SIZE_RULE,
         "gpu": lambda: GPU_COMMAND,
         "transfer": lambda: transfer_section(out),
-        "llm_floor": llm_floor,
-        "llm_task": llm_task,
+        "llm_floor": lambda: llm_rung(floor=True),
+        "llm_task": llm_rung,
         "llm_pilot": lambda: llm_pilot(out),
         "pairing_note": lambda: say(f"pairing_{now}", rng=RNG),
         "held_out_note": lambda: say(f"held_out_{now}", rng=RNG),
