@@ -190,10 +190,10 @@ def parse_claim(text: str) -> Claim:
     """``NAME:A>B[:metric[:margin]]`` (``A<B``: A lower) -> a :class:`Claim`; the metric defaults
     to ``final_pass``, the margin to the study's for the metric."""
     name, _, rest = text.partition(":")
-    fields_ = rest.split(":") if rest else []
-    if not name or not 1 <= len(fields_) <= 3:
+    parts = rest.split(":") if rest else []
+    if not name or not 1 <= len(parts) <= 3:
         raise ValueError(f"--claim takes NAME:A>B[:metric[:margin]], got {text!r}")
-    comparison = fields_[0]
+    comparison, metric, margin = (*parts, None, None)[:3]
     op = ">" if ">" in comparison else "<"
     rule_a, sep, rule_b = comparison.partition(op)
     if not sep or not rule_a or not rule_b:
@@ -205,17 +205,15 @@ def parse_claim(text: str) -> Claim:
         "rule_a": rule_a.strip(),
         "rule_b": rule_b.strip(),
         "direction": "greater" if op == ">" else "less",
-        "metric": fields_[1] if len(fields_) > 1 and fields_[1] else "final_pass",
+        "metric": metric or "final_pass",
         "source": "--claim",
         "statement": text,
     }
-    if len(fields_) > 2:
+    if margin is not None:
         try:
-            record["margin"] = float(fields_[2])
+            record["margin"] = float(margin)
         except ValueError:
-            raise ValueError(
-                f"--claim {text!r}: margin must be a number, got {fields_[2]!r}"
-            ) from None
+            raise ValueError(f"--claim {text!r}: margin must be a number, got {margin!r}") from None
     return claim_from_record(record, f"--claim {text!r}")
 
 
@@ -238,6 +236,12 @@ def read_claims(path: str | Path) -> list[Claim]:
 def claim_rules(claims: Iterable[Claim] = CLAIMS) -> list[str]:
     """Every rule the claims name, each once, in order of first mention."""
     return list(dict.fromkeys(r for c in claims for r in c.rules))
+
+
+def _seeds_needed(sd: float, margin: float, power: float) -> float:
+    """:func:`.evidence.seeds_needed` for ``margin``; NaN where the SD is not a positive number."""
+    ok = np.isfinite(sd) and sd > 0
+    return evidence.seeds_needed(sd, margin, power=power) if ok else np.nan
 
 
 def _seed_table(scores: pd.DataFrame, rung: str, metric: str, rules: list[str]) -> pd.DataFrame:
@@ -283,18 +287,10 @@ def ledger(
                 claim.margin if claim.margin is not None else margins.get(claim.metric, np.nan)
             )
             verdict, reason = evidence.verdict(diff, claim.direction, np.nan_to_num(margin))
-            needed = (
-                evidence.seeds_needed(diff.sd, margin, power=power)
-                if np.isfinite(margin) and margin > 0 and np.isfinite(diff.sd) and diff.sd > 0
-                else np.nan
-            )
             row = {
                 "claim": claim.name,
                 "rung": rung,
-                "metric": claim.metric,
-                "rule_a": claim.rule_a,
-                "rule_b": claim.rule_b,
-                "direction": claim.direction,
+                **{k: getattr(claim, k) for k in ("metric", "rule_a", "rule_b", "direction")},
                 "estimate": diff.estimate,
                 "lo": diff.lo,
                 "hi": diff.hi,
@@ -305,7 +301,9 @@ def ledger(
                 "reading": reading,
                 "diff_sd": diff.sd,
                 "margin": margin,
-                "seeds_needed": needed,
+                "seeds_needed": _seeds_needed(diff.sd, margin, power)
+                if 0 < margin < np.inf
+                else np.nan,
                 "source": f"{claim.source}, {claim.where}",
             }
             if "clip_frac" in scores.columns:
@@ -359,12 +357,11 @@ def headroom(
         ref_mean = on_rung.loc[on_rung["rule"] == ref, row["metric"]].mean()
         out.loc[i, ["comparator_mean", "ceiling", "floor"]] = mean, b.ceiling, b.floor
         room = 2 * row["margin"]
+        near = f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the"
         if row["direction"] == "greater" and mean > b.ceiling - room:
-            why = f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the ceiling {b.ceiling:.3f}"
+            why = f"{near} ceiling {b.ceiling:.3f}"
         elif row["direction"] == "less" and mean < b.floor + room:
-            why = (
-                f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the floor {b.floor:.3f}"
-            )
+            why = f"{near} floor {b.floor:.3f}"
         elif ref_mean < b.floor + room:
             why = (
                 f"{ref}'s mean {ref_mean:.3f} does not clear the answer baseline {b.floor:.3f} "
@@ -405,7 +402,6 @@ def power_lines(
         table = part.pivot_table(index="seed", columns="rule", values=metric)
         res = evidence.residual_sd(table.to_numpy())
         sd = np.sqrt(2) * res
-        ok = np.isfinite(sd) and sd > 0
         rows.append(
             {
                 "rung": rung,
@@ -415,7 +411,7 @@ def power_lines(
                 "residual_sd": res,
                 "diff_sd": sd,
                 "margin": margin,
-                "seeds_needed": evidence.seeds_needed(sd, margin, power=power) if ok else np.nan,
+                "seeds_needed": _seeds_needed(sd, margin, power),
             }
         )
     return pd.DataFrame(rows)
