@@ -140,13 +140,8 @@ def same_on_exact_flow(rule_a: str, rule_b: str) -> bool:
     """Whether two rules take the same step on an exact expected-gradient flow, which uses each
     rule's expected coefficient: a stochastic rule acts there as its deterministic counterpart
     (:meth:`~sandbox.objectives.base.Objective.expectation`)."""
-
-    def acts_as(rule: str) -> tuple[type, dict]:
-        objective = objective_of(rule)
-        objective = objective.expectation() or objective
-        return type(objective), dict(objective.params)
-
-    return acts_as(rule_a) == acts_as(rule_b)
+    a, b = (o.expectation() or o for o in map(objective_of, (rule_a, rule_b)))
+    return (type(a), dict(a.params)) == (type(b), dict(b.params))
 
 
 def auc_claims(claims: Sequence[Claim] = CLAIMS) -> list[Claim]:

@@ -1,13 +1,10 @@
 """The seed papers' claims as data, and the ledger that tests them with paired seeds.
 
-A claim is one record: rule A beats rule B on a metric, in a stated direction, as a paper says
-in a stated place. ``ledger`` turns a tidy score table (one row per rung, rule and seed) into one
-row per (claim, rung): the paired difference A - B over seeds with its 95% interval, the verdict
-(``sandbox.study.evidence.verdict``) and the power line. The seed papers' claims are the
-records in ``CLAIMS``; a claim of your own needs no edit of the package: ``python -m llm.claims
---claim NAME:A>B[:metric[:margin]]`` or ``--claims FILE`` (:func:`parse_claim`,
-:func:`read_claims`; CONTRIBUTING.md, "Adding a claim"). The rules are registry names or presets
-(``sandbox.objectives.get_objective``).
+A claim (:class:`Claim`) is one record: rule A beats rule B on a metric, in a stated direction,
+as a paper says in a stated place; the seed papers' are :data:`CLAIMS`, yours need no edit of
+the package (``--claim``: :func:`parse_claim`; ``--claims FILE``: :func:`read_claims`;
+CONTRIBUTING.md, "Adding a claim"). The rules are registry names or presets
+(``sandbox.objectives.get_objective``). :func:`ledger` tests them on a tidy score table.
 
 Metrics (columns of the score table; a study that reports them fills them per run):
 
@@ -287,6 +284,7 @@ def ledger(
                 claim.margin if claim.margin is not None else margins.get(claim.metric, np.nan)
             )
             verdict, reason = evidence.verdict(diff, claim.direction, np.nan_to_num(margin))
+            needed = _seeds_needed(diff.sd, margin, power) if 0 < margin < np.inf else np.nan
             row = {
                 "claim": claim.name,
                 "rung": rung,
@@ -301,9 +299,7 @@ def ledger(
                 "reading": reading,
                 "diff_sd": diff.sd,
                 "margin": margin,
-                "seeds_needed": _seeds_needed(diff.sd, margin, power)
-                if 0 < margin < np.inf
-                else np.nan,
+                "seeds_needed": needed,
                 "source": f"{claim.source}, {claim.where}",
             }
             if "clip_frac" in scores.columns:

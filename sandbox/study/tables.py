@@ -46,38 +46,32 @@ def write_tables(
     :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
     bytes would not change is not rewritten; the folder's ``tables`` provenance records this
     command only if something changed (:func:`~.results.recording_tables`)."""
-    out = Path(out)
+    out, rows = Path(out), canonical_rows(rows)
     with recording_tables(out):
-        return _write_tables(canonical_rows(rows), out, config)
-
-
-def _write_tables(
-    rows: pd.DataFrame, out: Path, config: StudyConfig | None
-) -> dict[str, pd.DataFrame]:
-    write_parquet_if_changed(rows, out / "results.parquet")
-    scores = run_scores(rows)
-    bounds = study_bounds(config) if config is not None else None  # once: tiny_tf samples sets
-    claims = study_claims(config)
-    tables = {
-        "calibration": calibration_curve(rows),
-        "scores": scores,
-        "summary": rule_summary(scores),
-        "ledger": study_ledger(scores, claims, bounds),
-        "ledger_auc": study_ledger(scores, auc_claims(claims), bounds, "secondary"),
-        "entropy_law": entropy_law(rows),
-        "grad_noise": gradient_noise(rows),
-        "power": rung_power(scores),
-        "bounds": rung_bounds(bounds) if bounds is not None else pd.DataFrame(),
-        "agreement": pd.concat(
-            [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
-        ),
-    }
-    for name, table in tables.items():
-        write_csv(table, out / f"{name}.csv")
-    tables["transfer"], tables["transfer_agreement"] = write_transfer(out)  # from the ledgers
-    plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
-    plot_mechanism(tables["summary"], out / "mechanism.png")
-    return tables
+        write_parquet_if_changed(rows, out / "results.parquet")
+        scores = run_scores(rows)
+        bounds = study_bounds(config) if config is not None else None  # once: tiny_tf samples sets
+        claims = study_claims(config)
+        tables = {
+            "calibration": calibration_curve(rows),
+            "scores": scores,
+            "summary": rule_summary(scores),
+            "ledger": study_ledger(scores, claims, bounds),
+            "ledger_auc": study_ledger(scores, auc_claims(claims), bounds, "secondary"),
+            "entropy_law": entropy_law(rows),
+            "grad_noise": gradient_noise(rows),
+            "power": rung_power(scores),
+            "bounds": rung_bounds(bounds) if bounds is not None else pd.DataFrame(),
+            "agreement": pd.concat(
+                [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
+            ),
+        }
+        for name, table in tables.items():
+            write_csv(table, out / f"{name}.csv")
+        tables["transfer"], tables["transfer_agreement"] = write_transfer(out)  # from the ledgers
+        plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
+        plot_mechanism(tables["summary"], out / "mechanism.png")
+        return tables
 
 
 @contextmanager

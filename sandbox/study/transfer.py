@@ -1,27 +1,18 @@
 """Transfer measured on claim effects: does a claim's paired effect keep its sign from rung to rung?
 
-The claims study's ledgers (``ledger.csv``: each claim's primary reading, ``ledger_auc.csv``: the
-``reward_auc`` reading) hold, per (claim, rung, metric), the paired effect A - B with its 95%
-interval and verdict. Transfer is read off them, claim by claim, with nothing re-estimated:
-
-* :func:`transfer_table`: tidy rows (claim, metric, rung, estimate, lo, hi, verdict). A row of a
-  deterministic rung (one exact run, ``seeds == 1``, no interval in the ledger) is an exact
-  difference: its interval is zero-width (``lo == hi == estimate``), as the ledger itself reads it;
-* :func:`transfer_wide`: one row per (claim, metric), one column per rung, side by side;
-* :func:`transfer_agreement`: per metric and pair of rungs, among the claims *resolved* on both
-  (interval excluding 0 on both rungs), how many have the same sign, with an exact
-  Clopper-Pearson interval on that count; claims unresolved on either rung are counted, not
-  guessed. With no claim resolved on both the result is "not resolved". Nothing is resampled, so
-  the statistic never resolves more than the ledgers' intervals do (the seed bootstrap of the
-  rule orders' tau-b did: it resolved 1.3-2.5x more pairs than the data).
+Read off the claims study's ledgers (``ledger.csv``: each claim's primary reading,
+``ledger_auc.csv``: the ``reward_auc`` reading), claim by claim, with nothing re-estimated:
+:func:`transfer_table` (tidy rows), :func:`transfer_wide` (the rungs side by side) and
+:func:`transfer_agreement` (per pair of rungs, the share of claims resolved on both with the same
+sign, with an exact interval); :func:`write_transfer` writes them into a results folder. Claims
+unresolved on either rung are counted, not guessed, and nothing is resampled, so the statistic
+never resolves more than the ledgers' intervals do (the seed bootstrap of the rule orders' tau-b
+did: it resolved 1.3-2.5x more pairs than the data).
 
 Two countings are written, one row each (column ``counted``): ``verdicts`` counts only rows that
 carry a verdict (a row with no headroom or identical by construction compares nothing: a rung at
 its ceiling cannot tell rules apart, so its sign says nothing about transfer); ``all`` counts every
 row with an interval.
-
-:func:`write_transfer` reads the ledgers of a results folder and writes ``transfer.csv`` and
-``transfer_agreement.csv`` (the same bytes from the same ledgers).
 """
 
 from __future__ import annotations
