@@ -167,22 +167,18 @@ def rank_agreement(
         r: s.pivot_table(index="seed", columns="rule", values=metric)
         for r, s in scores.groupby("rung", sort=False)
     }
-    ladder = list(RUNGS)
-    rungs = sorted(tables, key=lambda r: ladder.index(r) if r in ladder else len(ladder))
+    rungs = ladder_order(pd.DataFrame({"rung": list(tables)}), ["rung"])["rung"].tolist()
     rows = []
     for i, a in enumerate(rungs):
         for b in rungs[i + 1 :]:
             common = sorted(set(tables[a].columns) & set(tables[b].columns))
             for without in ("", STEP_SIZE_RULE):
                 rules = [r for r in common if r != without]
-                if len(rules) >= 3:
-                    tau = evidence.tau_b_interval(
-                        tables[a][rules].to_numpy(),
-                        tables[b][rules].to_numpy(),
-                        tol=1e-6,
-                        draws=draws,
-                    )
-                    rows.append((metric, a, b, without, len(rules), *tau))
+                if len(rules) < 3:
+                    continue
+                on_a, on_b = tables[a][rules].to_numpy(), tables[b][rules].to_numpy()
+                tau = evidence.tau_b_interval(on_a, on_b, tol=1e-6, draws=draws)
+                rows.append((metric, a, b, without, len(rules), *tau))
     columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -263,9 +259,8 @@ def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
         rescue, sampling, signal = (per_seed[c].to_numpy(float) for c in GRAD_NOISE_COLUMNS)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = 1.0 + rescue / sampling
-            to_signal = rescue / signal, sampling / signal
+            shares = [_finite_mean(x / signal) for x in (rescue, sampling)]
         ci = evidence.paired_difference(ratio, np.zeros_like(ratio), level)
-        shares = [_finite_mean(x) for x in to_signal]
         out.append((rung, rule, ci.n, len(g), *shares, ci.estimate, ci.lo, ci.hi))
     return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,89 +71,6 @@ class Claim:
     @property
     def rules(self) -> tuple[str, str]:
         return self.rule_a, self.rule_b
-
-
-CLAIMS: tuple[Claim, ...] = (
-    Claim(
-        "nsr_beats_dapo",
-        "nsr_dapo",
-        "dapo",
-        "greater",
-        "final_pass",
-        "arXiv 2605.22703",
-        "abstract; experiments (7B-30B)",
-        "NSR improves training stability and performance compared to DAPO",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "nsr_beats_its_decay",
-        "nsr_dapo",
-        "nsr_decay_dapo",
-        "greater",
-        "final_pass",
-        "arXiv 2605.22703",
-        "ablation (implicit decay)",
-        "the stochastic, boundary-local rescue is consistently more effective than deterministic "
-        "gradient decay",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "dgpo_beats_hard_clip",
-        "dgpo_1p5b",
-        "grpo",
-        "greater",
-        "final_pass",
-        "arXiv 2603.14389",
-        "abstract; experiments (R1-Distill-Qwen 1.5B/7B/14B)",
-        "DGPO consistently outperforms strong baselines (the hard clip at the same bounds, "
-        "eps 0.2/0.2)",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "atr_beats_grpo",
-        "atr_grpo",
-        "grpo",
-        "greater",
-        "final_pass",
-        "arXiv 2602.05494",
-        "experiments",
-        "the KL3 trust region (ATR-GRPO) outperforms GRPO's ratio clip",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "clip_cov_keeps_entropy",
-        "clip_cov_verl",
-        "grpo",
-        "greater",
-        "final_entropy",
-        "arXiv 2505.22617",
-        "§4 (Clip-Cov)",
-        "Clip-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
-        0.05,  # margin, pre-registered
-    ),
-    Claim(
-        "kl_cov_keeps_entropy",
-        "kl_cov_verl",
-        "grpo",
-        "greater",
-        "final_entropy",
-        "arXiv 2505.22617",
-        "§4 (KL-Cov)",
-        "KL-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
-        0.05,  # margin, pre-registered
-    ),
-    Claim(
-        "clip_beats_unclipped",
-        "dapo",
-        "unclipped",
-        "greater",
-        "final_pass",
-        "arXiv 1707.06347",
-        "§3 (the clipped surrogate's premise); the control",
-        "a trust region helps: the clipped rule beats the same update without a clip",
-        0.02,  # margin, pre-registered
-    ),
-)
 
 
 #: The keys of a claim record (``--claims FILE``, a study's ``config.json``).
@@ -212,6 +129,61 @@ def parse_claim(text: str) -> Claim:
         except ValueError:
             raise ValueError(f"--claim {text!r}: margin must be a number, got {margin!r}") from None
     return claim_from_record(record, f"--claim {text!r}")
+
+
+def _paper(spec: str, source: str, where: str, statement: str) -> Claim:
+    """A seed paper's claim: :func:`parse_claim`'s ``spec`` with the paper's words and place."""
+    return replace(parse_claim(spec), source=source, where=where, statement=statement)
+
+
+#: The seed papers' claims, each a ``--claim`` spec (A > B, metric, pre-registered margin) and
+#: where the paper says it.
+CLAIMS: tuple[Claim, ...] = (
+    _paper(
+        "nsr_beats_dapo:nsr_dapo>dapo:final_pass:0.02",
+        "arXiv 2605.22703",
+        "abstract; experiments (7B-30B)",
+        "NSR improves training stability and performance compared to DAPO",
+    ),
+    _paper(
+        "nsr_beats_its_decay:nsr_dapo>nsr_decay_dapo:final_pass:0.02",
+        "arXiv 2605.22703",
+        "ablation (implicit decay)",
+        "the stochastic, boundary-local rescue is consistently more effective than deterministic "
+        "gradient decay",
+    ),
+    _paper(
+        "dgpo_beats_hard_clip:dgpo_1p5b>grpo:final_pass:0.02",
+        "arXiv 2603.14389",
+        "abstract; experiments (R1-Distill-Qwen 1.5B/7B/14B)",
+        "DGPO consistently outperforms strong baselines (the hard clip at the same bounds, "
+        "eps 0.2/0.2)",
+    ),
+    _paper(
+        "atr_beats_grpo:atr_grpo>grpo:final_pass:0.02",
+        "arXiv 2602.05494",
+        "experiments",
+        "the KL3 trust region (ATR-GRPO) outperforms GRPO's ratio clip",
+    ),
+    _paper(
+        "clip_cov_keeps_entropy:clip_cov_verl>grpo:final_entropy:0.05",
+        "arXiv 2505.22617",
+        "§4 (Clip-Cov)",
+        "Clip-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+    ),
+    _paper(
+        "kl_cov_keeps_entropy:kl_cov_verl>grpo:final_entropy:0.05",
+        "arXiv 2505.22617",
+        "§4 (KL-Cov)",
+        "KL-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+    ),
+    _paper(
+        "clip_beats_unclipped:dapo>unclipped:final_pass:0.02",
+        "arXiv 1707.06347",
+        "§3 (the clipped surrogate's premise); the control",
+        "a trust region helps: the clipped rule beats the same update without a clip",
+    ),
+)
 
 
 def read_claims(path: str | Path) -> list[Claim]:
@@ -340,9 +312,7 @@ def headroom(
 
     A row that fails keeps its interval and gets the verdict :data:`.evidence.NO_HEADROOM` and the
     reason. Adds ``comparator_mean``, ``ceiling`` and ``floor`` (NaN where no bounds apply)."""
-    out = table.copy()
-    for col in ("comparator_mean", "ceiling", "floor"):
-        out[col] = np.nan
+    out = table.assign(comparator_mean=np.nan, ceiling=np.nan, floor=np.nan)
     for i, row in out.iterrows():
         b = bounds.get(row["rung"])
         if b is None or row["metric"] not in BOUNDED or not np.isfinite(row["margin"]):
@@ -374,8 +344,7 @@ def holm_by_rung(table: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     family, the rows of one rung and one ``reading`` that carry a verdict and a test (a rung's
     primary family: its claims on their pre-registered metrics; NaN elsewhere), and ``holm``:
     whether a supported or reversed row stays so at ``1 - level`` after it."""
-    out = table.copy()
-    out["p_holm"] = np.nan
+    out = table.assign(p_holm=np.nan)
     family = ~out["verdict"].isin(evidence.NOT_VERDICTS) & out["p"].notna()
     for _, part in out[family].groupby(["reading", "rung"], sort=False):
         out.loc[part.index, "p_holm"] = evidence.holm(part["p"].to_numpy())
