@@ -208,10 +208,9 @@ UNCLIPPED = "unclipped"
 
 def like_unclipped(scores: pd.DataFrame, rung: str, rule: str, metric: str = "reward_auc") -> bool:
     """Whether ``rule`` is indistinguishable from :data:`UNCLIPPED` on ``rung`` by its realised
-    effect, whatever clip share it reports: the paired interval of its ``metric`` minus the
-    unclipped rule's lies within +- the metric's margin (:data:`.evidence.EQUIVALENT`), with
-    paired seeds. A rule that reports no clip share (KL-Cov's penalty) can be inert too; its
-    claims then test the absence of a clip, not its own mechanism. False without the pair."""
+    effect, whatever clip share it reports (or none, as KL-Cov's penalty): the paired interval of
+    its ``metric`` minus the unclipped rule's is :data:`.evidence.EQUIVALENT` at the metric's
+    margin. False without paired seeds of both."""
     on = scores[(scores["rung"] == rung) & scores["rule"].isin([rule, UNCLIPPED])]
     table = on.pivot_table(index="seed", columns="rule", values=metric)
     if rule == UNCLIPPED or UNCLIPPED not in table or rule not in table or len(table) < 2:

@@ -92,10 +92,9 @@ def paired_p(diff: PairedDifference) -> float:
 
 def holm(pvalues: np.ndarray) -> np.ndarray:
     """Holm's step-down adjustment of a family of p-values (NaN entries are not members):
-    the k-th smallest of m becomes ``max_{j <= k} min(1, (m - j + 1) p_(j))``. Holm controls the
-    family-wise error rate under any dependence between the claims (several claims share a
-    comparator's runs), which Benjamini-Hochberg's false discovery rate does not without
-    positive dependence; with a handful of pre-registered claims per rung its power loss is small."""
+    the k-th smallest of m becomes ``max_{j <= k} min(1, (m - j + 1) p_(j))``. It controls the
+    family-wise error rate under any dependence between the claims (several share a comparator's
+    runs), where Benjamini-Hochberg needs positive dependence."""
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, np.nan)
     idx = np.flatnonzero(np.isfinite(p))
@@ -123,9 +122,9 @@ def verdict(diff: PairedDifference, direction: Direction, margin: float = 0.0) -
     - not resolved at this power: otherwise (contains 0 and allows a gain of m), and with fewer
       than two pairs.
 
-    The classes are symmetric: a reversal needs the interval below 0 as a support needs it above,
-    and a margin-only result is never called either. With ``margin`` 0 the two margin classes
-    cannot occur. A zero-width interval (an exact difference) is classed the same way.
+    The classes are symmetric (a reversal needs the interval below 0 as a support needs it above);
+    with ``margin`` 0 the two margin classes cannot occur; a zero-width interval (an exact
+    difference) is classed the same way.
     """
     if direction not in ("greater", "less"):
         raise ValueError(f"direction must be 'greater' or 'less', got {direction!r}")
@@ -225,9 +224,7 @@ def pair_signs(table: np.ndarray, *, level: float = 0.95, tol: float = 0.0) -> n
     d = x[:, i] - x[:, j]
     d = d[np.all(np.isfinite(d), axis=1)]
     mean = d.mean(0) if len(d) else np.full(len(i), np.nan)
-    if len(d) < 2:
-        return np.where(np.abs(mean) > tol, np.sign(mean), 0.0)
-    half = _t_half(d.std(0, ddof=1), len(d), level)
+    half = _t_half(d.std(0, ddof=1), len(d), level) if len(d) >= 2 else 0.0
     return np.where(np.abs(mean) > np.maximum(half, tol), np.sign(mean), 0.0)
 
 

@@ -1,23 +1,18 @@
 """Regimes with headroom, chosen by a rule written down before the study runs (issue 27).
 
-A regime is a rung's setting and horizon (bandit: the suite setting and the step count; tiny_tf:
-the task, its knobs and the step count). Each candidate runs as a pilot: the claims study on that
-rung alone (calibration included) at :data:`PILOT_SEEDS` paired seeds. The rule:
+A regime is a rung's setting and horizon (bandit: suite setting and steps; tiny_tf: task, knobs
+and steps). Each candidate runs as a pilot, the claims study on that rung alone (calibration
+included) at :data:`PILOT_SEEDS` paired seeds, and the rule (docs/claims.md, "How the regimes
+were chosen", states it for readers, with its one revision before the study ran) reads it:
 
-1. **Headroom** (every primary claim on the rung whose metric has a ceiling): the comparator's
-   mean is at least ``ROOM`` = 2 margins below the ceiling (the optimum, or 1).
-2. **Beats the answer baselines** (tiny_tf): the reference rule's held-out pass@1 is at least
-   ``WIDE`` = 5 margins (0.10) above the larger of the constant-answer and answer-prior baselines
-   (:func:`envs.reasoning.answer_baselines`): it learned the task, not the answer distribution.
-3. **Power within the cap**: a candidate's seed count is the paired seeds its primary claims need
-   for 80% power at the margin (from the pilot's SD of the paired differences, paired t-test at
-   :func:`claim_level`), the largest over the claims, capped at ``CAP_SECONDS`` of study time on
-   the pilot's machine (projected linearly in the seeds from the pilot's wall time, calibration
-   included, which overstates the cost of a vectorised rung). Among the candidates passing 1 and
-   2, the one with the highest mean power over its primary claims at that seed count (ties: fewer
-   seeds, then the longer horizon); the cap is printed whenever it binds. Revised once, after the
-   tiny_tf pilots and before the study ran, from "the fewest seeds needed" (docs/claims.md, "How
-   the regimes were chosen", says why).
+1. headroom: every primary claim's comparator at least ``ROOM`` margins below the ceiling;
+2. (tiny_tf) the reference rule's held-out pass@1 at least ``WIDE`` margins above the larger
+   answer baseline (:func:`envs.reasoning.answer_baselines`): it learned the task, not the prior;
+3. among the candidates passing 1 and 2, the highest mean power over the primary claims
+   (:func:`mean_power`) at the seeds they need for ``POWER`` at :func:`claim_level` (the largest
+   over the claims, from the pilot's SD of paired differences), capped at ``CAP_SECONDS`` of
+   study time projected linearly from the pilot's wall time (ties: fewer seeds, then the longer
+   horizon); the cap is printed whenever it binds.
 
 ``python -m sandbox.study.regimes --out results/regimes`` runs the pilots (each a resumable study
 folder under ``pilots/``) and writes ``pilot.csv`` (per candidate and claim), ``candidates.csv``
@@ -88,12 +83,11 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
     run_study(config, out, progress=False, workers=1)
     if not timing.exists():
         timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}) + "\n")
-    seconds = json.loads(timing.read_text())["seconds"]
     return {
         "ledger": pd.read_csv(out / "ledger.csv"),
         "bounds": pd.read_csv(out / "bounds.csv").set_index("rung"),
         "summary": pd.read_csv(out / "summary.csv"),
-        "seconds": seconds,
+        "seconds": json.loads(timing.read_text())["seconds"],
     }
 
 
