@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import combinations
 
 import numpy as np
 import pandas as pd
@@ -169,16 +170,15 @@ def rank_agreement(
     }
     rungs = ladder_order(pd.DataFrame({"rung": list(tables)}), ["rung"])["rung"].tolist()
     rows = []
-    for i, a in enumerate(rungs):
-        for b in rungs[i + 1 :]:
-            common = sorted(set(tables[a].columns) & set(tables[b].columns))
-            for without in ("", STEP_SIZE_RULE):
-                rules = [r for r in common if r != without]
-                if len(rules) < 3:
-                    continue
-                on_a, on_b = tables[a][rules].to_numpy(), tables[b][rules].to_numpy()
-                tau = evidence.tau_b_interval(on_a, on_b, tol=1e-6, draws=draws)
-                rows.append((metric, a, b, without, len(rules), *tau))
+    for a, b in combinations(rungs, 2):
+        common = sorted(set(tables[a].columns) & set(tables[b].columns))
+        for without in ("", STEP_SIZE_RULE):
+            rules = [r for r in common if r != without]
+            if len(rules) < 3:
+                continue
+            on_a, on_b = tables[a][rules].to_numpy(), tables[b][rules].to_numpy()
+            tau = evidence.tau_b_interval(on_a, on_b, tol=1e-6, draws=draws)
+            rows.append((metric, a, b, without, len(rules), *tau))
     columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
     return pd.DataFrame(rows, columns=columns)
 

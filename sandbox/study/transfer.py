@@ -18,6 +18,7 @@ row with an interval.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -146,9 +147,8 @@ def transfer_agreement(
         for counted in COUNTINGS:
             keep = part if counted == "all" else part[~part["verdict"].isin(NOT_VERDICTS)]
             by_rung = {r: keep[keep["rung"] == r].set_index("claim")[["sign"]] for r in present}
-            for i, a in enumerate(present):
-                for b in present[i + 1 :]:
-                    rows.append((metric, a, b, counted, *_pair(by_rung[a], by_rung[b], level)))
+            for a, b in combinations(present, 2):
+                rows.append((metric, a, b, counted, *_pair(by_rung[a], by_rung[b], level)))
     return pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
 
 
