@@ -367,16 +367,8 @@ def power_lines(
         table = part.pivot_table(index="seed", columns="rule", values=metric)
         res = evidence.residual_sd(table.to_numpy())
         sd = np.sqrt(2) * res
-        rows.append(
-            {
-                "rung": rung,
-                "metric": metric,
-                "seeds": len(table),
-                "rules": table.shape[1],
-                "residual_sd": res,
-                "diff_sd": sd,
-                "margin": margin,
-                "seeds_needed": _seeds_needed(sd, margin, power),
-            }
-        )
-    return pd.DataFrame(rows)
+        needed = _seeds_needed(sd, margin, power)
+        rows.append((rung, metric, len(table), table.shape[1], res, sd, margin, needed))
+    columns = ["rung", "metric", "seeds", "rules", "residual_sd"]
+    columns += ["diff_sd", "margin", "seeds_needed"]
+    return pd.DataFrame(rows, columns=columns)
