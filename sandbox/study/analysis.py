@@ -1,16 +1,9 @@
-"""The study's analysis: per run (rung, rule, seed) the scores are the metrics of :mod:`.claims`:
-``final_pass`` (bandits: the exact expected reward of the last logged policy; ``tiny_tf``: held-out pass@1 of the final
-model on ``tf_eval_prompts`` problems fixed by the seed, ``tf_eval_k`` samples each), ``reward_auc``
-(mean per-step training reward), ``final_entropy``; and the mechanism columns: ``clip_frac``,
-``rescue_frac`` and the advantage-weighted gradient mass shares (:func:`sandbox.loss.grad_mass_shares`:
-``grad_mass_zero_lo``, ``grad_mass_zero_hi``, ``grad_mass_rescued``), averaged over steps.
-Per step, on ``bandit_sampled`` and ``tiny_tf`` (``entropy_law=True``), the observed entropy change
-and the entropy-covariance law's prediction (``entropy_change``, ``entropy_change_pred``; on
-``tiny_tf`` over the visited prefixes of the step's rollout), tabulated by :func:`entropy_law`.
-
-Rules with a deterministic counterpart (:meth:`sandbox.objectives.Objective.expectation`: NSR ->
-NSR-decay) also log mechanism check (c) on the toy trainers' rungs (:mod:`sandbox.grad_noise`:
-``grad_rescue_var``, ``grad_sampling_var``, ``grad_signal``), tabled by :func:`gradient_noise`.
+"""The study's analysis: per run (rung, rule, seed) the scores are the metrics of :mod:`.claims`
+(``final_pass``: bandits, the exact expected reward of the last logged policy; ``tiny_tf``,
+held-out pass@1 of the final model on ``tf_eval_prompts`` problems fixed by the seed,
+``tf_eval_k`` samples each) and the mechanism columns (``clip_frac``, ``rescue_frac``, the
+gradient mass shares of :func:`sandbox.loss.grad_mass_shares`), averaged over steps. Mechanism
+checks (a) and (c), where logged per step: :func:`entropy_law`, :func:`gradient_noise`.
 
 Every table here is a function of the study's tidy rows (or of :func:`run_scores`), in one row
 order whatever order the parts were read in (:func:`canonical_rows`, :func:`ladder_order`)."""
@@ -20,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from itertools import combinations
 
 import numpy as np
 import pandas as pd
@@ -66,16 +60,14 @@ def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
     seeds of a run (one value per step, repeated on every seed's row)."""
     calib = canonical_rows(rows[rows["phase"] == "calib"])
     calib["clip_share"] = calib["clip_low_frac"] + calib["clip_high_frac"]
-    per_seed = calib.groupby(["rung", "epochs", "lr", "seed"], as_index=False)[
-        ["clip_share", "pass_rate"]
-    ].mean()
-    g = per_seed.groupby(["rung", "epochs", "lr"], as_index=False)
-    curve = g.agg(
+    keys = ["rung", "epochs", "lr"]
+    per_seed = calib.groupby([*keys, "seed"], as_index=False)[["clip_share", "pass_rate"]].mean()
+    curve = per_seed.groupby(keys, as_index=False).agg(
         clip_share=("clip_share", "mean"),
         pass_rate=("pass_rate", "mean"),
         seeds=("seed", "nunique"),
     )
-    return ladder_order(curve, ["rung", "epochs", "lr"])
+    return ladder_order(curve, keys)
 
 
 def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
@@ -83,8 +75,8 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
     ladder order, then by rule and seed."""
     study = canonical_rows(rows[rows["phase"] == "study"])
     study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
-    trained = study[~evaluation_only(study)]
-    g = trained.groupby(["rung", "rule", "seed"], sort=False)
+    keys = ["rung", "rule", "seed"]
+    g = study[~evaluation_only(study)].groupby(keys, sort=False)
     scores = g.agg(
         lr=("lr", "first"),
         epochs=("epochs", "first"),
@@ -92,13 +84,12 @@ def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
         final_entropy=("entropy", "last"),
         **{m: (m, "mean") for m in MECHANISM},
     ).reset_index()
-    final = study.dropna(subset=["pass_rate"]).groupby(["rung", "rule", "seed"])["pass_rate"].last()
-    held_out = (
-        study.dropna(subset=["eval_pass"]).groupby(["rung", "rule", "seed"])["eval_pass"].last()
-    )
-    final = held_out.combine_first(final).rename("final_pass")
-    scores = scores.merge(final.reset_index(), on=["rung", "rule", "seed"], how="left")
-    return ladder_order(scores, ["rung", "rule", "seed"])
+
+    def last(column: str) -> pd.Series:  # held-out pass@1 where evaluated, else the pass rate
+        return study.dropna(subset=[column]).groupby(keys)[column].last()
+
+    final = last("eval_pass").combine_first(last("pass_rate")).rename("final_pass")
+    return ladder_order(scores.merge(final.reset_index(), on=keys, how="left"), keys)
 
 
 def study_ledger(
@@ -140,8 +131,8 @@ def study_ledger(
         checked = headroom(table[~keep], scores, bounds, REFERENCE)
         table = pd.concat([checked, table[keep]]).sort_index()
     table = holm_by_rung(table)
-    lo = table["lo"].fillna(table["estimate"].where(table["seeds"] == 1))
-    hi = table["hi"].fillna(table["estimate"].where(table["seeds"] == 1))
+    exact = table["estimate"].where(table["seeds"] == 1)
+    lo, hi = table["lo"].fillna(exact), table["hi"].fillna(exact)
     table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
     return table
 
@@ -150,13 +141,8 @@ def same_on_exact_flow(rule_a: str, rule_b: str) -> bool:
     """Whether two rules take the same step on an exact expected-gradient flow, which uses each
     rule's expected coefficient: a stochastic rule acts there as its deterministic counterpart
     (:meth:`~sandbox.objectives.base.Objective.expectation`)."""
-
-    def acts_as(rule: str) -> tuple[type, dict]:
-        objective = objective_of(rule)
-        objective = objective.expectation() or objective
-        return type(objective), dict(objective.params)
-
-    return acts_as(rule_a) == acts_as(rule_b)
+    a, b = (o.expectation() or o for o in map(objective_of, (rule_a, rule_b)))
+    return (type(a), dict(a.params)) == (type(b), dict(b.params))
 
 
 def auc_claims(claims: Sequence[Claim] = CLAIMS) -> list[Claim]:
@@ -182,31 +168,17 @@ def rank_agreement(
         r: s.pivot_table(index="seed", columns="rule", values=metric)
         for r, s in scores.groupby("rung", sort=False)
     }
-    ladder = list(RUNGS)
-    rungs = sorted(tables, key=lambda r: ladder.index(r) if r in ladder else len(ladder))
+    rungs = ladder_order(pd.DataFrame({"rung": list(tables)}), ["rung"])["rung"].tolist()
     rows = []
-    for i, a in enumerate(rungs):
-        for b in rungs[i + 1 :]:
-            common = sorted(set(tables[a].columns) & set(tables[b].columns))
-            for without in (False, True):
-                rules = [r for r in common if not (without and r == STEP_SIZE_RULE)]
-                if len(rules) < 3:
-                    continue
-                tau, lo, hi = evidence.tau_b_interval(
-                    tables[a][rules].to_numpy(), tables[b][rules].to_numpy(), tol=1e-6, draws=draws
-                )
-                rows.append(
-                    {
-                        "metric": metric,
-                        "rung_a": a,
-                        "rung_b": b,
-                        "without": STEP_SIZE_RULE if without else "",
-                        "rules": len(rules),
-                        "tau_b": tau,
-                        "lo": lo,
-                        "hi": hi,
-                    }
-                )
+    for a, b in combinations(rungs, 2):
+        common = sorted(set(tables[a].columns) & set(tables[b].columns))
+        for without in ("", STEP_SIZE_RULE):
+            rules = [r for r in common if r != without]
+            if len(rules) < 3:
+                continue
+            on_a, on_b = tables[a][rules].to_numpy(), tables[b][rules].to_numpy()
+            tau = evidence.tau_b_interval(on_a, on_b, tol=1e-6, draws=draws)
+            rows.append((metric, a, b, without, len(rules), *tau))
     columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -219,11 +191,10 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     rule's (:func:`like_unclipped`)."""
     cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
     scores = ladder_order(scores, ["rung", "rule", "seed"])
-    out = scores.groupby(["rung", "rule"], sort=False)[cols].mean().reset_index()
-    out.insert(
-        2, "seeds", scores.groupby(["rung", "rule"], sort=False)["seed"].nunique().to_numpy()
-    )
-    first = scores.groupby(["rung", "rule"], sort=False)[["lr", "epochs"]].first()
+    g = scores.groupby(["rung", "rule"], sort=False)
+    out = g[cols].mean().reset_index()
+    out.insert(2, "seeds", g["seed"].nunique().to_numpy())
+    first = g[["lr", "epochs"]].first()
     out["lr"], out["epochs"] = first["lr"].to_numpy(), first["epochs"].to_numpy()
     out["never_binds"] = out["clip_frac"] < NEVER_BINDS  # NaN (no bounds reported): False
     pairs = zip(out["rung"], out["rule"], strict=True)
@@ -237,10 +208,9 @@ UNCLIPPED = "unclipped"
 
 def like_unclipped(scores: pd.DataFrame, rung: str, rule: str, metric: str = "reward_auc") -> bool:
     """Whether ``rule`` is indistinguishable from :data:`UNCLIPPED` on ``rung`` by its realised
-    effect, whatever clip share it reports: the paired interval of its ``metric`` minus the
-    unclipped rule's lies within +- the metric's margin (:data:`.evidence.EQUIVALENT`), with
-    paired seeds. A rule that reports no clip share (KL-Cov's penalty) can be inert too; its
-    claims then test the absence of a clip, not its own mechanism. False without the pair."""
+    effect, whatever clip share it reports (or none, as KL-Cov's penalty): the paired interval of
+    its ``metric`` minus the unclipped rule's is :data:`.evidence.EQUIVALENT` at the metric's
+    margin. False without paired seeds of both."""
     on = scores[(scores["rung"] == rung) & scores["rule"].isin([rule, UNCLIPPED])]
     table = on.pivot_table(index="seed", columns="rule", values=metric)
     if rule == UNCLIPPED or UNCLIPPED not in table or rule not in table or len(table) < 2:
@@ -260,28 +230,12 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
         obs, pred = g["entropy_change"].to_numpy(), g["entropy_change_pred"].to_numpy()
-        out.append(
-            {
-                "rung": rung,
-                "rule": rule,
-                "points": len(g),
-                "observed_mean": obs.mean(),
-                "predicted_mean": pred.mean(),
-                "corr": float(np.corrcoef(obs, pred)[0, 1]),
-                "slope": float(np.dot(pred, obs) / np.dot(pred, pred)),
-                "rms_error": float(np.sqrt(np.mean((obs - pred) ** 2))),
-            }
-        )
-    columns = [
-        "rung",
-        "rule",
-        "points",
-        "observed_mean",
-        "predicted_mean",
-        "corr",
-        "slope",
-        "rms_error",
-    ]
+        corr = float(np.corrcoef(obs, pred)[0, 1])
+        slope = float(np.dot(pred, obs) / np.dot(pred, pred))
+        rms = float(np.sqrt(np.mean((obs - pred) ** 2)))
+        out.append((rung, rule, len(g), obs.mean(), pred.mean(), corr, slope, rms))
+    columns = ["rung", "rule", "points", "observed_mean", "predicted_mean"]
+    columns += ["corr", "slope", "rms_error"]
     return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 
 
@@ -304,21 +258,9 @@ def gradient_noise(rows: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
         rescue, sampling, signal = (per_seed[c].to_numpy(float) for c in GRAD_NOISE_COLUMNS)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = 1.0 + rescue / sampling
-            to_signal = rescue / signal, sampling / signal
-        interval = evidence.paired_difference(ratio, np.zeros_like(ratio), level)
-        out.append(
-            {
-                "rung": rung,
-                "rule": rule,
-                "seeds": interval.n,
-                "points": len(g),
-                "rescue_to_signal": _finite_mean(to_signal[0]),
-                "sampling_to_signal": _finite_mean(to_signal[1]),
-                "variance_ratio": interval.estimate,
-                "lo": interval.lo,
-                "hi": interval.hi,
-            }
-        )
+            shares = [_finite_mean(x / signal) for x in (rescue, sampling)]
+        ci = evidence.paired_difference(ratio, np.zeros_like(ratio), level)
+        out.append((rung, rule, ci.n, len(g), *shares, ci.estimate, ci.lo, ci.hi))
     return ladder_order(pd.DataFrame(out, columns=columns), ["rung", "rule"])
 
 

@@ -1,13 +1,10 @@
 """The seed papers' claims as data, and the ledger that tests them with paired seeds.
 
-A claim is one record: rule A beats rule B on a metric, in a stated direction, as a paper says
-in a stated place. ``ledger`` turns a tidy score table (one row per rung, rule and seed) into one
-row per (claim, rung): the paired difference A - B over seeds with its 95% interval, the verdict
-(``sandbox.study.evidence.verdict``) and the power line. The seed papers' claims are the
-records in ``CLAIMS``; a claim of your own needs no edit of the package: ``python -m llm.claims
---claim NAME:A>B[:metric[:margin]]`` or ``--claims FILE`` (:func:`parse_claim`,
-:func:`read_claims`; CONTRIBUTING.md, "Adding a claim"). The rules are registry names or presets
-(``sandbox.objectives.get_objective``).
+A claim (:class:`Claim`) is one record: rule A beats rule B on a metric, in a stated direction,
+as a paper says in a stated place; the seed papers' are :data:`CLAIMS`, yours need no edit of
+the package (``--claim``: :func:`parse_claim`; ``--claims FILE``: :func:`read_claims`;
+CONTRIBUTING.md, "Adding a claim"). The rules are registry names or presets
+(``sandbox.objectives.get_objective``). :func:`ledger` tests them on a tidy score table.
 
 Metrics (columns of the score table; a study that reports them fills them per run):
 
@@ -22,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,89 +73,6 @@ class Claim:
         return self.rule_a, self.rule_b
 
 
-CLAIMS: tuple[Claim, ...] = (
-    Claim(
-        "nsr_beats_dapo",
-        "nsr_dapo",
-        "dapo",
-        "greater",
-        "final_pass",
-        "arXiv 2605.22703",
-        "abstract; experiments (7B-30B)",
-        "NSR improves training stability and performance compared to DAPO",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "nsr_beats_its_decay",
-        "nsr_dapo",
-        "nsr_decay_dapo",
-        "greater",
-        "final_pass",
-        "arXiv 2605.22703",
-        "ablation (implicit decay)",
-        "the stochastic, boundary-local rescue is consistently more effective than deterministic "
-        "gradient decay",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "dgpo_beats_hard_clip",
-        "dgpo_1p5b",
-        "grpo",
-        "greater",
-        "final_pass",
-        "arXiv 2603.14389",
-        "abstract; experiments (R1-Distill-Qwen 1.5B/7B/14B)",
-        "DGPO consistently outperforms strong baselines (the hard clip at the same bounds, "
-        "eps 0.2/0.2)",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "atr_beats_grpo",
-        "atr_grpo",
-        "grpo",
-        "greater",
-        "final_pass",
-        "arXiv 2602.05494",
-        "experiments",
-        "the KL3 trust region (ATR-GRPO) outperforms GRPO's ratio clip",
-        0.02,  # margin, pre-registered
-    ),
-    Claim(
-        "clip_cov_keeps_entropy",
-        "clip_cov_verl",
-        "grpo",
-        "greater",
-        "final_entropy",
-        "arXiv 2505.22617",
-        "§4 (Clip-Cov)",
-        "Clip-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
-        0.05,  # margin, pre-registered
-    ),
-    Claim(
-        "kl_cov_keeps_entropy",
-        "kl_cov_verl",
-        "grpo",
-        "greater",
-        "final_entropy",
-        "arXiv 2505.22617",
-        "§4 (KL-Cov)",
-        "KL-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
-        0.05,  # margin, pre-registered
-    ),
-    Claim(
-        "clip_beats_unclipped",
-        "dapo",
-        "unclipped",
-        "greater",
-        "final_pass",
-        "arXiv 1707.06347",
-        "§3 (the clipped surrogate's premise); the control",
-        "a trust region helps: the clipped rule beats the same update without a clip",
-        0.02,  # margin, pre-registered
-    ),
-)
-
-
 #: The keys of a claim record (``--claims FILE``, a study's ``config.json``).
 CLAIM_KEYS = tuple(f.name for f in fields(Claim))
 
@@ -190,10 +104,10 @@ def parse_claim(text: str) -> Claim:
     """``NAME:A>B[:metric[:margin]]`` (``A<B``: A lower) -> a :class:`Claim`; the metric defaults
     to ``final_pass``, the margin to the study's for the metric."""
     name, _, rest = text.partition(":")
-    fields_ = rest.split(":") if rest else []
-    if not name or not 1 <= len(fields_) <= 3:
+    parts = rest.split(":") if rest else []
+    if not name or not 1 <= len(parts) <= 3:
         raise ValueError(f"--claim takes NAME:A>B[:metric[:margin]], got {text!r}")
-    comparison = fields_[0]
+    comparison, metric, margin = (*parts, None, None)[:3]
     op = ">" if ">" in comparison else "<"
     rule_a, sep, rule_b = comparison.partition(op)
     if not sep or not rule_a or not rule_b:
@@ -205,18 +119,71 @@ def parse_claim(text: str) -> Claim:
         "rule_a": rule_a.strip(),
         "rule_b": rule_b.strip(),
         "direction": "greater" if op == ">" else "less",
-        "metric": fields_[1] if len(fields_) > 1 and fields_[1] else "final_pass",
+        "metric": metric or "final_pass",
         "source": "--claim",
         "statement": text,
     }
-    if len(fields_) > 2:
+    if margin is not None:
         try:
-            record["margin"] = float(fields_[2])
+            record["margin"] = float(margin)
         except ValueError:
-            raise ValueError(
-                f"--claim {text!r}: margin must be a number, got {fields_[2]!r}"
-            ) from None
+            raise ValueError(f"--claim {text!r}: margin must be a number, got {margin!r}") from None
     return claim_from_record(record, f"--claim {text!r}")
+
+
+def _paper(spec: str, source: str, where: str, statement: str) -> Claim:
+    """A seed paper's claim: :func:`parse_claim`'s ``spec`` with the paper's words and place."""
+    return replace(parse_claim(spec), source=source, where=where, statement=statement)
+
+
+#: The seed papers' claims, each a ``--claim`` spec (A > B, metric, pre-registered margin) and
+#: where the paper says it.
+CLAIMS: tuple[Claim, ...] = (
+    _paper(
+        "nsr_beats_dapo:nsr_dapo>dapo:final_pass:0.02",
+        "arXiv 2605.22703",
+        "abstract; experiments (7B-30B)",
+        "NSR improves training stability and performance compared to DAPO",
+    ),
+    _paper(
+        "nsr_beats_its_decay:nsr_dapo>nsr_decay_dapo:final_pass:0.02",
+        "arXiv 2605.22703",
+        "ablation (implicit decay)",
+        "the stochastic, boundary-local rescue is consistently more effective than deterministic "
+        "gradient decay",
+    ),
+    _paper(
+        "dgpo_beats_hard_clip:dgpo_1p5b>grpo:final_pass:0.02",
+        "arXiv 2603.14389",
+        "abstract; experiments (R1-Distill-Qwen 1.5B/7B/14B)",
+        "DGPO consistently outperforms strong baselines (the hard clip at the same bounds, "
+        "eps 0.2/0.2)",
+    ),
+    _paper(
+        "atr_beats_grpo:atr_grpo>grpo:final_pass:0.02",
+        "arXiv 2602.05494",
+        "experiments",
+        "the KL3 trust region (ATR-GRPO) outperforms GRPO's ratio clip",
+    ),
+    _paper(
+        "clip_cov_keeps_entropy:clip_cov_verl>grpo:final_entropy:0.05",
+        "arXiv 2505.22617",
+        "§4 (Clip-Cov)",
+        "Clip-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+    ),
+    _paper(
+        "kl_cov_keeps_entropy:kl_cov_verl>grpo:final_entropy:0.05",
+        "arXiv 2505.22617",
+        "§4 (KL-Cov)",
+        "KL-Cov keeps policy entropy from collapsing where GRPO's entropy collapses",
+    ),
+    _paper(
+        "clip_beats_unclipped:dapo>unclipped:final_pass:0.02",
+        "arXiv 1707.06347",
+        "§3 (the clipped surrogate's premise); the control",
+        "a trust region helps: the clipped rule beats the same update without a clip",
+    ),
+)
 
 
 def read_claims(path: str | Path) -> list[Claim]:
@@ -238,6 +205,12 @@ def read_claims(path: str | Path) -> list[Claim]:
 def claim_rules(claims: Iterable[Claim] = CLAIMS) -> list[str]:
     """Every rule the claims name, each once, in order of first mention."""
     return list(dict.fromkeys(r for c in claims for r in c.rules))
+
+
+def _seeds_needed(sd: float, margin: float, power: float) -> float:
+    """:func:`.evidence.seeds_needed` for ``margin``; NaN where the SD is not a positive number."""
+    ok = np.isfinite(sd) and sd > 0
+    return evidence.seeds_needed(sd, margin, power=power) if ok else np.nan
 
 
 def _seed_table(scores: pd.DataFrame, rung: str, metric: str, rules: list[str]) -> pd.DataFrame:
@@ -283,18 +256,11 @@ def ledger(
                 claim.margin if claim.margin is not None else margins.get(claim.metric, np.nan)
             )
             verdict, reason = evidence.verdict(diff, claim.direction, np.nan_to_num(margin))
-            needed = (
-                evidence.seeds_needed(diff.sd, margin, power=power)
-                if np.isfinite(margin) and margin > 0 and np.isfinite(diff.sd) and diff.sd > 0
-                else np.nan
-            )
+            needed = _seeds_needed(diff.sd, margin, power) if 0 < margin < np.inf else np.nan
             row = {
                 "claim": claim.name,
                 "rung": rung,
-                "metric": claim.metric,
-                "rule_a": claim.rule_a,
-                "rule_b": claim.rule_b,
-                "direction": claim.direction,
+                **{k: getattr(claim, k) for k in ("metric", "rule_a", "rule_b", "direction")},
                 "estimate": diff.estimate,
                 "lo": diff.lo,
                 "hi": diff.hi,
@@ -346,9 +312,7 @@ def headroom(
 
     A row that fails keeps its interval and gets the verdict :data:`.evidence.NO_HEADROOM` and the
     reason. Adds ``comparator_mean``, ``ceiling`` and ``floor`` (NaN where no bounds apply)."""
-    out = table.copy()
-    for col in ("comparator_mean", "ceiling", "floor"):
-        out[col] = np.nan
+    out = table.assign(comparator_mean=np.nan, ceiling=np.nan, floor=np.nan)
     for i, row in out.iterrows():
         b = bounds.get(row["rung"])
         if b is None or row["metric"] not in BOUNDED or not np.isfinite(row["margin"]):
@@ -359,12 +323,11 @@ def headroom(
         ref_mean = on_rung.loc[on_rung["rule"] == ref, row["metric"]].mean()
         out.loc[i, ["comparator_mean", "ceiling", "floor"]] = mean, b.ceiling, b.floor
         room = 2 * row["margin"]
+        near = f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the"
         if row["direction"] == "greater" and mean > b.ceiling - room:
-            why = f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the ceiling {b.ceiling:.3f}"
+            why = f"{near} ceiling {b.ceiling:.3f}"
         elif row["direction"] == "less" and mean < b.floor + room:
-            why = (
-                f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the floor {b.floor:.3f}"
-            )
+            why = f"{near} floor {b.floor:.3f}"
         elif ref_mean < b.floor + room:
             why = (
                 f"{ref}'s mean {ref_mean:.3f} does not clear the answer baseline {b.floor:.3f} "
@@ -381,8 +344,7 @@ def holm_by_rung(table: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     family, the rows of one rung and one ``reading`` that carry a verdict and a test (a rung's
     primary family: its claims on their pre-registered metrics; NaN elsewhere), and ``holm``:
     whether a supported or reversed row stays so at ``1 - level`` after it."""
-    out = table.copy()
-    out["p_holm"] = np.nan
+    out = table.assign(p_holm=np.nan)
     family = ~out["verdict"].isin(evidence.NOT_VERDICTS) & out["p"].notna()
     for _, part in out[family].groupby(["reading", "rung"], sort=False):
         out.loc[part.index, "p_holm"] = evidence.holm(part["p"].to_numpy())
@@ -405,17 +367,8 @@ def power_lines(
         table = part.pivot_table(index="seed", columns="rule", values=metric)
         res = evidence.residual_sd(table.to_numpy())
         sd = np.sqrt(2) * res
-        ok = np.isfinite(sd) and sd > 0
-        rows.append(
-            {
-                "rung": rung,
-                "metric": metric,
-                "seeds": len(table),
-                "rules": table.shape[1],
-                "residual_sd": res,
-                "diff_sd": sd,
-                "margin": margin,
-                "seeds_needed": evidence.seeds_needed(sd, margin, power=power) if ok else np.nan,
-            }
-        )
-    return pd.DataFrame(rows)
+        needed = _seeds_needed(sd, margin, power)
+        rows.append((rung, metric, len(table), table.shape[1], res, sd, margin, needed))
+    columns = ["rung", "metric", "seeds", "rules", "residual_sd"]
+    columns += ["diff_sd", "margin", "seeds_needed"]
+    return pd.DataFrame(rows, columns=columns)

@@ -2,20 +2,12 @@
 
 When a seed fixes the prompts, the held-out set and the initial state for every rule on a rung,
 two rules' runs under one seed are a pair, and their difference removes the seed's effect
-(Henderson et al., arXiv 1709.06560; Agarwal et al., arXiv 2108.13264). This module turns a
-seeds x rules table of one metric into:
-
-- ``paired_difference``: the mean difference A - B over seeds with its Student-t interval;
-- ``paired_p`` and ``holm``: the two-sided paired t-test's p-value and Holm's step-down adjustment
-  over a family of claims (raw and adjusted p are both reported);
-- ``verdict``: one of five symmetric classes read off that interval and the claim's margin
-  (supported, reversed, no gain of the margin, equivalent, not resolved at this power);
-- ``residual_sd`` and ``seeds_needed``: the power line (the seed-by-rule residual SD of a rung and
-  the paired seeds a given effect needs at a given power, from the noncentral t distribution);
-- ``pair_signs`` and ``kendall_tau_b``: rank agreement between rungs where pairs of rules the
-  noise cannot separate count as ties (tau-b), with a bootstrap interval over seeds.
-
-Every function takes plain arrays or frames and returns numbers; nothing here runs a trainer.
+(Henderson et al., arXiv 1709.06560; Agarwal et al., arXiv 2108.13264). From a seeds x rules
+table of one metric: the paired difference and its Student-t interval, the paired t-test and
+Holm's adjustment over a family of claims, a verdict (five symmetric classes), the power line
+(residual SD, seeds needed, from the noncentral t) and rank agreement between rungs (tau-b over
+pair signs, near-ties within the noise counting as ties, with a bootstrap interval over seeds).
+Every function takes plain arrays and returns numbers; nothing here runs a trainer.
 """
 
 from __future__ import annotations
@@ -47,6 +39,13 @@ def _check_level(level: float) -> float:
     return float(level)
 
 
+def _t_half(sd, n: int, level: float):
+    """Half-width of the Student-t ``level`` interval of a mean of ``n`` values with SD ``sd``."""
+    from scipy import stats
+
+    return stats.t.ppf(0.5 + _check_level(level) / 2, n - 1) * sd / np.sqrt(n)
+
+
 @dataclass(frozen=True)
 class PairedDifference:
     """The mean of ``a - b`` over the seeds both have, its ``level`` interval, the SD of the
@@ -69,16 +68,11 @@ def paired_difference(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Pair
         raise ValueError(f"a and b must be 1-d arrays of one length, got {a.shape} and {b.shape}")
     level = _check_level(level)
     d = (a - b)[np.isfinite(a) & np.isfinite(b)]
-    n = len(d)
-    if n == 0:
-        return PairedDifference(float("nan"), float("nan"), float("nan"), float("nan"), 0)
-    mean = float(d.mean())
+    n, nan = len(d), float("nan")
     if n < 2:
-        return PairedDifference(mean, float("nan"), float("nan"), float("nan"), 1)
-    from scipy import stats
-
-    sd = float(d.std(ddof=1))
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / np.sqrt(n)
+        return PairedDifference(float(d.mean()) if n else nan, nan, nan, nan, n)
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    half = _t_half(sd, n, level)
     return PairedDifference(mean, float(mean - half), float(mean + half), sd, n)
 
 
@@ -98,10 +92,9 @@ def paired_p(diff: PairedDifference) -> float:
 
 def holm(pvalues: np.ndarray) -> np.ndarray:
     """Holm's step-down adjustment of a family of p-values (NaN entries are not members):
-    the k-th smallest of m becomes ``max_{j <= k} min(1, (m - j + 1) p_(j))``. Holm controls the
-    family-wise error rate under any dependence between the claims (several claims share a
-    comparator's runs), which Benjamini-Hochberg's false discovery rate does not without
-    positive dependence; with a handful of pre-registered claims per rung its power loss is small."""
+    the k-th smallest of m becomes ``max_{j <= k} min(1, (m - j + 1) p_(j))``. It controls the
+    family-wise error rate under any dependence between the claims (several share a comparator's
+    runs), where Benjamini-Hochberg needs positive dependence."""
     p = np.asarray(pvalues, dtype=float)
     out = np.full(p.shape, np.nan)
     idx = np.flatnonzero(np.isfinite(p))
@@ -129,9 +122,9 @@ def verdict(diff: PairedDifference, direction: Direction, margin: float = 0.0) -
     - not resolved at this power: otherwise (contains 0 and allows a gain of m), and with fewer
       than two pairs.
 
-    The classes are symmetric: a reversal needs the interval below 0 as a support needs it above,
-    and a margin-only result is never called either. With ``margin`` 0 the two margin classes
-    cannot occur. A zero-width interval (an exact difference) is classed the same way.
+    The classes are symmetric (a reversal needs the interval below 0 as a support needs it above);
+    with ``margin`` 0 the two margin classes cannot occur; a zero-width interval (an exact
+    difference) is classed the same way.
     """
     if direction not in ("greater", "less"):
         raise ValueError(f"direction must be 'greater' or 'less', got {direction!r}")
@@ -231,12 +224,7 @@ def pair_signs(table: np.ndarray, *, level: float = 0.95, tol: float = 0.0) -> n
     d = x[:, i] - x[:, j]
     d = d[np.all(np.isfinite(d), axis=1)]
     mean = d.mean(0) if len(d) else np.full(len(i), np.nan)
-    if len(d) < 2:
-        return np.where(np.abs(mean) > tol, np.sign(mean), 0.0)
-    from scipy import stats
-
-    half = stats.t.ppf(0.5 + _check_level(level) / 2, len(d) - 1) * d.std(0, ddof=1)
-    half = half / np.sqrt(len(d))
+    half = _t_half(d.std(0, ddof=1), len(d), level) if len(d) >= 2 else 0.0
     return np.where(np.abs(mean) > np.maximum(half, tol), np.sign(mean), 0.0)
 
 
@@ -266,19 +254,19 @@ def tau_b_interval(
     a, b = np.asarray(table_a, dtype=float), np.asarray(table_b, dtype=float)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"the tables must have the same rules, got {a.shape[1]} and {b.shape[1]}")
-    tau = kendall_tau_b(pair_signs(a, level=level, tol=tol), pair_signs(b, level=level, tol=tol))
+
+    def tau(x: np.ndarray, y: np.ndarray) -> float:
+        return kendall_tau_b(
+            pair_signs(x, level=level, tol=tol), pair_signs(y, level=level, tol=tol)
+        )
+
     rng = np.random.default_rng(seed)
-    boot = np.array(
-        [
-            kendall_tau_b(
-                pair_signs(a[rng.integers(len(a), size=len(a))], level=level, tol=tol),
-                pair_signs(b[rng.integers(len(b), size=len(b))], level=level, tol=tol),
-            )
-            for _ in range(draws)
-        ]
-    )
+    resample = [
+        (rng.integers(len(a), size=len(a)), rng.integers(len(b), size=len(b))) for _ in range(draws)
+    ]
+    boot = np.array([tau(a[i], b[j]) for i, j in resample])
     boot = boot[np.isfinite(boot)]
     if len(boot) == 0:
-        return tau, float("nan"), float("nan")
+        return tau(a, b), float("nan"), float("nan")
     lo, hi = np.percentile(boot, [50 * (1 - level), 50 * (1 + level)])
-    return tau, float(lo), float(hi)
+    return tau(a, b), float(lo), float(hi)

@@ -1,35 +1,23 @@
 """Regimes with headroom, chosen by a rule written down before the study runs (issue 27).
 
-A regime is a rung's setting and horizon (bandit: the suite setting and the step count; tiny_tf:
-the task, its knobs and the step count). Each candidate runs as a pilot: the claims study on that
-rung alone (calibration included) at :data:`PILOT_SEEDS` paired seeds. The rule, fixed here before
-any full study runs:
+A regime is a rung's setting and horizon (bandit: suite setting and steps; tiny_tf: task, knobs
+and steps). Each candidate runs as a pilot, the claims study on that rung alone (calibration
+included) at :data:`PILOT_SEEDS` paired seeds, and the rule (docs/claims.md, "How the regimes
+were chosen", states it for readers, with its one revision before the study ran) reads it:
 
-1. **Headroom** (every primary claim on the rung whose metric has a ceiling): the comparator's
-   mean is at least ``ROOM`` = 2 margins below the ceiling (the optimum, or 1).
-2. **Beats the answer baselines** (tiny_tf): the reference rule's held-out pass@1 is at least
-   ``WIDE`` = 5 margins (0.10) above the larger of the constant-answer and answer-prior baselines
-   (:func:`envs.reasoning.answer_baselines`), and above them on most seeds: it learned the task,
-   not the answer distribution.
-3. **Power within the cap**: a candidate's seed count is the paired seeds its primary claims need
-   for 80% power at the margin (from the pilot's SD of the paired differences, paired t-test at the
-   Bonferroni level 0.05 / (primary claims on the rung); Holm is at least as powerful), the largest
-   over the claims, capped at ``CAP_SECONDS`` of study time on the machine the pilot ran on (a
-   projection, linear in the seeds, from the pilot's wall time with calibration included, which
-   overstates the cost of a vectorised rung). Among the candidates passing 1 and 2, the one with
-   the highest mean power over its primary claims at that seed count (ties: fewer seeds, then the
-   longer horizon); the cap is printed whenever it binds.
+1. headroom: every primary claim's comparator at least ``ROOM`` margins below the ceiling;
+2. (tiny_tf) the reference rule's held-out pass@1 at least ``WIDE`` margins above the larger
+   answer baseline (:func:`envs.reasoning.answer_baselines`): it learned the task, not the prior;
+3. among the candidates passing 1 and 2, the highest mean power over the primary claims
+   (:func:`mean_power`) at the seeds they need for ``POWER`` at :func:`claim_level` (the largest
+   over the claims, from the pilot's SD of paired differences), capped at ``CAP_SECONDS`` of
+   study time projected linearly from the pilot's wall time (ties: fewer seeds, then the longer
+   horizon); the cap is printed whenever it binds.
 
-   Revised once, after the tiny_tf pilots and before the study ran: step 3 first chose the fewest
-   seeds needed. Every tiny_tf candidate needs over 2,400 seeds, so the cap binds for all of them
-   and the fewest-needed order (3,714 / 4,077 / 4,484 at 8 pilot seeds) is noise; it picked the
-   80-step task, whose cost per seed caps it at 39 seeds (mean power 0.25) where the 40-step one
-   reaches 119 (0.37).
-
-``python -m sandbox.study.regimes --out results/regimes`` runs the pilots and writes
-``pilot.csv`` (one row per candidate and claim), ``candidates.csv`` (per candidate: the rule's
-figures), ``choice.csv`` (per rung: the choice, seeds and
-why) and ``provenance.json``; a candidate's pilot folder under ``pilots/`` resumes like any study.
+``python -m sandbox.study.regimes --out results/regimes`` runs the pilots (each a resumable study
+folder under ``pilots/``) and writes ``pilot.csv`` (per candidate and claim), ``candidates.csv``
+(per candidate: the rule's figures), ``choice.csv`` (per rung: the choice, seeds and why) and
+``provenance.json``.
 """
 
 from __future__ import annotations
@@ -78,13 +66,8 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
 
 def label(candidate: dict[str, Any]) -> str:
     """A candidate's folder name: its settings as key=value, knobs flattened."""
-    parts = []
-    for key, value in candidate.items():
-        if isinstance(value, dict):
-            parts += [f"{k}={v}" for k, v in sorted(value.items())]
-        else:
-            parts.append(f"{key}={value}")
-    return ",".join(parts)
+    pairs = [sorted(v.items()) if isinstance(v, dict) else [(k, v)] for k, v in candidate.items()]
+    return ",".join(f"{k}={v}" for settings in pairs for k, v in settings)
 
 
 def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> dict[str, Any]:
@@ -100,12 +83,11 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
     run_study(config, out, progress=False, workers=1)
     if not timing.exists():
         timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}) + "\n")
-    seconds = json.loads(timing.read_text())["seconds"]
     return {
         "ledger": pd.read_csv(out / "ledger.csv"),
         "bounds": pd.read_csv(out / "bounds.csv").set_index("rung"),
         "summary": pd.read_csv(out / "summary.csv"),
-        "seconds": seconds,
+        "seconds": json.loads(timing.read_text())["seconds"],
     }
 
 
@@ -114,29 +96,19 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
     ledger = found["ledger"]
     ledger = ledger[ledger["rung"] == rung]
     bounds = found["bounds"].loc[rung]
-    summary = found["summary"].set_index(["rung", "rule"])
-    reference = summary.loc[(rung, REFERENCE)]
+    reference = found["summary"].set_index(["rung", "rule"]).loc[(rung, REFERENCE)]
     level = claim_level(len(ledger))
     rows = []
     for _, row in ledger.iterrows():
-        margin = MARGINS[row["metric"]]
-        sd = float(row["diff_sd"])
-        has_ceiling = row["metric"] == "final_pass"
-        room = (
-            float(bounds["ceiling"]) - float(row["comparator_mean"]) >= ROOM * margin - 1e-12
-            if has_ceiling
-            else True
-        )
-        need = (
-            seeds_needed(sd, margin, power=POWER, alpha=level) if np.isfinite(sd) and sd > 0 else 2
-        )
+        margin, sd = MARGINS[row["metric"]], float(row["diff_sd"])
+        gap = float(bounds["ceiling"]) - float(row["comparator_mean"])  # has a ceiling: final_pass
+        room = row["metric"] != "final_pass" or gap >= ROOM * margin - 1e-12
+        ok = np.isfinite(sd) and sd > 0
         rows.append(
             {
                 "claim": row["claim"],
                 "metric": row["metric"],
-                "estimate": row.get("estimate", np.nan),
-                "lo": row.get("lo", np.nan),
-                "hi": row.get("hi", np.nan),
+                **{k: row.get(k, np.nan) for k in ("estimate", "lo", "hi")},
                 "pilot_verdict": row.get("verdict", ""),
                 "comparator_mean": row["comparator_mean"],
                 "ceiling": bounds["ceiling"],
@@ -144,7 +116,7 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
                 "reference_pass": reference["final_pass"],
                 "headroom": room,
                 "diff_sd": sd,
-                "seeds_needed": need,
+                "seeds_needed": seeds_needed(sd, margin, power=POWER, alpha=level) if ok else 2,
             }
         )
     table = pd.DataFrame(rows)
@@ -180,18 +152,11 @@ def candidates(pilots: pd.DataFrame) -> pd.DataFrame:
         cap = int(CAP_SECONDS // cost) if cost > 0 else 10**9
         needed = int(one["seeds_needed"].max())
         seeds = max(2, min(needed, cap))
-        per.append(
-            {
-                "rung": rung,
-                "candidate": name,
-                "ok": bool(one["headroom"].all() and one["beats_baselines"].all()),
-                "needed": needed,
-                "seeds": seeds,
-                "power": mean_power(one, seeds),
-                "steps": int(one["steps"].iloc[0]),
-            }
-        )
-    return pd.DataFrame(per)
+        ok = bool(one["headroom"].all() and one["beats_baselines"].all())
+        steps = int(one["steps"].iloc[0])
+        per.append((rung, name, ok, needed, seeds, mean_power(one, seeds), steps))
+    columns = ["rung", "candidate", "ok", "needed", "seeds", "power", "steps"]
+    return pd.DataFrame(per, columns=columns)
 
 
 def choose(pilots: pd.DataFrame) -> pd.DataFrame:
@@ -206,20 +171,14 @@ def choose(pilots: pd.DataFrame) -> pd.DataFrame:
         best = ok.sort_values(
             ["power", "seeds", "steps"], ascending=[False, True, False], kind="stable"
         ).iloc[0]
-        why = (
-            f"{len(ok)} of {len(table)} candidates keep headroom"
-            + (" and beat the answer baselines" if floors[rung] > 0 else "")
-            + f"; the highest mean power over its primary claims, {best['power']:.2f} at "
-            + f"{int(best['seeds'])} seeds"
-            + (
-                f" (needs {int(best['needed'])}: capped by {CAP_SECONDS} s)"
-                if best["seeds"] < best["needed"]
-                else ""
-            )
-        )
-        out.append(
-            {"rung": rung, "candidate": best["candidate"], "seeds": int(best["seeds"]), "why": why}
-        )
+        seeds, needed = int(best["seeds"]), int(best["needed"])
+        why = f"{len(ok)} of {len(table)} candidates keep headroom"
+        why += " and beat the answer baselines" if floors[rung] > 0 else ""
+        why += f"; the highest mean power over its primary claims, {best['power']:.2f} at "
+        why += f"{seeds} seeds"
+        if seeds < needed:
+            why += f" (needs {needed}: capped by {CAP_SECONDS} s)"
+        out.append({"rung": rung, "candidate": best["candidate"], "seeds": seeds, "why": why})
     return pd.DataFrame(out)
 
 
@@ -253,7 +212,7 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                 study_seconds_per_seed=found["seconds"] / PILOT_SEEDS[rung],
             )
             tables.append(table)
-            print(f"{rung} {name}: {table.to_dict('records')[0]['seeds_needed']}", file=sys.stderr)
+            print(f"{rung} {name}: {table['seeds_needed'].iloc[0]}", file=sys.stderr)
     pilots = pd.concat(tables, ignore_index=True)
     choice = choose(pilots)
     write_csv(pilots, out / "pilot.csv")

@@ -1,32 +1,24 @@
 """Transfer measured on claim effects: does a claim's paired effect keep its sign from rung to rung?
 
-The claims study's ledgers (``ledger.csv``: each claim's primary reading, ``ledger_auc.csv``: the
-``reward_auc`` reading) hold, per (claim, rung, metric), the paired effect A - B with its 95%
-interval and verdict. Transfer is read off them, claim by claim, with nothing re-estimated:
-
-* :func:`transfer_table`: tidy rows (claim, metric, rung, estimate, lo, hi, verdict). A row of a
-  deterministic rung (one exact run, ``seeds == 1``, no interval in the ledger) is an exact
-  difference: its interval is zero-width (``lo == hi == estimate``), as the ledger itself reads it;
-* :func:`transfer_wide`: one row per (claim, metric), one column per rung, side by side;
-* :func:`transfer_agreement`: per metric and pair of rungs, among the claims *resolved* on both
-  (interval excluding 0 on both rungs), how many have the same sign, with an exact
-  Clopper-Pearson interval on that count; claims unresolved on either rung are counted, not
-  guessed. With no claim resolved on both the result is "not resolved". Nothing is resampled, so
-  the statistic never resolves more than the ledgers' intervals do (the seed bootstrap of the
-  rule orders' tau-b did: it resolved 1.3-2.5x more pairs than the data).
+Read off the claims study's ledgers (``ledger.csv``: each claim's primary reading,
+``ledger_auc.csv``: the ``reward_auc`` reading), claim by claim, with nothing re-estimated:
+:func:`transfer_table` (tidy rows), :func:`transfer_wide` (the rungs side by side) and
+:func:`transfer_agreement` (per pair of rungs, the share of claims resolved on both with the same
+sign, with an exact interval); :func:`write_transfer` writes them into a results folder. Claims
+unresolved on either rung are counted, not guessed, and nothing is resampled, so the statistic
+never resolves more than the ledgers' intervals do (the seed bootstrap of the rule orders' tau-b
+did: it resolved 1.3-2.5x more pairs than the data).
 
 Two countings are written, one row each (column ``counted``): ``verdicts`` counts only rows that
 carry a verdict (a row with no headroom or identical by construction compares nothing: a rung at
 its ceiling cannot tell rules apart, so its sign says nothing about transfer); ``all`` counts every
 row with an interval.
-
-:func:`write_transfer` reads the ledgers of a results folder and writes ``transfer.csv`` and
-``transfer_agreement.csv`` (the same bytes from the same ledgers).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -41,20 +33,8 @@ from .evidence import NOT_VERDICTS
 COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
 
 #: The columns of :func:`transfer_agreement` (and of ``transfer_agreement.csv``), in order.
-AGREEMENT_COLUMNS = [
-    "metric",
-    "rung_a",
-    "rung_b",
-    "counted",
-    "claims",
-    "resolved",
-    "same_sign",
-    "share",
-    "lo",
-    "hi",
-    "unresolved",
-    "result",
-]
+AGREEMENT_COLUMNS = ["metric", "rung_a", "rung_b", "counted", "claims", "resolved", "same_sign"]
+AGREEMENT_COLUMNS += ["share", "lo", "hi", "unresolved", "result"]
 
 #: The ledger tables of a results folder that :func:`write_transfer` reads, in this order.
 LEDGERS = ("ledger.csv", "ledger_auc.csv")
@@ -80,17 +60,12 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-def _first_seen(values: pd.Series) -> dict[object, int]:
-    return {v: i for i, v in enumerate(dict.fromkeys(values))}
-
-
 def _read_ledger(path: Path) -> pd.DataFrame:
     """A ledger as written; an empty one (a study whose rules make no claim) as no rows."""
     try:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
-        columns = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict", "seeds"]
-        return pd.DataFrame(columns=columns)
+        return pd.DataFrame(columns=[*COLUMNS, "seeds"])
 
 
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
@@ -101,9 +76,8 @@ def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
     difference: ``lo = hi = estimate``. A (claim, metric, rung) twice is an error."""
     if not ledgers:
         raise ValueError("ledgers: give at least one ledger table")
-    needed = {"claim", "metric", "rung", "estimate", "lo", "hi", "verdict", "seeds"}
     for i, ledger in enumerate(ledgers):
-        missing = needed - set(ledger.columns)
+        missing = {*COLUMNS, "seeds"} - set(ledger.columns)
         if missing:
             raise ValueError(f"ledgers[{i}] lacks the columns {sorted(missing)}")
     table = pd.concat(list(ledgers), ignore_index=True)
@@ -114,8 +88,8 @@ def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
     exact = (table["seeds"] == 1) & table["lo"].isna() & table["hi"].isna()
     table["lo"] = table["lo"].astype(float).where(~exact, table["estimate"])
     table["hi"] = table["hi"].astype(float).where(~exact, table["estimate"])
-    order = pd.DataFrame({k: table[k].map(_first_seen(table[k])) for k in keys})
-    order = order.sort_values(keys, kind="stable").index
+    first_seen = {k: table[k].map({v: i for i, v in enumerate(table[k].unique())}) for k in keys}
+    order = pd.DataFrame(first_seen).sort_values(keys, kind="stable").index
     return table.loc[order, COLUMNS].reset_index(drop=True)
 
 
@@ -140,30 +114,15 @@ def transfer_wide(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["claim", "metric", *rungs])
 
 
-def _sign(table: pd.DataFrame) -> pd.Series:
-    """+1 where the interval lies above 0, -1 below, 0 where it contains 0 or is missing."""
-    return pd.Series(
-        np.where(table["lo"] > 0, 1, np.where(table["hi"] < 0, -1, 0)), index=table.index
-    )
-
-
-def _pair(a: pd.DataFrame, b: pd.DataFrame, level: float) -> dict[str, object]:
+def _pair(a: pd.DataFrame, b: pd.DataFrame, level: float) -> tuple:
+    """:data:`AGREEMENT_COLUMNS` from ``claims`` on, from two rungs' signs indexed by claim."""
     both = a.merge(b, left_index=True, right_index=True, suffixes=("_a", "_b"))
     resolved = (both["sign_a"] != 0) & (both["sign_b"] != 0)
     n = int(resolved.sum())
     k = int((both["sign_a"] == both["sign_b"])[resolved].sum())
-    lo, hi = clopper_pearson(k, n, level)
     result = f"{k} of {n} same sign" if n else "not resolved"
-    return {
-        "claims": len(both),
-        "resolved": n,
-        "same_sign": k,
-        "share": k / n if n else float("nan"),
-        "lo": lo,
-        "hi": hi,
-        "unresolved": len(both) - n,
-        "result": result,
-    }
+    share = k / n if n else float("nan")
+    return len(both), n, k, share, *clopper_pearson(k, n, level), len(both) - n, result
 
 
 def transfer_agreement(
@@ -180,18 +139,16 @@ def transfer_agreement(
     if missing:
         raise ValueError(f"table lacks the columns {sorted(missing)}")
     order = list(rungs) if rungs is not None else list(dict.fromkeys(table["rung"]))
-    signed = table.assign(sign=_sign(table))
+    # +1 where the interval lies above 0, -1 below, 0 where it contains 0 or is missing
+    signed = table.assign(sign=np.where(table["lo"] > 0, 1, np.where(table["hi"] < 0, -1, 0)))
     rows = []
     for metric, part in signed.groupby("metric", sort=False):
         present = [r for r in order if r in set(part["rung"])]
         for counted in COUNTINGS:
             keep = part if counted == "all" else part[~part["verdict"].isin(NOT_VERDICTS)]
             by_rung = {r: keep[keep["rung"] == r].set_index("claim")[["sign"]] for r in present}
-            for i, a in enumerate(present):
-                for b in present[i + 1 :]:
-                    pair = _pair(by_rung[a], by_rung[b], level)
-                    rows.append({"metric": metric, "rung_a": a, "rung_b": b, "counted": counted})
-                    rows[-1].update(pair)
+            for a, b in combinations(present, 2):
+                rows.append((metric, a, b, counted, *_pair(by_rung[a], by_rung[b], level)))
     return pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
 
 
