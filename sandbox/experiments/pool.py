@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 #: Modules the forkserver imports once, so each worker starts with them loaded: torch imports
@@ -191,10 +191,8 @@ def imap_unordered(
     finished = False
     try:
         with terminate_raises():
-            if admit is None and deadline is None:
-                yield from _all_at_once(pool, fn, jobs, error)
-            else:
-                yield from _as_admitted(pool, fn, jobs, workers, error, admit, deadline)
+            window = None if admit is None and deadline is None else workers
+            yield from _submitted(pool, fn, jobs, window, error, admit, deadline)
             finished = True
     finally:
         if finished:
@@ -203,40 +201,20 @@ def imap_unordered(
             _stop(pool)
 
 
-def _all_at_once(pool, fn, jobs, error) -> Iterator[tuple[Any, Any]]:
-    with signals_deferred():  # every worker registered before an interrupt acts
-        futures: dict[Future, Any] = {pool.submit(fn, *args): key for key, args in jobs}
-    failure: tuple[Any, BaseException] | None = None
-    for future in as_completed(futures):
-        if future.cancelled():
-            continue
-        try:
-            result = future.result()
-        except Exception as exc:
-            if failure is None:  # stop starting new runs; keep the ones already running
-                failure = (futures[future], exc)
-                for other in futures:
-                    other.cancel()
-            continue
-        yield futures[future], result
-    if failure is not None:
-        key, exc = failure
-        raise error(f"run {key} failed: {exc!r}") from exc
-
-
-def _as_admitted(pool, fn, jobs, workers, error, admit, deadline) -> Iterator[tuple[Any, Any]]:
-    """At most ``workers`` runs submitted at a time, each once ``admit`` allows it."""
+def _submitted(pool, fn, jobs, window, error, admit, deadline) -> Iterator[tuple[Any, Any]]:
+    """:func:`imap_unordered`'s loop: at most ``window`` runs submitted at a time, each once
+    ``admit`` allows it; ``None``: every run at once (the workers never wait for the caller)."""
     waiting = iter(jobs)
     running: dict[Future, Any] = {}
     closed = False  # admit said no, a run failed, or every job was submitted
     failure: tuple[Any, BaseException] | None = None
     while True:
-        while not closed and len(running) < workers:
-            nxt = next(waiting, None)
-            if nxt is None or (admit is not None and not admit(nxt[0])):
-                closed = True
-                break
-            with signals_deferred():  # the worker registered before an interrupt acts
+        with signals_deferred():  # the workers registered before an interrupt acts
+            while not closed and (window is None or len(running) < window):
+                nxt = next(waiting, None)
+                if nxt is None or (admit is not None and not admit(nxt[0])):
+                    closed = True
+                    break
                 running[pool.submit(fn, *nxt[1])] = nxt[0]
         if not running:
             break
@@ -246,11 +224,15 @@ def _as_admitted(pool, fn, jobs, workers, error, admit, deadline) -> Iterator[tu
             raise DeadlineReached(list(running.values()))
         for future in done:
             key = running.pop(future)
+            if future.cancelled():
+                continue
             try:
                 result = future.result()
             except Exception as exc:
-                if failure is None:
+                if failure is None:  # stop starting new runs; the ones running finish
                     failure, closed = (key, exc), True
+                    for other in running:
+                        other.cancel()
                 continue
             yield key, result
     if failure is not None:
