@@ -9,23 +9,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+#: The module of each exported name.
 _EXPORTS = {
-    "CompareConfig": "compare",
-    "run_compare": "sweep",
-    "RunKind": "runs",
-    "RunSpec": "runs",
-    "available_runs": "runs",
-    "register_run": "runs",
-    "run_kind": "runs",
-    "run_kinds": "runs",
-    "run_specs": "runs",
-    "final_scores": "plots",
-    "format_scores": "plots",
-    "render_all": "plots",
-    "load_results": "results",
-    "write_parquet_atomic": "results",
+    name: module
+    for module, names in {
+        "compare": "CompareConfig",
+        "sweep": "run_compare",
+        "runs": "RunKind RunSpec available_runs register_run run_kind run_kinds run_specs",
+        "plots": "final_scores format_scores render_all",
+        "results": "load_results write_parquet_atomic",
+    }.items()
+    for name in names.split()
 }
-
 __all__ = sorted(_EXPORTS)
 
 

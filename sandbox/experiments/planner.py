@@ -1,13 +1,10 @@
 """The one planner of compare, sweep and the claims study: a results folder that resumes.
 
-:class:`RunFolder` owns what every orchestrator needs around its runs: the output folder checked
-before any work, the refusal of a folder whose parts were made with other settings
-(:func:`~.results.check_settings`; ``force`` deletes them), the settings record, the
-"N of M runs already done" line, the progress bar, the pool (in this process, the forkserver
-pool of :mod:`.pool`, or Ray) and the atomic write of every finished part as it arrives. An
-orchestrator plans :class:`Job` s (which parts, and the arguments of its module-level worker
-function) and analyses the parts; it never calls a trainer (the worker runs
-:func:`~.runs.run_specs`).
+:class:`RunFolder` owns what every orchestrator needs around its runs: the folder checked before
+any work and refused if made with other settings, the settings record, the "N of M runs already
+done" line, the progress bar, the pool (here, :mod:`.pool`, or Ray) and the atomic write of each
+finished part. An orchestrator plans :class:`Job` s and analyses the parts; its worker function
+runs :func:`~.runs.run_specs`, never a trainer.
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ class Job:
         return self.key
 
 
-#: How to resume after an interruption, the same words for every command that resumes by being
-#: run again (``clip-sandbox compare`` / ``sweep``, ``python -m llm.claims``).
+#: How to resume after an interruption, for every command that resumes by being run again.
 RESUME = "run the same command again to resume"
 
 
@@ -77,14 +73,10 @@ def check_workers(workers: Any) -> None:
 
 
 class RunFolder:
-    """A results folder ``out`` with ``parts/``, checked and recorded on construction.
-
-    ``settings``: what every part depends on besides what its name records; a folder made with
-    other ones is refused (``force``: its parts are deleted). ``record`` (a JSON file in ``out``)
-    is written with ``contents`` (default ``settings``); ``compare(previous, settings)`` lists
-    the changes (default :func:`~.results.changed_settings`, a key of ``settings`` that differs).
-    ``device``: where the runs compute, for the folder's provenance (:func:`~.results.record_run`:
-    each :meth:`run` that writes parts adds an entry; not a setting)."""
+    """A results folder ``out`` with ``parts/``, checked (:func:`~.results.check_settings`, with
+    ``settings``, ``record``, ``force``, ``hint``, ``compare``) on construction; ``record`` is
+    then written with ``contents`` (default ``settings``). ``device``: where the runs compute,
+    for the folder's provenance (:func:`~.results.record_run`; not a setting)."""
 
     def __init__(
         self,
@@ -140,11 +132,10 @@ class RunFolder:
         deadline: float | None = None,
     ) -> list[Job]:
         """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
-        ``written(job)`` runs once all of a job's parts are on disk (a run's clean-up that must
-        not happen before, e.g. removing the checkpoint a resumed run would read). ``backend``
-        is one of :data:`BACKENDS` (a ``ValueError`` names it otherwise, before any run
-        starts). ``threads``: torch's intra-op threads while jobs run in this process (restored
-        afterwards; ``None`` keeps the process's count); pool workers always use 1.
+        ``written(job)`` runs once all of a job's parts are on disk (e.g. removing the checkpoint
+        a resumed run would read). ``backend``: one of :data:`BACKENDS` (else ``ValueError``,
+        before any run). ``threads``: torch's intra-op threads while jobs run in this process
+        (:func:`_torch_threads`); pool workers always use 1.
 
         ``deadline`` (a :func:`time.monotonic` time; a time budget): jobs start in order while
         each is expected (:meth:`expected`) to end by it; the first that is not starts nothing
@@ -180,10 +171,9 @@ class RunFolder:
             return True
 
         try:
-            stream = (
-                _stream(fn, jobs, workers, backend, address, error, threads)
-                if deadline is None or not jobs
-                else _deadline_stream(fn, jobs, workers, error, admit, deadline)
+            admit_now = None if deadline is None else admit
+            stream = _stream(
+                fn, jobs, workers, backend, address, error, threads, admit_now, deadline
             )
             with contextlib.closing(stream):
                 for job, frames in stream:
@@ -210,27 +200,20 @@ class RunFolder:
         return list(left.values())
 
 
-def _deadline_stream(fn, jobs, workers, error, admit, deadline) -> Iterator[tuple[Job, Any]]:
-    """The jobs in the pool, each submitted once ``admit`` allows it, stopped at ``deadline``."""
-    from .pool import imap_unordered
-
-    workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(jobs)))
-    pairs = [(job, job.args) for job in jobs]
-    return imap_unordered(fn, pairs, workers, error, admit=admit, deadline=deadline)
-
-
-def _stream(fn, jobs, workers, backend, address, error, threads) -> Iterator[tuple[Job, Any]]:
-    """``(job, fn(*job.args))`` as jobs finish: here, in the forkserver pool, or on Ray."""
+def _stream(fn, jobs, workers, backend, address, error, threads, admit, deadline):
+    """``(job, fn(*job.args))`` as jobs finish: here, in the forkserver pool (always with a
+    ``deadline``; ``admit`` goes with it), or on Ray."""
     if not jobs:
         return _here(fn, jobs, error, None)
     if backend == "ray":
         return _ray(fn, jobs, workers, address, error)
-    workers = min(workers or min(os.cpu_count() or 1, 4), len(jobs))
-    if workers > 1:
-        from .pool import imap_unordered
+    workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(jobs)))
+    if workers == 1 and deadline is None:
+        return _here(fn, jobs, error, threads)
+    from .pool import imap_unordered
 
-        return imap_unordered(fn, [(job, job.args) for job in jobs], workers, error)
-    return _here(fn, jobs, error, threads)
+    pairs = [(job, job.args) for job in jobs]
+    return imap_unordered(fn, pairs, workers, error, admit=admit, deadline=deadline)
 
 
 def _here(fn, jobs, error, threads) -> Iterator[tuple[Job, Any]]:

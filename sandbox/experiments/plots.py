@@ -48,11 +48,13 @@ def _mpl():
     return plt, sns
 
 
-def _save(fig, path: Path) -> Path:
-    """The figure as PNG, rewritten only when its bytes change (:func:`~.results.write_figure`:
-    fixed dpi, no version stamp)."""
+def _save(fig, path: str | Path) -> Path:
+    """The figure as PNG through :func:`~.results.write_figure`, then closed."""
+    import matplotlib.pyplot as plt
+
     write_figure(fig, path, dpi=110, bbox_inches="tight")
-    return path
+    plt.close(fig)
+    return Path(path)
 
 
 def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
@@ -150,8 +152,7 @@ def metric_bounds(values: pd.Series, metric: str) -> tuple[float | None, float |
 
 def seed_band(results: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Mean over seeds of ``metric`` per (setting, objective, kind, step) with a 95% normal band
-    (``lo``, ``hi``, clipped to :func:`metric_bounds`); one pass of groupby instead of a bootstrap
-    per point."""
+    (``lo``, ``hi``, clipped to :func:`metric_bounds`)."""
     grouped = results.groupby(["setting", "objective", "kind", "step"], sort=False)[metric]
     band = grouped.agg(["mean", "std", "count"]).reset_index()
     half = 1.96 * band["std"].fillna(0.0) / np.sqrt(band["count"].clip(lower=1))
@@ -181,20 +182,26 @@ def pick_lines(results: pd.DataFrame, highlight=None, max_lines: int = MAX_LINES
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
-def _palette(sns, n: int) -> list[tuple[tuple[float, float, float], str]]:
-    """(colour, line style) for n lines that can be told apart: tab10's ten hues, solid; lines
-    11-20 repeat the hues dashed, 21-30 dotted, then dash-dotted (lighter shades of one hue are
-    too close to read on a legend)."""
-    hues = sns.color_palette("tab10", 10)
-    return [(hues[i % 10], LINE_STYLES[(i // 10) % len(LINE_STYLES)]) for i in range(n)]
-
-
-def _line_panels(band: pd.DataFrame, metric: str, title: str, styles: dict[str, str]):
-    """One panel per setting; a line (and band) per objective and kind."""
+def _line_panels(results, data, metric: str, title: str, styles: dict[str, str], highlight):
+    """One panel per setting; a line (and band, :func:`seed_band`) per objective and kind of
+    ``data``, for the objectives :func:`pick_lines` picks there; the title says when these are
+    not all of ``results``."""
     plt, sns = _mpl()
+    shown = pick_lines(data, highlight)
+    band = seed_band(data[data["objective"].isin(shown)], metric)
+    total = results["objective"].nunique()
+    if len(shown) < total:
+        title += (
+            f"\n{len(shown)} of {total} objectives (clip-sandbox plot --highlight picks others)"
+        )
     settings = list(dict.fromkeys(band["setting"]))
     objectives = list(dict.fromkeys(band["objective"]))
-    looks = dict(zip(objectives, _palette(sns, len(objectives)), strict=True))
+    # (colour, line style) per objective: tab10's hues, solid; lines 11-20 dashed, 21-30 dotted,
+    # then dash-dotted (lighter shades of one hue are too close to read on a legend)
+    hues = sns.color_palette("tab10", 10)
+    looks = {
+        o: (hues[i % 10], LINE_STYLES[i // 10 % len(LINE_STYLES)]) for i, o in enumerate(objectives)
+    }
     by_objective = set(styles) == {SAMPLED}  # one kind: the line style tells objectives apart
     fig, axes = plt.subplots(
         1, len(settings), figsize=(4.6 * len(settings), 3.8), squeeze=False, sharex=True
@@ -235,33 +242,14 @@ def plot_curves(
 ) -> Path:
     """Seed-mean ``metric`` against step (95% band), one panel per setting, sampled runs;
     ``objectives`` (default :func:`pick_lines`) are the lines drawn."""
-    plt, _ = _mpl()
+    title = title or f"{metric} (mean over seeds, 95% band)"
     data = results[results["kind"] == SAMPLED]
-    shown = pick_lines(data, objectives)
-    data = data[data["objective"].isin(shown)]
-    fig = _line_panels(
-        seed_band(data, metric),
-        metric,
-        (title or f"{metric} (mean over seeds, 95% band)") + _subset_note(results, shown),
-        {SAMPLED: "-"},
-    )
-    out = _save(fig, Path(path))
-    plt.close(fig)
-    return out
-
-
-def _subset_note(results: pd.DataFrame, shown: list[str]) -> str:
-    total = results["objective"].nunique()
-    return (
-        ""
-        if len(shown) >= total
-        else f"\n{len(shown)} of {total} objectives (clip-sandbox plot --highlight picks others)"
-    )
+    return _save(_line_panels(results, data, metric, title, {SAMPLED: "-"}, objectives), path)
 
 
 def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     """Run-mean clip_low / clip_high / rescue fractions per objective and setting."""
-    plt, sns = _mpl()
+    _, sns = _mpl()
     keys = [k for k in FRACTIONS if k in results]
     data = results[results["kind"] == SAMPLED]
     data = data.groupby(["setting", "objective"], sort=False)[keys].mean().reset_index()
@@ -285,33 +273,15 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     grid.set_titles("{row_name}: {col_name}")
     grid.set_axis_labels("share of tokens (mean over steps and seeds)", "objective")
     grid.figure.suptitle("Clip and rescue fractions (mean over steps and seeds)", y=1.01)
-    out = _save(grid.figure, Path(path))
-    plt.close(grid.figure)
-    return out
+    return _save(grid.figure, path)
 
 
 def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=None) -> Path:
     """Expected reward of the exact flow (dashed) against the sampled seed mean (solid, band)."""
-    plt, _ = _mpl()
-    shown = pick_lines(results, objectives)
-    data = results[results["objective"].isin(shown)]
-    fig = _line_panels(
-        seed_band(data, "expected_reward"),
-        "expected_reward",
-        "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
-        + _subset_note(results, shown),
-        {SAMPLED: "-", EXACT: "--"},
-    )
-    out = _save(fig, Path(path))
-    plt.close(fig)
-    return out
-
-
-def _robust_limits(lo: np.ndarray, hi: np.ndarray) -> tuple[float, float]:
-    """x limits around the sampled intervals, with a margin (at least 0.02 wide)."""
-    x0, x1 = float(np.nanmin(lo)), float(np.nanmax(hi))
-    pad = max(0.06 * (x1 - x0), 0.01)
-    return x0 - pad, x1 + pad
+    title = "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
+    styles = {SAMPLED: "-", EXACT: "--"}
+    fig = _line_panels(results, results, "expected_reward", title, styles, objectives)
+    return _save(fig, path)
 
 
 def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
@@ -335,7 +305,9 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
         ci = block["final_reward_ci"].fillna(0.0).to_numpy()
         low, high = (np.minimum(ci, mean), np.minimum(ci, 1.0 - mean)) if bounded else (ci, ci)
         ax.errorbar(mean, y, xerr=[low, high], fmt="o", capsize=3)
-        x0, x1 = _robust_limits(mean - low, mean + high)
+        x0, x1 = float(np.nanmin(mean - low)), float(np.nanmax(mean + high))
+        pad = max(0.06 * (x1 - x0), 0.01)  # a margin around the sampled intervals
+        x0, x1 = x0 - pad, x1 + pad
         if "exact_final_reward" in block and block["exact_final_reward"].notna().any():
             exact = block["exact_final_reward"].to_numpy()
             near = np.isfinite(exact) & (exact > x0 - (x1 - x0)) & (exact < x1 + (x1 - x0))
@@ -365,9 +337,12 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
         fig.legend(handles[:1], labels[:1], loc="upper right", frameon=False)  # off the panels
     fig.suptitle("Final score (mean over seeds, 95% CI; x = exact flow)")
     fig.tight_layout()
-    out = _save(fig, Path(path))
-    plt.close(fig)
-    return out
+    return _save(fig, path)
+
+
+#: :func:`render_all`'s figures (by index) in two groups of about equal drawing time: a curve
+#: plot and the fraction bars; the other curve plot, exact vs sampled and the scores.
+FIGURE_GROUPS = ((0, 2), (1, 3, 4))
 
 
 def render_all(
@@ -380,37 +355,11 @@ def render_all(
     """Every standard figure into ``out_dir``; ``highlight`` limits the line plots' objectives;
     ``scores``: :func:`final_scores` of ``results`` where the caller has them already.
     ``workers`` > 1: the figures are drawn in two processes of the forkserver pool
-    (:mod:`.pool`), in two groups of about equal cost (drawing is serial matplotlib work,
-    seconds per figure); the files are the same bytes as drawn here."""
+    (:mod:`.pool`), one per :data:`FIGURE_GROUPS` group; the files are the same bytes."""
     out_dir = Path(out_dir)
     scores = final_scores(results) if scores is None else scores
-    figures = _figures(results, out_dir, highlight, scores)
-    if workers < 2:
-        return [fn(*args) for fn, args in figures]
-    from .pool import imap_unordered
-
-    jobs = [(group, ([figures[i] for i in group],)) for group in FIGURE_GROUPS]
-    paths: dict[int, Path] = {}
-    for group, drawn in imap_unordered(_draw, jobs, min(workers, len(jobs))):
-        paths.update(zip(group, drawn, strict=True))
-    return [paths[i] for i in range(len(figures))]
-
-
-#: One figure to draw: a function of this module and its positional arguments.
-_Figure = tuple[Callable[..., Path], tuple[Any, ...]]
-
-#: :func:`render_all`'s figures (by index in :func:`_figures`) in two groups of about equal
-#: drawing time: a curve plot and the fraction bars; the other curve plot, exact vs sampled and
-#: the scores. Each group's worker receives the results once.
-FIGURE_GROUPS = ((0, 2), (1, 3, 4))
-
-
-def _figures(
-    results: pd.DataFrame, out_dir: Path, highlight, scores: pd.DataFrame
-) -> list[_Figure]:
-    """The five standard figures, in :func:`render_all`'s order."""
     title = f"{reward_name(results)} (mean over seeds, 95% band)"
-    return [
+    figures = [
         (
             plot_curves,
             (results, "expected_reward", out_dir / "reward_vs_step.png", highlight, title),
@@ -420,8 +369,17 @@ def _figures(
         (plot_exact_vs_sampled, (results, out_dir / "exact_vs_sampled.png", highlight)),
         (plot_final_scores, (scores, out_dir / "final_scores.png")),
     ]
+    if workers < 2:
+        return _draw(figures)
+    from .pool import imap_unordered
+
+    jobs = [(group, ([figures[i] for i in group],)) for group in FIGURE_GROUPS]
+    paths: dict[int, Path] = {}
+    for group, drawn in imap_unordered(_draw, jobs, min(workers, len(jobs))):
+        paths.update(zip(group, drawn, strict=True))
+    return [paths[i] for i in range(len(figures))]
 
 
-def _draw(figures: list[_Figure]) -> list[Path]:
-    """Draw ``figures`` in order (a pool worker's job in :func:`render_all`)."""
+def _draw(figures: list[tuple[Callable[..., Path], tuple[Any, ...]]]) -> list[Path]:
+    """Draw ``figures`` (function, arguments) in order; a pool worker's job in :func:`render_all`."""
     return [fn(*args) for fn, args in figures]

@@ -1,18 +1,14 @@
 """The process pool of ``compare`` and ``sweep``: safe after autograd, interruptible, no orphans.
 
 * **Start method.** Workers come from a ``forkserver`` (a clean process that imported the
-  experiment modules once and forks a worker per slot), never from ``fork`` of the driver: the
-  driver may have run autograd already (a notebook, a test, a CUDA host), and forking a process
-  whose autograd threads exist fails with "Unable to handle autograd's threading in combination
-  with fork-based multiprocessing". Workers import only the experiment modules (torch, pandas,
-  the trainers), not plotting or the CLI.
-* **Interruption.** Workers ignore SIGINT: Ctrl-C reaches the whole process group, and a worker
-  that took it would report the KeyboardInterrupt as its run's result and go on with the next
-  run. The driver takes it instead (SIGTERM is turned into :class:`Terminated`, a
-  ``KeyboardInterrupt``), cancels what has not started, terminates the running workers (SIGTERM,
-  then SIGKILL after :data:`STOP_GRACE_S`, time for a run that checkpoints on SIGTERM) and
-  re-raises, so the caller can print a resume hint. Finished runs are written by the driver as
-  they arrive, so nothing finished is lost and nothing half-written is left.
+  experiment modules once), never from ``fork`` of a driver that may have run autograd already:
+  that fails with "Unable to handle autograd's threading in combination with fork-based
+  multiprocessing". Workers import only the experiment modules, not plotting or the CLI.
+* **Interruption.** Workers ignore SIGINT (Ctrl-C reaches the whole process group; a worker
+  would report it as its run's result and go on). The driver takes it (SIGTERM becomes
+  :class:`Terminated`, a ``KeyboardInterrupt``), cancels what has not started, terminates the
+  running workers (:func:`_stop`) and re-raises, so the caller can print a resume hint. The
+  driver writes finished runs as they arrive: nothing finished is lost, nothing half-written.
 * **No orphans.** On Linux each worker asks the kernel for SIGKILL when its parent dies
   (``PR_SET_PDEATHSIG``), so even a SIGKILL of the driver leaves no worker behind.
 """
@@ -26,19 +22,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
-#: Modules the forkserver imports once, so each worker starts with them loaded. torch imports
-#: torch._dynamo (the optimizers' first step) and sympy (torch.broadcast_shapes) lazily, 2-5 s on
-#: a busy 2-core machine: once here instead of once per worker.
+#: Modules the forkserver imports once, so each worker starts with them loaded: torch imports
+#: torch._dynamo and sympy lazily, 2-5 s on a busy 2-core machine, once here, not per worker.
 PRELOAD = (
     "sandbox.experiments.compare",
     "sandbox.experiments.sweep",
     "torch._dynamo",
     "torch.fx.experimental.symbolic_shapes",
 )
-
 
 #: A ``-W`` option for the resource tracker: its clean-up after interrupted workers is not news.
 QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
@@ -52,24 +46,15 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
-def _set_parent_death_signal() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux; no-op elsewhere)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        pass
-
-
 def _worker_init() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _set_parent_death_signal()
+    if sys.platform.startswith("linux"):  # SIGKILL this worker when its parent dies
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):  # pragma: no cover - exotic libc
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
     import torch
 
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
@@ -84,20 +69,16 @@ def _context() -> mp.context.BaseContext:
 
 
 def start_forkserver() -> None:
-    """Start the forkserver now (it imports :data:`PRELOAD`), so that its start-up overlaps with
-    the caller's own imports; the CLI calls it first thing when it will use a pool.
-
-    The forkserver is started with SIGINT ignored, a disposition it and every worker it forks
-    inherit (CPython installs its KeyboardInterrupt handler only where SIGINT is at its default):
-    a Ctrl-C during its seconds of imports, or in a worker before ``_worker_init`` ran, reaches
-    only the driver, instead of a worker's traceback and a leaked-semaphore warning."""
+    """Start the forkserver now (it imports :data:`PRELOAD`), overlapping the caller's imports
+    (the CLI calls it first thing when it will use a pool). It starts with SIGINT ignored, which
+    it and every worker it forks inherit: a Ctrl-C during its imports, or in a worker before
+    ``_worker_init`` ran, reaches only the driver (no worker traceback, no leaked semaphore)."""
     if _context().get_start_method() != "forkserver":
         return  # pragma: no cover - macOS / Windows
     from multiprocessing import forkserver
 
-    # Workers ended mid-run (Ctrl-C, SIGTERM) can leave the pool's queue semaphores for the
-    # resource tracker, which unlinks them at exit as it should, then warns "There appear to be N
-    # leaked semaphore objects". The tracker (started just below) takes this process's -W options.
+    # Workers ended mid-run leave the queues' semaphores to the resource tracker, which unlinks
+    # them at exit, then warns "leaked semaphore objects"; it takes this process's -W options.
     if QUIET_TRACKER not in sys.warnoptions:
         sys.warnoptions.append(QUIET_TRACKER)
 
@@ -133,15 +114,10 @@ def terminate_raises() -> Iterator[None]:
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP that arrive within the block act when it ends (as
-    ``KeyboardInterrupt`` or :class:`Terminated`).
-
-    For work an interrupt would break rather than stop. Imports: sympy (which torch imports
-    lazily) swallows a KeyboardInterrupt halfway through its own import and is then broken for
-    the process (``module 'sympy' has no attribute 'printing'``). Submitting to the pool starts its workers, and a start waits for the forkserver (seconds of
-    imports on its first use): an interrupt there would leave a worker the pool does not know
-    yet, forked after the driver released the queues' semaphores (a FileNotFoundError traceback
-    in the worker). Deferred, the interrupt finds every worker registered and :func:`_stop`
-    ends them all."""
+    ``KeyboardInterrupt`` or :class:`Terminated`), for work an interrupt would break: an import
+    of sympy (broken for the process if interrupted halfway), or a submit to the pool, which
+    starts a worker: interrupted, it would leave a worker the pool does not know yet (a
+    FileNotFoundError traceback in it); deferred, :func:`_stop` finds and ends every worker."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -160,20 +136,16 @@ def signals_deferred() -> Iterator[None]:
         raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
 
-#: Seconds the running workers get to end after SIGTERM before SIGKILL. A worker at the default
-#: disposition ends at once; one whose run handles SIGTERM (``llm.train``: it finishes its step
-#: and writes a checkpoint, from which the rerun resumes) gets this long, then is killed (a
-#: checkpoint is written atomically: a killed save leaves the previous one).
+#: Seconds the running workers get after SIGTERM before SIGKILL: time for a run that handles
+#: SIGTERM (``llm.train`` finishes its step and writes a checkpoint, atomically) to end.
 STOP_GRACE_S = 20.0
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Cancel pending work and end the running workers (SIGTERM; SIGKILL after
-    :data:`STOP_GRACE_S`): they hold no unsaved results but what they save on SIGTERM."""
-    # Workers first (SIGTERM, their default action: no traceback), then the executor, whose
-    # shutdown releases the queues' semaphores: the other order can unlink a semaphore a starting
-    # worker is still unpickling (FileNotFoundError in the worker) or leave it registered with
-    # the resource tracker (a "leaked semaphore" warning at exit).
+    :data:`STOP_GRACE_S`)."""
+    # Workers first, then the executor, whose shutdown releases the queues' semaphores: the other
+    # order can unlink a semaphore a starting worker still unpickles, or leak it to the tracker.
     processes = list(getattr(pool, "_processes", {}).values())
     for process in processes:
         if process.is_alive():
@@ -188,8 +160,7 @@ def _stop(pool: ProcessPoolExecutor) -> None:
 
 
 class DeadlineReached(Exception):
-    """:func:`imap_unordered`'s ``deadline`` passed with runs still going; they were stopped as on
-    SIGTERM (:func:`_stop`). ``keys``: the runs stopped."""
+    """:func:`imap_unordered`'s ``deadline`` passed; ``keys``: the runs it stopped (:func:`_stop`)."""
 
     def __init__(self, keys: list[Any]) -> None:
         super().__init__(f"deadline reached; stopped {len(keys)} running runs")
@@ -205,29 +176,23 @@ def imap_unordered(
     admit: Callable[[Any], bool] | None = None,
     deadline: float | None = None,
 ) -> Iterator[tuple[Any, Any]]:
-    """Run ``fn(*args)`` for each ``(key, args)`` in ``workers`` processes; yield ``(key,
-    result)`` as runs finish.
+    """Run ``fn(*args)`` (a module-level function) for each ``(key, args)`` in ``workers``
+    processes; yield ``(key, result)`` as runs finish.
 
-    The first failing run stops new runs from starting; the runs already going finish and are
-    yielded, then the failure is raised as ``error`` naming the key (``__cause__`` holds
-    the worker's exception). Ctrl-C, SIGTERM or an exception in the caller's loop cancel
-    everything at once. ``fn`` must be importable by name (a module-level function).
-
-    ``admit(key)``: with it, a run is submitted only when a worker is free and ``admit`` says
-    yes at that moment (called after the caller has taken the previous result); the first no
-    starts nothing more, and the runs going finish. ``deadline`` (a :func:`time.monotonic`
-    time): runs still going then are stopped as on SIGTERM (:func:`_stop`: an ``llm.train`` run
-    checkpoints) and :class:`DeadlineReached` is raised.
-    """
+    The first failing run stops new runs from starting; the runs going finish and are yielded,
+    then the failure is raised as ``error`` naming the key (``__cause__``: the worker's
+    exception). Ctrl-C, SIGTERM or an exception in the caller's loop cancel everything at once.
+    ``admit(key)``: a run is submitted only when a worker is free and ``admit`` says yes then
+    (after the caller took the previous result); the first no starts nothing more. ``deadline``
+    (a :func:`time.monotonic` time): runs still going then are stopped as on SIGTERM
+    (:func:`_stop`) and :class:`DeadlineReached` is raised."""
     start_forkserver()  # a no-op once running; started here with SIGINT ignored if not yet
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_worker_init)
     finished = False
     try:
         with terminate_raises():
-            if admit is None and deadline is None:
-                yield from _all_at_once(pool, fn, jobs, error)
-            else:
-                yield from _as_admitted(pool, fn, jobs, workers, error, admit, deadline)
+            window = None if admit is None and deadline is None else workers
+            yield from _submitted(pool, fn, jobs, window, error, admit, deadline)
             finished = True
     finally:
         if finished:
@@ -236,41 +201,20 @@ def imap_unordered(
             _stop(pool)
 
 
-def _all_at_once(pool, fn, jobs, error) -> Iterator[tuple[Any, Any]]:
-    with signals_deferred():  # every worker registered before an interrupt acts
-        futures: dict[Future, Any] = {pool.submit(fn, *args): key for key, args in jobs}
-    failure: tuple[Any, BaseException] | None = None
-    for future in as_completed(futures):
-        if future.cancelled():
-            continue
-        try:
-            result = future.result()
-        except Exception as exc:
-            if failure is None:  # stop starting new runs; keep the ones already running
-                failure = (futures[future], exc)
-                for other in futures:
-                    other.cancel()
-            continue
-        yield futures[future], result
-    if failure is not None:
-        key, exc = failure
-        raise error(f"run {key} failed: {exc!r}") from exc
-
-
-def _as_admitted(pool, fn, jobs, workers, error, admit, deadline) -> Iterator[tuple[Any, Any]]:
-    """:func:`imap_unordered` with at most ``workers`` runs submitted at a time, each once
-    ``admit`` allows it, and a ``deadline``."""
+def _submitted(pool, fn, jobs, window, error, admit, deadline) -> Iterator[tuple[Any, Any]]:
+    """:func:`imap_unordered`'s loop: at most ``window`` runs submitted at a time, each once
+    ``admit`` allows it; ``None``: every run at once (the workers never wait for the caller)."""
     waiting = iter(jobs)
     running: dict[Future, Any] = {}
     closed = False  # admit said no, a run failed, or every job was submitted
     failure: tuple[Any, BaseException] | None = None
     while True:
-        while not closed and len(running) < workers:
-            nxt = next(waiting, None)
-            if nxt is None or (admit is not None and not admit(nxt[0])):
-                closed = True
-                break
-            with signals_deferred():  # the worker registered before an interrupt acts
+        with signals_deferred():  # the workers registered before an interrupt acts
+            while not closed and (window is None or len(running) < window):
+                nxt = next(waiting, None)
+                if nxt is None or (admit is not None and not admit(nxt[0])):
+                    closed = True
+                    break
                 running[pool.submit(fn, *nxt[1])] = nxt[0]
         if not running:
             break
@@ -280,11 +224,15 @@ def _as_admitted(pool, fn, jobs, workers, error, admit, deadline) -> Iterator[tu
             raise DeadlineReached(list(running.values()))
         for future in done:
             key = running.pop(future)
+            if future.cancelled():
+                continue
             try:
                 result = future.result()
             except Exception as exc:
-                if failure is None:
+                if failure is None:  # stop starting new runs; the ones running finish
                     failure, closed = (key, exc), True
+                    for other in running:
+                        other.cancel()
                 continue
             yield key, result
     if failure is not None:

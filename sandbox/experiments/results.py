@@ -1,22 +1,15 @@
 """Result storage: one tidy parquet part per finished run, written atomically; tables, figures
 and pages that change only when their content does; the provenance of a results folder.
 
-A long comparison or sweep writes each finished run as ``parts/<key>.parquet`` (temp file, then
-``os.replace``), so an interrupted run loses nothing and a restart skips finished parts. The
-parts are then concatenated into ``results.parquet`` (also written atomically).
+Each finished run is written as ``parts/<key>.parquet`` (temp file, then ``os.replace``), so an
+interrupted run loses nothing and a restart skips finished parts. Every table, figure and page
+derived from them goes through :func:`write_if_changed`: replaced atomically, and only when its
+bytes (a parquet file: its frame) differ, so rebuilding an unchanged folder rewrites nothing.
 
-Every table, figure and page derived from the parts goes through one writer,
-:func:`write_if_changed` (:func:`write_csv`, :func:`write_figure`, :func:`write_text`,
-:func:`write_parquet_if_changed`): the file is replaced atomically, and only when its bytes (a
-parquet file: its frame) differ, so rebuilding the tables of an unchanged folder rewrites nothing
-(same bytes, same mtime). CSVs use one float format (:data:`FLOAT_FORMAT`); PNGs carry no
-software version or date (:data:`PNG_METADATA`).
-
-``provenance.json`` in a results folder records where its results were made (:func:`provenance`:
-command, UTC date, device and its model, torch, Python, threads, OS, git commit): one entry in
-``runs`` per command that computed parts (:func:`record_run`), and ``tables`` for the last command
-that changed the derived files (:func:`recording_tables`). It is not a setting: a folder is
-resumed on another machine, and the settings check (:func:`check_settings`) never reads it.
+``provenance.json`` records where a folder's results were made (:func:`provenance`): one entry
+in ``runs`` per command that computed parts (:func:`record_run`), and ``tables`` for the last
+command that changed the derived files (:func:`recording_tables`). It is not a setting: the
+settings check (:func:`check_settings`) never reads it.
 """
 
 from __future__ import annotations
@@ -49,8 +42,8 @@ def part_name(*fields: object) -> str:
 
 
 def _write_atomic(path: Path, write: Callable[[str], None]) -> Path:
-    """``write(tmp)`` to a temp file beside ``path``, then ``os.replace``: readers only ever see
-    a complete file, and an exception (Ctrl-C, SIGTERM in the driver) leaves no temp file."""
+    """``write(tmp)`` to a temp file beside ``path``, then ``os.replace``: readers see only
+    complete files, and an exception (Ctrl-C, SIGTERM in the driver) leaves no temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     try:
@@ -78,12 +71,7 @@ def write_if_changed(data: bytes, path: str | Path) -> bool:
     with contextlib.suppress(OSError):
         if path.stat().st_size == len(data) and path.read_bytes() == data:
             return False
-
-    def write(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-
-    _write_atomic(path, write)
+    _write_atomic(path, lambda tmp: Path(tmp).write_bytes(data))
     return True
 
 
@@ -92,9 +80,8 @@ def write_text(text: str, path: str | Path) -> bool:
     return write_if_changed(text.encode("utf-8"), path)
 
 
-#: The one float format of every table written as CSV: 10 significant digits, so that a table
-#: rebuilt from the same parts is byte-identical even where a reduction's last bit differs (a
-#: summation order, a library version); results.parquet keeps every bit.
+#: The float format of every CSV table: 10 significant digits, so that a table rebuilt from the
+#: same parts is byte-identical even where a reduction's last bit differs; parquet keeps every bit.
 FLOAT_FORMAT = "%.10g"
 
 
@@ -105,7 +92,7 @@ def csv_text(frame: pd.DataFrame) -> str:
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> bool:
     """A table as CSV (:func:`csv_text`) through :func:`write_if_changed`."""
-    return write_if_changed(csv_text(frame).encode("utf-8"), path)
+    return write_text(csv_text(frame), path)
 
 
 def write_parquet_if_changed(frame: pd.DataFrame, path: str | Path) -> bool:
@@ -119,17 +106,13 @@ def write_parquet_if_changed(frame: pd.DataFrame, path: str | Path) -> bool:
     with contextlib.suppress(OSError, ValueError):  # unreadable: rewrite it
         if path.read_bytes() == data:
             return False
-        if _same_frame(pd.read_parquet(path), pd.read_parquet(io.BytesIO(data))):
+        if pd.read_parquet(path).equals(pd.read_parquet(io.BytesIO(data))):  # dtypes too
             return False
     return write_if_changed(data, path)
 
 
-def _same_frame(a: pd.DataFrame, b: pd.DataFrame) -> bool:
-    return list(a.columns) == list(b.columns) and a.dtypes.equals(b.dtypes) and a.equals(b)
-
-
-#: PNG metadata of every figure: no software version (and PNGs carry no date), so a figure
-#: redrawn from the same tables by another matplotlib release differs only if its pixels do.
+#: PNG metadata of every figure: no software version (PNGs carry no date), so a figure redrawn
+#: by another matplotlib release differs only if its pixels do.
 PNG_METADATA: dict[str, Any] = {"Software": None}
 
 
@@ -142,8 +125,8 @@ def write_figure(fig: Any, path: str | Path, *, dpi: int = 110, **savefig: Any) 
 
 
 def remove_temp_files(folder: str | Path) -> int:
-    """Delete temp files a killed writer (SIGKILL, power loss) left in ``folder``; returns how
-    many. Only the writer of a run folder calls it, before writing."""
+    """Delete the temp files a killed writer left in ``folder``; returns how many. Only the
+    writer of a run folder calls it, before writing."""
     stale = list(Path(folder).glob(f".*{TMP_SUFFIX}"))
     for path in stale:
         path.unlink(missing_ok=True)
@@ -151,10 +134,8 @@ def remove_temp_files(folder: str | Path) -> int:
 
 
 def prepare_out_dir(out_dir: str | Path, flag: str = "--out", sub: str = "parts") -> Path:
-    """``out_dir/sub`` created (with its parents) and known to be writable, or a one-line
-    ``ValueError`` naming ``flag``: a path that is a file, lies under a file, or cannot be
-    written (read-only filesystem, no permission). Called before any work, so that a bad folder
-    costs nothing."""
+    """``out_dir/sub`` created and known to be writable, before any work, or a one-line
+    ``ValueError`` naming ``flag``: a file, under a file, or not writable."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"{flag} {out_dir} is a file, not a folder")
@@ -186,13 +167,10 @@ def check_settings(
     hint: str = "run the same command as before to resume, or use another --out, or --force to recompute",
     compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] = changed_settings,
 ) -> None:
-    """Refuse a results folder whose finished parts were made with other ``settings``.
-
-    ``settings`` are what every part depends on besides what its file name records; the folder's
-    ``record`` (JSON) holds the settings it was made with. Parts without a readable record cannot
-    be checked and are refused too. ``force`` deletes the parts instead (everything is then
-    recomputed): results made with other settings are never reported as a run's own.
-    ``compare(previous, settings)`` lists the changes (default :func:`changed_settings`)."""
+    """Refuse a results folder whose finished parts were made with other ``settings`` (what
+    every part depends on besides its file name), as recorded in its ``record`` (JSON); parts
+    without a readable record are refused too. ``force`` deletes the parts instead (a one-line
+    ``ValueError`` if it cannot). ``compare(previous, settings)`` lists the changes."""
     out_dir = Path(out_dir)
     parts = out_dir / "parts"
     if not any(parts.glob("*.parquet")):
@@ -204,17 +182,10 @@ def check_settings(
         changed = [f"no readable {record}"]
     if not changed:
         return
-    if force:
-        remove_parts(parts)
-        return
-    raise ValueError(
-        f"{out_dir} holds runs made with other settings ({'; '.join(changed)}); {hint}"
-    )
-
-
-def remove_parts(parts: str | Path) -> None:
-    """Delete a folder of parts made with other settings (``--force``), or a one-line
-    ``ValueError`` saying which file could not be deleted and why."""
+    if not force:
+        raise ValueError(
+            f"{out_dir} holds runs made with other settings ({'; '.join(changed)}); {hint}"
+        )
     try:
         shutil.rmtree(parts)
     except OSError as exc:
@@ -326,10 +297,8 @@ def command_line() -> str:
 
 
 def provenance(device: str = "cpu", **extra: Any) -> dict[str, Any]:
-    """Where and how this process computes: the command line, the UTC date (ISO), the device
-    and its model (the CPU's; the GPU's name on ``cuda``), torch and Python versions, torch's
-    intra-op threads, the CPUs the OS reports, the OS, the git commit of the code; ``extra``
-    fields after them."""
+    """Where and how this process computes (the command, UTC date, device and its model,
+    versions, threads, OS, git commit); ``extra`` fields after them."""
     import torch
 
     gpu = None

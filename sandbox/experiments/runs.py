@@ -1,67 +1,14 @@
 """Run kinds: one registry of "train this rule on this setting", the way objectives have one.
 
-A run kind is a function from a :class:`RunSpec` to a tidy ``pandas.DataFrame`` with the shared
-columns (:data:`SHARED_COLUMNS`: ``kind``, ``setting``, ``rule``, ``seed``, ``step``) followed by
-its metrics under the shared names (``reward``, ``expected_reward``, ``pass_rate``, ``entropy``,
-``clip_low_frac``, ``clip_high_frac``, ``rescue_frac``, ...; a kind logs what it can measure).
-Steps are 1-based: the row of step s is logged after the s-th rollout + update round.
-
-A kind is registered with its traits (:class:`RunKind`, as Gymnasium's ``EnvSpec`` holds an
-environment's): orchestrators, studies and tests read the traits (:func:`run_kind`), never the
-kind's name.
-
-================== ========================================================================
-kind               what runs; its traits
-================== ========================================================================
-``bandit_sampled`` :func:`sandbox.train.run_bandit`: ``seeds`` sampled softmax bandits at once;
-                   batched: the specs of one setting that differ only in rule or seed train
-                   as one program (:func:`sandbox.train.bandit.run_bandits`); scores
-                   ``expected_reward`` / ``reward``; exact counterpart ``bandit_exact``
-``bandit_exact``   :func:`sandbox.exact.exact_flows`: the expected-gradient flow; deterministic
-                   (``seed`` -1); batched: the specs of one setting that differ only in rule
-                   run as one program; scores ``expected_reward`` for both; admits a spec
-                   by :func:`bandit_flow_admits`
-``tiny_tf``        :func:`sandbox.train.train_sequence`: ``seeds`` tiny transformers on a task;
-                   scores ``pass_rate`` / ``reward``
-``llm``            :func:`llm.train.train`, registered by ``llm/runs.py`` (``sandbox`` never
-                   imports ``llm``; importing ``llm.runs`` registers it); batched: the specs
-                   of one call that differ only in rule or seed train as one ensemble; no
-                   replicates (one run per seed); logs step 0 (the evaluation before training)
-================== ========================================================================
-
-Orchestrators (``compare``, ``sweep``, ``llm.transfer``) build specs, run them through
-:func:`run_specs` (in a pool: :class:`.planner.RunFolder`) and analyse the frames; none calls a
-trainer. Whether a rule has an exact flow is decided here only (:func:`has_exact_flow`, from the
-kinds' ``exact`` and ``admits`` traits).
-
-Adding a run kind
------------------
-1. Write the function in the module that owns the trainer (this file for a sandbox trainer; a
-   kind that needs ``llm`` goes in ``llm/runs.py``, as ``sandbox`` never imports ``llm``), and
-   register it with its traits and a tiny spec::
-
-       @register_run("my_kind", tiny_spec=RunSpec.make("my_kind", "my_setting", "grpo", steps=2))
-       def my_kind(spec: RunSpec) -> pd.DataFrame:
-           frame = my_trainer(...)  # from spec's fields; spec.train holds the trainer's extras
-           return tidy(spec, frame)  # shared columns first; 0-based trainer steps made 1-based
-
-   The traits (:class:`RunKind`) default to a sampled kind whose ``seeds`` replicates are
-   logged as seeds 0..seeds-1, steps 1..steps, scored by its ``pass_rate`` and ``reward``
-   columns, without an exact counterpart or a trainer config; pass the ones that differ
-   (``deterministic=True``, ``replicates=False``, ``logs_step0=True``, ``score_columns=...``,
-   ``exact=...``, ``admits=...``, ``config=...``). ``register_run("name", batched=True)``
-   instead takes the list of specs that share a :meth:`RunSpec.batch_key` (they differ only in
-   ``rule``, ``params`` or ``seed``) and returns one frame per spec, for a kind that runs them
-   as one program (``bandit_exact``).
-2. Nothing else: ``test_every_kind_passes_the_generic_checks`` in ``tests/test_runs.py`` runs
-   every registered kind's ``tiny_spec`` (it fails for a kind without one) and checks the frame
-   against the kind's traits: the shared columns, the steps, the seeds, the score columns
-   (``pass_rate`` in [0, 1]), the trainer config and the exact counterpart where the kind has
-   them, and the JSON round trip of the spec. ``test_a_new_kind_needs_no_other_edit`` shows it
-   for a kind registered inside the test.
-
-Worker processes see a kind when the module of the job function they run imports the module
-that registers it (``llm.transfer`` imports ``llm.runs``); the sandbox kinds are always there.
+A run kind is a function from a :class:`RunSpec` to a tidy ``pandas.DataFrame``: the shared
+columns (:data:`SHARED_COLUMNS`) first, then its metrics under the shared names (``reward``,
+``expected_reward``, ``pass_rate``, ``entropy``, ``clip_low_frac``, ...). Steps are 1-based: the
+row of step s is logged after the s-th rollout + update round. A kind registers with its traits
+(:class:`RunKind`); orchestrators, studies and tests read the traits (:func:`run_kind`), never
+the kind's name, and build specs that they run through :func:`run_specs` (in a pool:
+:class:`.planner.RunFolder`); none calls a trainer. The kinds here are ``bandit_sampled``,
+``bandit_exact`` and ``tiny_tf`` (below); ``llm`` is registered by ``llm/runs.py``, as
+``sandbox`` never imports ``llm``. How to add one: CONTRIBUTING.md, "Run kinds and rungs".
 """
 
 from __future__ import annotations
@@ -89,24 +36,20 @@ SCORE_COLUMNS = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
 
 @dataclass(frozen=True)
 class RunKind:
-    """A registered run kind: its function and its traits (as Gymnasium's ``EnvSpec`` holds an
-    environment's), read by orchestrators, studies and tests instead of the kind's name.
+    """A registered run kind: its function and its traits (as Gymnasium's ``EnvSpec``).
 
-    ``fn``: ``fn(spec) -> DataFrame``, or (``batched``) ``fn(specs) -> list[DataFrame]`` for the
-    specs sharing a :meth:`RunSpec.batch_key`, run as one program.
-    ``deterministic``: an exact flow, no sampling: one trajectory per spec, logged as seed -1
-    (the spec's ``seeds`` do not apply). ``replicates``: a sampled spec's ``seeds`` replicates
-    train at once, logged as seeds 0..seeds-1; False: one run per spec, logged under the spec's
-    own ``seed`` (``llm``). ``logs_step0``: the frame has a step-0 row (the evaluation before
-    training; it holds no training metrics); otherwise steps run 1..steps.
-    ``score_columns``: (score, column) pairs: which of the kind's columns a study reads as its
-    ``pass_rate`` (the held-out or expected success) and ``train_reward`` (:meth:`column`).
-    ``exact``: the deterministic kind that computes this kind's expected-gradient flow (a
-    deterministic kind: itself, the default; None: no exact counterpart). ``admits(spec,
-    model)`` (on that deterministic kind): whether it has the flow of ``spec`` (rule, advantage,
-    setting), read through :func:`has_exact_flow`. ``config(spec)``: the validated trainer
-    config of a spec (:func:`trainer_config`; None: the kind has none to check before running).
-    ``tiny_spec``: a spec that runs in about a second, for ``tests/test_runs.py``."""
+    ``fn(spec) -> DataFrame``, or (``batched``) ``fn(specs) -> list[DataFrame]`` for the specs
+    sharing a :meth:`RunSpec.batch_key`, run as one program. ``deterministic``: an exact flow,
+    one trajectory per spec logged as seed -1. ``replicates``: the spec's ``seeds`` replicates
+    train at once, logged as seeds 0..seeds-1; False: one run logged under the spec's ``seed``.
+    ``logs_step0``: a step-0 row (the evaluation before training, no training metrics);
+    otherwise steps run 1..steps. ``score_columns``: (score, column) pairs, the columns a study
+    reads as ``pass_rate`` and ``train_reward`` (:meth:`column`). ``exact``: the deterministic
+    kind holding this kind's expected-gradient flow (itself for a deterministic kind; None: no
+    exact counterpart); ``admits(spec, model)`` on it: whether it has ``spec``'s flow
+    (:func:`has_exact_flow`). ``config(spec)``: the validated trainer config
+    (:func:`trainer_config`; None: none). ``tiny_spec``: a spec that runs in about a second,
+    for ``tests/test_runs.py``."""
 
     name: str
     fn: Callable[..., Any]
@@ -130,19 +73,17 @@ class RunKind:
         return EXACT if self.deterministic else SAMPLED
 
     def column(self, score: str) -> str:
-        """The kind's column a study reads as ``score`` (``pass_rate``, ``train_reward``; any
-        other name is its own column)."""
+        """The kind's column a study reads as ``score`` (any other name is its own column)."""
         return dict(self.score_columns).get(score, score)
 
     def seeds_of(self, spec: RunSpec) -> set[int]:
-        """The ``seed`` values of ``spec``'s frame: {-1} for a deterministic kind, the
-        replicates 0..seeds-1, or the spec's own seed for a kind without replicates."""
+        """The ``seed`` values of ``spec``'s frame (see the class docstring)."""
         if self.deterministic:
             return {-1}
         return set(range(spec.seeds)) if self.replicates else {spec.seed}
 
     def first_step(self) -> int:
-        """The first logged step: 0 where the kind logs its evaluation before training, else 1."""
+        """0 where the kind logs step 0, else 1."""
         return 0 if self.logs_step0 else 1
 
 
@@ -154,8 +95,8 @@ _RUNS: dict[str, RunKind] = {}
 def register_run(
     name: str, *, batched: bool = False, **traits: Any
 ) -> Callable[[Callable], Callable]:
-    """Register ``fn(spec) -> DataFrame`` (``batched``: ``fn(specs) -> list[DataFrame]``) as the
-    run kind ``name`` with ``traits`` (:class:`RunKind`'s fields; unknown ones: ``ValueError``)."""
+    """Register ``fn`` as the run kind ``name`` with ``traits`` (:class:`RunKind`'s fields;
+    unknown ones: ``ValueError``)."""
     unknown = sorted(set(traits) - set(TRAITS))
     if unknown:
         raise ValueError(f"traits: unknown run-kind trait(s) {unknown}; valid: {list(TRAITS)}")
@@ -239,10 +180,9 @@ def variant_slug(rule: str, params: Mapping[str, Any] | None = None) -> tuple[st
 class RunSpec:
     """One run: a rule on a setting with a base seed, ``seeds`` replicates vectorised.
 
-    ``params``, ``definition`` and ``train`` are frozen mappings (:func:`freeze`):
-    ``definition`` says what ``setting`` is (bandit: ``env`` and the env's kwargs; task: ``task``
-    and its knobs; empty: the standard setting of that name), ``train`` holds further fields of
-    the kind's trainer config (``advantage``, ``d_model``, llm.train flags, ...)."""
+    ``params``, ``definition`` and ``train`` are frozen mappings (:func:`freeze`). ``definition``
+    says what ``setting`` is (bandit: ``env`` and its kwargs; task: ``task`` and its knobs;
+    empty: the standard setting of that name); ``train``: further trainer-config fields."""
 
     kind: str
     setting: str
@@ -264,10 +204,8 @@ class RunSpec:
     @classmethod
     def make(cls, kind: str, setting: str, rule: str, **values: Any) -> RunSpec:
         """A spec from plain values (dicts and lists are frozen)."""
-        frozen = {
-            k: freeze(v) if k in ("params", "definition", "train") else v for k, v in values.items()
-        }
-        return cls(kind, setting, rule, **frozen)
+        frozen = {k: freeze(v) for k, v in values.items() if k in ("params", "definition", "train")}
+        return cls(kind, setting, rule, **{**values, **frozen})
 
     @property
     def label(self) -> str:
@@ -295,8 +233,8 @@ class RunSpec:
 
 @functools.cache
 def objective_of(rule: str, params: tuple[tuple[str, Any], ...] = ()) -> Any:
-    """The objective of ``rule`` with ``params``, built once per process and (rule, params)
-    (objectives are stateless: randomness comes from the caller's generator)."""
+    """The objective of ``rule`` with ``params``, built once per process (objectives are
+    stateless)."""
     from sandbox.objectives import get_objective
 
     return get_objective(rule, **thaw(params))
@@ -322,10 +260,8 @@ def optimum(model: Any) -> float:
 
 
 def has_exact_flow(spec: RunSpec, model: Any = None) -> bool:
-    """The one place that decides whether a run has an exact expected-gradient flow: its kind
-    has an exact counterpart (:attr:`RunKind.exact`) and that counterpart admits the spec
-    (:func:`bandit_flow_admits` for ``bandit_exact``). ``model``: the spec's setting model, if
-    already built."""
+    """The one place that decides whether a run has an exact expected-gradient flow: its kind's
+    :attr:`RunKind.exact` admits it. ``model``: the spec's setting model, if already built."""
     exact = run_kind(spec.kind).exact
     if exact is None:
         return False
@@ -334,9 +270,8 @@ def has_exact_flow(spec: RunSpec, model: Any = None) -> bool:
 
 
 def bandit_flow_admits(spec: RunSpec, model: Any = None) -> bool:
-    """Whether the bandit flow (:func:`sandbox.exact.exact_flows`) has ``spec``'s: a
-    closed-form ``expected_coef`` (not clip_cov, kl_cov), a group advantage with an exact
-    finite-group form, and binary rewards."""
+    """Whether :func:`sandbox.exact.exact_flows` has ``spec``'s flow: a closed-form
+    ``expected_coef`` (not clip_cov, kl_cov), an exact finite-group advantage, binary rewards."""
     from sandbox.exact.bandit import GROUP_ADVANTAGES
 
     if dict(spec.train).get("advantage", "grpo") not in GROUP_ADVANTAGES:
@@ -358,35 +293,19 @@ def tidy(spec: RunSpec, frame: pd.DataFrame, *, shift: int = 1, **columns: Any) 
         {"kind": spec.kind, "setting": spec.setting, "rule": spec.label}, index=frame.index
     )
     out = pd.concat([head, frame[["seed", "step"]], frame.drop(columns=["seed", "step"])], axis=1)
-    for name, value in columns.items():
-        out[name] = value
-    return out
+    return out.assign(**columns)
 
 
-def trainer_fields(spec: RunSpec, names: Sequence[str]) -> dict[str, Any]:
-    """The spec's shared knobs under a trainer config's field names, then ``spec.train``."""
-    shared = {
-        "objective": spec.rule,
-        "objective_params": thaw(spec.params),
-        "seed": spec.seed,
-        "seeds": spec.seeds,
-        "steps": spec.steps,
-        "group_size": spec.group_size,
-        "prompts_per_step": spec.prompts_per_step,
-        "epochs": spec.epochs,
-        "minibatches": spec.minibatches,
-        "lr": spec.lr,
-        "optimizer": spec.optimizer,
-        "device": spec.device,
-    }
-    values = {k: v for k, v in shared.items() if k in names}
-    values.update(thaw(spec.train))
-    return values
+def trainer_fields(spec: RunSpec, config: type, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The spec's fields under the names of ``config``'s fields (a trainer config's, but
+    ``skip``), then ``spec.train``."""
+    shared = {**asdict(spec), "objective": spec.rule, "objective_params": thaw(spec.params)}
+    names = {f.name for f in fields(config)} - set(skip)
+    return {**{k: v for k, v in shared.items() if k in names}, **thaw(spec.train)}
 
 
 def trainer_config(spec: RunSpec) -> Any:
-    """The validated trainer config of ``spec`` (its kind's :attr:`RunKind.config`); a
-    ``ValueError`` for a kind without one."""
+    """``spec``'s validated trainer config (:attr:`RunKind.config`; ``ValueError`` if none)."""
     build = run_kind(spec.kind).config
     if build is None:
         raise ValueError(f"kind: run kind {spec.kind!r} has no trainer config to check")
@@ -396,17 +315,15 @@ def trainer_config(spec: RunSpec) -> Any:
 def bandit_config(spec: RunSpec) -> Any:
     from sandbox.train import BanditTrainConfig
 
-    return BanditTrainConfig(**trainer_fields(spec, [f.name for f in fields(BanditTrainConfig)]))
+    return BanditTrainConfig(**trainer_fields(spec, BanditTrainConfig))
 
 
 def sequence_config(spec: RunSpec) -> Any:
     from sandbox.train import SequenceTrainConfig
 
-    names = [f.name for f in fields(SequenceTrainConfig) if f.name != "optimizer"]
-    values = trainer_fields(spec, names)
     task = thaw(spec.definition)
-    values.update(task=task.pop("task"), task_knobs=task)
-    return SequenceTrainConfig(**values)
+    values = trainer_fields(spec, SequenceTrainConfig, skip=["optimizer"])
+    return SequenceTrainConfig(**{**values, "task": task.pop("task"), "task_knobs": task})
 
 
 #: The tiny specs' shared knobs (the sampled kinds' replicates, mu = epochs x minibatches).
@@ -422,9 +339,8 @@ TINY = dict(seeds=2, steps=2, group_size=4, prompts_per_step=2, epochs=2, miniba
     tiny_spec=RunSpec.make("bandit_sampled", "mixed", "dapo", **TINY),
 )
 def bandit_sampled(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
-    """The sampled trainer: each spec's ``seeds`` softmax bandits in one vectorised run; the
-    specs of one call (one setting, differing only in rule, parameters or seed) train as one
-    program (:func:`sandbox.train.bandit.run_bandits`; each frame equals its spec's own run)."""
+    """Each spec's ``seeds`` sampled softmax bandits; the specs of one call train as one program
+    (:func:`sandbox.train.bandit.run_bandits`; each frame equals its spec's own run)."""
     from sandbox.train.bandit import run_bandit, run_bandits
 
     model = setting_model(specs[0])
@@ -447,8 +363,8 @@ def bandit_sampled(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     tiny_spec=RunSpec.make("bandit_exact", "needle", "nsr_dapo", **TINY),
 )
 def bandit_exact(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
-    """The exact expected-gradient flows of ``specs`` (one setting, rules with an exact flow)
-    as one batched program; ``epochs * minibatches`` inner updates per step."""
+    """The exact expected-gradient flows of ``specs`` as one program; ``epochs * minibatches``
+    inner updates per step."""
     from sandbox.exact.flow import exact_flows
 
     spec = specs[0]
@@ -487,8 +403,8 @@ def tiny_tf(spec: RunSpec) -> pd.DataFrame:
 
 
 def run_specs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
-    """Run ``specs`` (in order; a batched kind gets its specs with one :meth:`RunSpec.batch_key`
-    as one call) and return one frame per spec."""
+    """One frame per spec, in order (a batched kind gets the specs of one
+    :meth:`RunSpec.batch_key` in one call)."""
     out: dict[int, pd.DataFrame] = {}
     groups: dict[tuple[str, RunSpec], list[int]] = {}
     for i, spec in enumerate(specs):
