@@ -81,11 +81,10 @@ class LlmSettings:
     checkpoint_every: int = arg(10, "checkpoint every N steps (and on SIGTERM; 0: never)")
 
     def __post_init__(self) -> None:
-        low = {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_new_tokens": 1}
-        low |= {"eval_every": 0, "eval_prompts": 1, "eval_k": 1, "seeds": 1, "ensemble": 1}
+        low = {"group_size": 2, "eval_every": 0, "checkpoint_every": 0}
         epochs = {} if self.epochs is None else {"epochs": mu_grid}
         checks = {"lrs": step_sizes, "task_knobs": knobs, **epochs, "model": text, "task": text}
-        settle(self, "llm", {**low, "checkpoint_every": 0}, **checks)
+        settle(self, "llm", low, **checks)
 
     def check(self) -> None:
         """The task and the model, before anything runs (the model offline: a Hub id must be in

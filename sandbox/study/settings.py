@@ -143,15 +143,18 @@ def text(name: str, value: Any) -> str:
     return value
 
 
-def settle(settings: Any, section: str, low: Mapping[str, int], **checks: Callable) -> None:
+def settle(
+    settings: Any, section: str, low: Mapping[str, int] | None = None, **checks: Callable
+) -> None:
     """Check a section's settings in ``__post_init__``: each field of ``checks`` replaced by
-    ``check("<section>_<field>", value)`` (in order), then each integer of ``low`` >= its
-    bound."""
+    ``check("<section>_<field>", value)`` (in order), then every ``int`` field an integer >= its
+    bound in ``low`` (default 1)."""
     for field, check in checks.items():
         value = check(f"{section}_{field}", getattr(settings, field))
         object.__setattr__(settings, field, value)
-    for field, bound in low.items():
-        check_int(f"{section}_{field}", getattr(settings, field), bound)
+    for f in dataclasses.fields(settings):
+        if f.type in (int, "int"):
+            check_int(f"{section}_{f.name}", getattr(settings, f.name), (low or {}).get(f.name, 1))
 
 
 def knob_text(value: Any) -> str:
@@ -194,7 +197,7 @@ class BanditSettings:
     seeds: int = arg(99, "paired seeds per rule on bandit_sampled (the exact flow: 1)")
 
     def __post_init__(self) -> None:
-        settle(self, "bandit", {"steps": 1, "prompts_per_step": 1, "seeds": 1}, lrs=step_sizes)
+        settle(self, "bandit", lrs=step_sizes)
 
     def check(self) -> None:
         """The bandit setting exists."""
@@ -230,8 +233,7 @@ class TfSettings:
     seeds: int = arg(119, "paired seeds per rule on tiny_tf")
 
     def __post_init__(self) -> None:
-        low = {"steps": 1, "prompts_per_step": 1, "eval_prompts": 1, "eval_k": 1, "seeds": 1}
-        settle(self, "tf", low, lrs=step_sizes, epochs=mu_grid, knobs=knobs)
+        settle(self, "tf", lrs=step_sizes, epochs=mu_grid, knobs=knobs)
 
     def check(self) -> None:
         """The task exists with these knobs."""
