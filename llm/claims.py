@@ -51,11 +51,9 @@ class LlmSettings:
     """The llm rung's settings (the section ``llm``: one flag each, ``--llm-<field>``)."""
 
     model: str = arg("smollm2-135m", "HF model id, local dir, or an alias (offline: cached)")
-    # chosen by `python -m llm.pilot` (results/llm_pilot/pilot.csv) with the regime rule's CPU
-    # part (sandbox.study.regimes): among the tasks where a group of 8 has a success at least 1
-    # time in 5 at step 0, the lowest target (answer baseline + 5 margins). Two chained + / - mod 7
-    # has balanced answers (constant-answer baseline 0.156 on the pilot's 64 problems, against
-    # 0.266 with * in the ops, where 0 answers a fifth of the problems)
+    # chosen by `python -m llm.pilot` (results/llm_pilot/pilot.csv) with the CPU part of the
+    # regime rule (sandbox.study.regimes): two chained + / - mod 7 has balanced answers
+    # (constant-answer baseline 0.156 on the pilot's 64 problems, 0.266 with * in the ops)
     task: str = arg("mod_arith", "task (envs.reasoning), through the chat template")
     task_knobs: dict[str, Any] = arg(
         {"steps": 2, "ops": ["+", "-"]}, "task knobs, key=value (the task checks them)"
@@ -75,8 +73,7 @@ class LlmSettings:
         "up to K paired seeds of one rule per job, trained as one llm.ensemble (1: separate "
         "runs; the parts are the same either way)",
     )
-    # resumable runs (llm.runs): each run checkpoints in <scratch>/<llm.runs.scratch_name(spec)>
-    # and resumes from there when rerun; None: a temporary folder, a cut run restarts
+    # None: a temporary folder, a cut run restarts (llm.runs)
     scratch: str | None = arg(None, "resumable runs' folder (default: OUT/llm_scratch)")
     checkpoint_every: int = arg(10, "checkpoint every N steps (and on SIGTERM; 0: never)")
 
@@ -114,8 +111,7 @@ def llm_epochs(config: StudyConfig) -> list[int]:
 
 def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts), with the
-    mechanism probes on as on the toy rungs (``sandbox.study.rungs``): ``entropy_law`` always,
-    ``grad_noise`` for a rule with a deterministic counterpart."""
+    mechanism probes on as on the toy rungs."""
     s = config.section("llm")
     train = {
         "model": s.model,
