@@ -2,44 +2,22 @@
 every rung, calibrated and paired by seed (:mod:`sandbox.study`), with the ``llm``
 rung added here (``sandbox`` never imports ``llm``).
 
-Profiles: ``quick`` (CI-sized smoke: 23 s on the project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the toy
-rungs at full power: 16 paired seeds per rule), ``gpu`` (adds the llm rung on SmolLM2-135M,
-8 paired seeds per rule). Flags override a profile's values.
+Profiles (:data:`PROFILES`; flags override them): ``quick`` (CI-sized smoke: 23 s on the
+project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the toy rungs at
+full power), ``gpu`` (adds the llm rung on SmolLM2-135M, 8 paired seeds per rule).
 
-The llm rung trains one ``llm.train`` run per (rule, paired seed). Its ``ensemble`` setting
-(``--llm-ensemble K``, default 1: separate runs) runs up to K seeds of one rule as one job, one
-:func:`llm.ensemble.train_ensemble` (the training forward and backward batched over the K
-models; rollouts still one model after another). Each seed is still its own part with the rows
-its separate run gives (to float rounding), so K changes neither the tables nor resumption: a
-folder's parts are reused whatever K made them, and an interrupted job loses only its own K
-seeds. What K buys on a GPU is unmeasured; the K models' training activations share one device
-(no gradient checkpointing inside the ensemble).
-
-Outputs in ``--out`` (default ``runs/claims-<profile>``; the committed study is
-``results/claims``): ``parts/`` (one parquet per finished run, written atomically: an interrupted
-study resumes and recomputes nothing finished), ``config.json`` (the settings, grids included,
-and each rung's calibrated point: a folder made with other settings is refused, ``--force``
-recomputes; ``--tables-only`` builds from the recorded calibrated point only; other or fewer
-rules or rungs *add to* the folder's study, whose tables cover the union), ``results.parquet``,
-``calibration.csv``,
-``scores.csv``, ``summary.csv``, ``ledger.csv``, ``power.csv``, ``agreement.csv``,
-``calibration.png``, ``mechanism.png``; with ``--doc PATH`` the write-up (docs/claims.md).
-While it runs, ``llm_scratch/`` holds the llm runs in progress (checkpoints every
-``checkpoint_every`` steps and on SIGTERM; a run goes once its part is written): a command cut
-by a time limit, e.g. ``timeout 570 python -m llm.claims --profile gpu ...`` on a machine with
-10-minute commands, continues each cut run mid-way when run again::
+The llm rung trains one ``llm.train`` run per (rule, paired seed); ``--llm-ensemble K`` trains up
+to K seeds of one rule as one :func:`llm.ensemble.train_ensemble` (training batched over the K
+models; what that buys on a GPU is unmeasured), each seed still its own part with the rows its
+separate run gives (to float rounding). ``OUT/llm_scratch/`` holds the llm runs in progress
+(checkpoints every ``checkpoint_every`` steps and on SIGTERM), so a command cut by a time limit
+continues each cut run mid-way when run again (the outputs: README, "The claims ledger")::
 
     python -m llm.claims --quick                                   # smoke, ~25 s on 2 cores
     python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
     python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md
     python -m llm.claims --quick --claim mine:grpo>gspo:reward_auc   # a claim of your own
-
-Claims of your own: ``--claim NAME:A>B[:metric[:margin]]`` (repeatable) or ``--claims FILE``
-(TOML/YAML records; CONTRIBUTING.md, "Adding a claim"): their rules join ``--rules`` and they get
-ledger rows like the papers'. Every setting has one flag (``--<section>-<setting>``: ``--bandit-seeds``,
-``--tf-knobs op=reverse length=2``, ``--llm-lrs 1e-5 2e-5``; the paired seeds per rung), and each is
-checked before anything runs or ``config.json`` is written (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -57,13 +35,14 @@ from sandbox.study import Rung, StudyConfig, StudyJob, register_rung, task_bound
 from sandbox.study.cli import main as study_main
 from sandbox.study.cli import parse_study_args
 from sandbox.study.settings import (
-    check_fields,
     check_task,
-    knob_text,
     knobs,
     mu_grid,
     register_section,
+    settle,
     step_sizes,
+    task_setting,
+    text,
 )
 
 
@@ -72,11 +51,9 @@ class LlmSettings:
     """The llm rung's settings (the section ``llm``: one flag each, ``--llm-<field>``)."""
 
     model: str = arg("smollm2-135m", "HF model id, local dir, or an alias (offline: cached)")
-    # chosen by `python -m llm.pilot` (results/llm_pilot/pilot.csv) with the regime rule's CPU
-    # part (sandbox.study.regimes): among the tasks where a group of 8 has a success at least 1
-    # time in 5 at step 0, the lowest target (answer baseline + 5 margins). Two chained + / - mod 7
-    # has balanced answers (constant-answer baseline 0.156 on the pilot's 64 problems, against
-    # 0.266 with * in the ops, where 0 answers a fifth of the problems)
+    # chosen by `python -m llm.pilot` (results/llm_pilot/pilot.csv) with the CPU part of the
+    # regime rule (sandbox.study.regimes): two chained + / - mod 7 has balanced answers
+    # (constant-answer baseline 0.156 on the pilot's 64 problems, 0.266 with * in the ops)
     task: str = arg("mod_arith", "task (envs.reasoning), through the chat template")
     task_knobs: dict[str, Any] = arg(
         {"steps": 2, "ops": ["+", "-"]}, "task knobs, key=value (the task checks them)"
@@ -96,29 +73,15 @@ class LlmSettings:
         "up to K paired seeds of one rule per job, trained as one llm.ensemble (1: separate "
         "runs; the parts are the same either way)",
     )
-    # resumable runs: each run trains in <scratch>/<llm.runs.scratch_name(spec)>, checkpoints
-    # every checkpoint_every steps (and on SIGTERM) and resumes from there when rerun; the CLI
-    # sets scratch to <out>/llm_scratch (None: a temporary folder, a cut run restarts)
+    # None: a temporary folder, a cut run restarts (llm.runs)
     scratch: str | None = arg(None, "resumable runs' folder (default: OUT/llm_scratch)")
     checkpoint_every: int = arg(10, "checkpoint every N steps (and on SIGTERM; 0: never)")
 
     def __post_init__(self) -> None:
-        values = {
-            "lrs": step_sizes("llm_lrs", self.lrs),
-            "task_knobs": knobs("llm_task_knobs", self.task_knobs),
-        }
-        if self.epochs is not None:
-            values["epochs"] = mu_grid("llm_epochs", self.epochs)
-        for key, value in values.items():
-            object.__setattr__(self, key, value)
-        for name in ("model", "task"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name):
-                raise ValueError(
-                    f"llm_{name} must be a non-empty string, got {getattr(self, name)!r}"
-                )
-        low = {"steps": 1, "prompts_per_step": 1, "group_size": 2, "max_new_tokens": 1}
-        low |= {"eval_every": 0, "eval_prompts": 1, "eval_k": 1, "seeds": 1, "ensemble": 1}
-        check_fields(self, "llm", {**low, "checkpoint_every": 0})
+        low = {"group_size": 2, "eval_every": 0, "checkpoint_every": 0}
+        epochs = {} if self.epochs is None else {"epochs": mu_grid}
+        checks = {"lrs": step_sizes, "task_knobs": knobs, **epochs, "model": text, "task": text}
+        settle(self, "llm", low, **checks)
 
     def check(self) -> None:
         """The task and the model, before anything runs (the model offline: a Hub id must be in
@@ -132,37 +95,24 @@ class LlmSettings:
             raise ValueError(str(exc).replace("--model ", "--llm-model ", 1)) from None
 
 
-#: llm rung settings that choose how its runs execute, not what they compute (parts made with
-#: any value of them are the same parts).
-LLM_EXECUTION = ("ensemble", "scratch", "checkpoint_every")
 register_section(
     "llm",
     LlmSettings,
     lambda record: dict(record.get("extra", {}).get("llm", {})),  # its own seeds, default 8
-    execution=LLM_EXECUTION,
+    execution=("ensemble", "scratch", "checkpoint_every"),  # parts are the same at any value
 )
-
-
-def llm_settings(config: StudyConfig) -> LlmSettings:
-    return config.section("llm")
 
 
 def llm_epochs(config: StudyConfig) -> list[int]:
     """The llm rung's mu grid: its ``epochs``, else the study's."""
-    epochs = llm_settings(config).epochs
+    epochs = config.section("llm").epochs
     return list(config.epochs if epochs is None else epochs)
-
-
-def llm_members(config: StudyConfig) -> int:
-    """The llm rung's ``ensemble`` setting: paired seeds of one rule per job (>= 1)."""
-    return llm_settings(config).ensemble
 
 
 def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts), with the
-    mechanism probes on as on the toy rungs (``sandbox.study.rungs._shared``): ``entropy_law`` always,
-    ``grad_noise`` for a rule with a deterministic counterpart."""
-    s = llm_settings(config)
+    mechanism probes on as on the toy rungs."""
+    s = config.section("llm")
     train = {
         "model": s.model,
         "max_new_tokens": s.max_new_tokens,
@@ -183,7 +133,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         train["checkpoint_every"] = s.checkpoint_every
     return RunSpec.make(
         "llm",
-        "-".join([s.task, *(f"{k}{knob_text(v)}" for k, v in sorted(s.task_knobs.items()))]),
+        task_setting(s.task, s.task_knobs),
         job.rule,
         seed=job.seed,
         steps=steps,
@@ -199,12 +149,12 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
 
 
 def llm_bounds(config: StudyConfig) -> Any:
-    """The llm rung's ceiling (1) and answer baseline on the held-out sets its paired seeds
-    score (``llm.data.task_source``'s, one per seed), for the headroom rule."""
+    """Ceiling 1 and the answer baseline of the held-out sets the paired seeds score
+    (``llm.data.task_source``'s, one per seed)."""
     from envs.reasoning import make_task
     from llm.data import task_source
 
-    s = llm_settings(config)
+    s = config.section("llm")
     sets = [
         task_source(s.task, s.task_knobs, "auto", seed, s.eval_prompts).eval_answers
         for seed in range(s.seeds)
@@ -221,7 +171,7 @@ LLM_STEP_SECONDS = 2.3
 def llm_unit_seconds(config: StudyConfig, group: Any) -> float:
     """``--time-budget``'s first guess for one llm unit: its runs' steps x :data:`LLM_STEP_SECONDS`
     (a calibration run trains ``calib_steps`` steps if set)."""
-    steps = llm_settings(config).steps
+    steps = config.section("llm").steps
     return sum(
         (config.calib_steps or steps if job.phase == "calib" else steps) * LLM_STEP_SECONDS
         for job in group
@@ -233,10 +183,10 @@ register_rung(
         "llm",
         llm_spec,
         epochs=llm_epochs,
-        members=llm_members,
+        members=lambda config: config.section("llm").ensemble,
         written=llm.runs.remove_scratch,  # kept until the run's part is written
         bounds=llm_bounds,
-        unit_seconds=llm_unit_seconds,  # --time-budget's first guess
+        unit_seconds=llm_unit_seconds,
     )
 )
 
@@ -276,31 +226,25 @@ PROFILES: dict[str, dict[str, Any]] = {
         },
     },
 }
+PROG, DESCRIPTION = "python -m llm.claims", __doc__.split("\n\n")[0]
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[StudyConfig, argparse.Namespace]:
-    """The study of a ``python -m llm.claims`` command line (:func:`sandbox.study.cli.parse_study_args`)."""
+    """The study of a ``python -m llm.claims`` command line."""
     return parse_study_args(argv, prog=PROG, description=DESCRIPTION, profiles=PROFILES)
-
-
-#: The llm rung's resumable scratch folder in the study's ``--out`` (unless ``--llm-scratch``).
-SCRATCH = "llm_scratch"
 
 
 def with_scratch(config: StudyConfig, out: Path) -> tuple[StudyConfig, Path | None]:
     """``config`` with the llm rung's ``scratch`` set (``out/llm_scratch`` unless given), so an
-    llm run cut by a command's time limit (``timeout 570 python -m llm.claims ...``) resumes
-    from its checkpoint when the command is run again; the folder (None without the llm rung)."""
+    llm run cut by a command's time limit resumes from its checkpoint when the command is run
+    again; the folder (None without the llm rung)."""
     if "llm" not in config.rungs:
         return config, None
-    settings = llm_settings(config)
+    settings = config.section("llm")
     if settings.scratch is None:
-        settings = dataclasses.replace(settings, scratch=str(out / SCRATCH))
+        settings = dataclasses.replace(settings, scratch=str(out / "llm_scratch"))
     sections = {**config.sections, "llm": settings}
     return dataclasses.replace(config, sections=sections), Path(settings.scratch)
-
-
-PROG, DESCRIPTION = "python -m llm.claims", __doc__.split("\n\n")[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,12 +6,14 @@ What is where:
 - :mod:`.claims`: claims as records, the ledger, Holm, headroom;
 - :mod:`.evidence`: paired intervals, power, tau-b, the verdict classes;
 - :mod:`.config`: :class:`StudyConfig`, the study's constants, a folder's record (``config.json``);
-- :mod:`.rungs`: :class:`Rung`, :data:`RUNGS`, :func:`register_rung`, the toy rungs and their bounds;
+- :mod:`.settings`: each rung's typed settings by section, and their value checks;
+- :mod:`.rungs`: :class:`Rung`, :data:`RUNGS`, the toy rungs and their bounds, :class:`StudyJob`;
 - :mod:`.plan`: the jobs (calibration, study), their parts and specs, :func:`run_study`, calibration;
 - :mod:`.analysis`: per-run scores, the study's ledger, rank agreement, summaries, mechanism checks;
 - :mod:`.tables`: :func:`write_tables` and the figures (:func:`rebuild_tables` is in :mod:`.plan`);
 - :mod:`.transfer`: each claim's effect on every rung side by side, and their sign agreement;
-- :mod:`.page` (+ ``page.md``): the page (docs/claims.md) from a Markdown template and the tables.
+- :mod:`.page` (+ ``page.md``): the page (docs/claims.md) from a Markdown template and the tables;
+- :mod:`.cli`: the command line (``python -m llm.claims`` with the llm rung registered).
 
 Imports flow one way: ``llm`` -> ``sandbox.study`` -> ``sandbox.experiments`` (the run kinds,
 the planner, result storage), never back.
@@ -24,14 +26,13 @@ from .claims import CLAIMS, Bounds, Claim, ledger
 from .config import MARGINS, REFERENCE, StudyConfig, part_fields, read_record, with_folder
 from .plan import (
     BudgetSpent,
-    StudyJob,
     calibrate,
     calibration_jobs,
     rebuild_tables,
     run_study,
     study_jobs,
 )
-from .rungs import RUNGS, Rung, register_rung, task_bounds
+from .rungs import RUNGS, Rung, StudyJob, register_rung, task_bounds
 from .tables import write_tables
 
 __all__ = [

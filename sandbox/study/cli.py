@@ -1,19 +1,14 @@
-"""The claims study's command-line frame, generic over the registered rungs and settings
-sections: the study's own flags from :class:`~.config.StudyConfig`, one flag per section setting
-(``--<section>-<field>``, from the section's dataclass: :mod:`.settings`), named profiles,
-``--claim``/``--claims``, ``--tables-only``, ``--doc``, and the resume line after a signal.
-``python -m llm.claims`` is this frame with the ``llm`` rung registered (:func:`main`).
-
-A removed flag (the global ``--seeds``; ``--<section> KEY=VALUE``, ``--<section>-extra``,
-``--<section>-lr``) and an unknown one are each a one-line error naming it (exit 2), as is a
-section's flag given without a rung of that section.
+"""The claims study's command line, generic over the registered rungs and sections (``python -m
+llm.claims`` is it with the ``llm`` rung registered): the study's own flags from
+:class:`~.config.StudyConfig`, one flag per section setting (``--<section>-<field>``), named
+profiles, ``--claim``/``--claims``, ``--tables-only``, ``--doc``, ``--time-budget``, and the
+resume line after a signal. A bad, unknown or removed flag is a one-line error (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import shlex
 import shutil
 import signal
@@ -27,19 +22,18 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from sandbox.configs import add_arguments, add_study_arguments, key_values
+from sandbox.configs import add_arguments, add_study_arguments, flag, key_values, profile_settings
 from sandbox.experiments.planner import interrupted_line
 from sandbox.experiments.pool import terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
-from .config import StudyConfig
-from .plan import BudgetSpent, rebuild_tables, run_study
+from .config import StudyConfig, used_sections
+from .plan import BudgetSpent, check_time_budget, rebuild_tables, run_study
 from .rungs import RUNGS
-from .settings import SECTIONS, section_fields, section_hints
+from .settings import SECTIONS
 
 #: A hook run before the study: ``prepare(config, out) -> (config, folder or None)``; the folder
-#: (e.g. the llm rung's resumable checkpoints) is named by the resume line and removed once
-#: every run is a part.
+#: (the llm rung's checkpoints) is named by the resume line and removed once every run is a part.
 Prepare = Callable[[StudyConfig, Path], tuple[StudyConfig, Path | None]]
 
 
@@ -51,52 +45,32 @@ class StudyParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def section_flag(section: str, field: str) -> str:
-    """``--<section>-<field>`` (``--tf-eval-prompts``)."""
-    return f"--{section}-{field}".replace("_", "-")
+def section_flags(name: str) -> list[tuple[dataclasses.Field, str, Any]]:
+    """(field, its flag ``--<section>-<field>``, its type hint without None) of each setting of
+    section ``name``."""
+    settings = SECTIONS[name].settings
+    hints = typing.get_type_hints(settings)
+    out = []
+    for f in dataclasses.fields(settings):
+        hint = hints[f.name]
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        out.append((f, flag(f"{name}_{f.name}"), hint))
+    return out
 
 
 def removed_flags() -> dict[str, str]:
     """Flags of earlier versions and what replaced each (one line)."""
-    seeds = ", ".join(section_flag(name, "seeds") for name in SECTIONS)
+    seeds = ", ".join(flag(f"{name}_seeds") for name in SECTIONS)
     out = {"--seeds": f"--seeds is gone: paired seeds are set per rung ({seeds})"}
     for name in SECTIONS:
-        names = [f.name for f in section_fields(name)]
-        one = f"one flag per setting: {', '.join(section_flag(name, n) for n in names)}"
+        flags = [option for _, option, _ in section_flags(name)]
+        one = f"one flag per setting: {', '.join(flags)}"
         out[f"--{name}"] = f"--{name} KEY=VALUE is gone: {one}"
         out[f"--{name}-extra"] = f"--{name}-extra is gone: {one}"
-        if "lrs" in names:
-            out[f"--{name}-lr"] = f"--{name}-lr is gone: the step-size grid is " + section_flag(
-                name, "lrs"
-            )
+        if flag(f"{name}_lrs") in flags:
+            out[f"--{name}-lr"] = f"--{name}-lr is gone: the step-size grid is --{name}-lrs"
     return out
-
-
-def _add_section_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """One flag per field of section ``name`` (default None: only what is given is set)."""
-    hints = section_hints(name)
-    group = parser.add_argument_group(f"{name} settings", f"rungs: {_rungs_of(name)}")
-    for f in section_fields(name):
-        base, kind = _field_type(hints[f.name])
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        kw: dict[str, Any] = {"dest": f"{name}__{f.name}", "default": None}
-        kw["help"] = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
-        if base is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif base is list:
-            kw.update(nargs="+", type=typing.get_args(kind)[0], metavar="X")
-        elif base is dict:
-            kw.update(nargs="+", metavar="KEY=VALUE")
-        else:
-            kw["type"] = base
-        group.add_argument(section_flag(name, f.name), **kw)
-
-
-def _field_type(hint: Any) -> tuple[type, Any]:
-    """``list[float] | None`` -> ``(list, list[float])``; ``int`` -> ``(int, int)``."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    return typing.get_origin(hint) or hint, hint
 
 
 def _rungs_of(section: str) -> str:
@@ -104,7 +78,8 @@ def _rungs_of(section: str) -> str:
 
 
 def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> StudyParser:
-    """The study's parser: the shared study flags, the study's own settings, every section's."""
+    """The study's parser: the shared study flags, the study's own settings, one flag per
+    section setting (default None: only what is given is set)."""
     parser = StudyParser(prog=prog, description=description, allow_abbrev=False)
     add_study_arguments(parser, dict(profiles), "claims", "results/claims")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
@@ -125,19 +100,42 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
         help="claims of your own from a .toml/.yaml file: a list 'claims' of records (name, "
         "rule_a, rule_b, direction, metric; margin, source, where, statement optional)",
     )
-    add_time_budget(parser)
+    parser.add_argument(
+        "--time-budget",
+        default=None,
+        metavar="SECONDS",
+        help="run only the next units (one rule x one group of seeds) that fit in SECONDS: no "
+        "unit starts that would not end in time (the longest of its kind so far), units still "
+        "running at the end are stopped as on SIGTERM (llm runs keep their checkpoint), every "
+        f"finished unit is a part; exit {BUDGET_EXIT} with the count left and the command to go on",
+    )
     add_arguments(parser, StudyConfig, unset=True, skip=("sections", "claims", "rng"))
     for name in SECTIONS:
-        _add_section_arguments(parser, name)
+        group = parser.add_argument_group(f"{name} settings", f"rungs: {_rungs_of(name)}")
+        for f, option, hint in section_flags(name):
+            default = (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            )
+            kw: dict[str, Any] = {"dest": f"{name}__{f.name}", "default": None}
+            kw["help"] = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
+            base = typing.get_origin(hint) or hint
+            if base is bool:
+                kw["action"] = argparse.BooleanOptionalAction
+            elif base is list:
+                kw.update(nargs="+", type=typing.get_args(hint)[0], metavar="X")
+            elif base is dict:
+                kw.update(nargs="+", metavar="KEY=VALUE")
+            else:
+                kw["type"] = base
+            group.add_argument(option, **kw)
     return parser
 
 
 def parse_study_args(
     argv: Sequence[str] | None, *, prog: str, description: str, profiles: Mapping[str, Any]
 ) -> tuple[StudyConfig, argparse.Namespace]:
-    """The :class:`StudyConfig` of a command line: the profile's settings (``--quick``:
-    ``quick``; a section's under its name), then every flag given; ``ValueError`` for a removed
-    flag, a section's flag without a rung of that section, or a bad value."""
+    """The :class:`StudyConfig` of a command line: the profile's settings (a section's under its
+    name), then every flag given; ``ValueError`` naming a removed or misplaced flag."""
     argv = list(sys.argv[1:] if argv is None else argv)
     removed = removed_flags()
     for word in argv:
@@ -145,29 +143,21 @@ def parse_study_args(
             raise ValueError(removed[word.split("=", 1)[0]])
     args = build_parser(prog, description, profiles).parse_args(argv)
     args.time_budget = time_budget(args.time_budget)
-    profile = "quick" if args.quick else args.profile
-    args.out = args.out or f"runs/claims-{profile}"
-    chosen = dict(profiles[profile])
-    sections = {name: dict(chosen.pop(name, {})) for name in SECTIONS}
-    settings = {**chosen}
-    for f in dataclasses.fields(StudyConfig):
-        if getattr(args, f.name, None) is not None:
-            settings[f.name] = getattr(args, f.name)
-    rungs = settings.get("rungs", StudyConfig().rungs)
+    settings = profile_settings(args, StudyConfig, dict(profiles), "claims")
+    sections = {name: dict(settings.pop(name, {})) for name in SECTIONS}
+    used = used_sections(settings.get("rungs", StudyConfig().rungs))
     for name in SECTIONS:
-        for f in section_fields(name):
+        for f, option, hint in section_flags(name):
             value = getattr(args, f"{name}__{f.name}")
             if value is None:
                 continue
-            flag = section_flag(name, f.name)
-            used = any(RUNGS[r].section == name for r in rungs if r in RUNGS)
-            if not args.tables_only and not used:
+            if not args.tables_only and name not in used:
                 raise ValueError(
-                    f"{flag}: does not apply without a rung of its section "
+                    f"{option}: does not apply without a rung of its section "
                     f"(--rungs ... {_rungs_of(name).split(', ')[0]})"
                 )
-            if _field_type(section_hints(name)[f.name])[0] is dict:  # typed key=value pairs
-                value = key_values(value, flag)
+            if (typing.get_origin(hint) or hint) is dict:  # typed key=value pairs
+                value = key_values(value, option)
             sections[name][f.name] = value
     claims = [parse_claim(text) for text in args.claim]
     claims += read_claims(args.claims) if args.claims else []
@@ -178,41 +168,22 @@ def parse_study_args(
     return StudyConfig(**settings, sections=sections), args
 
 
-# -- --time-budget (issue 28 item 5): the flag, its check and its closing line -----------------
-
-#: Exit status of a study that its time budget stopped with units left (sysexits' EX_TEMPFAIL:
-#: "try again later"; the same command goes on).
+#: Exit status of a study that its time budget (``--time-budget``) stopped with units left
+#: (sysexits' EX_TEMPFAIL: "try again later"; the same command goes on).
 BUDGET_EXIT = 75
-
-
-def add_time_budget(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--time-budget",
-        default=None,
-        metavar="SECONDS",
-        help="run only the next units (one rule x one group of seeds) that fit in SECONDS: no "
-        "unit starts that would not end in time (the longest of its kind so far), units still "
-        "running at the end are stopped as on SIGTERM (llm runs keep their checkpoint), every "
-        f"finished unit is a part; exit {BUDGET_EXIT} with the count left and the command to go on",
-    )
 
 
 def time_budget(text: str | None) -> float | None:
     """``--time-budget``'s seconds (None: no budget); a ``ValueError`` naming the flag."""
-    if text is None:
-        return None
     try:
-        seconds = float(text)
+        return None if text is None else check_time_budget(float(text))
     except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"--time-budget must be a number of seconds > 0, got {text!r}")
-    return seconds
+        raise ValueError(f"--time-budget must be a number of seconds > 0, got {text!r}") from None
 
 
 def budget_spent(exc: BudgetSpent, argv: Sequence[str] | None, prog: str) -> int:
-    """The closing line of a study stopped by its budget (units left, the command that goes on:
-    this one without ``--force``); the exit status :data:`BUDGET_EXIT`."""
+    """The closing line of a study stopped by its budget (the command that goes on: this one
+    without ``--force``); :data:`BUDGET_EXIT`."""
     given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--force"]
     again = shlex.join([*prog.split(), *given])
     print(f"{exc}; continue with: {again}", file=sys.stderr)

@@ -1,6 +1,5 @@
-"""The claims study's settings (:class:`StudyConfig`), its constants, and the record of a study
-folder (``config.json``: :func:`read_record`, :func:`record_calibration`, :func:`with_folder`;
-:func:`part_fields`: what a folder's parts depend on)."""
+"""The claims study's settings (:class:`StudyConfig`), its constants, and a study folder's record
+(``config.json``) with what its parts depend on (:func:`part_fields`)."""
 
 from __future__ import annotations
 
@@ -12,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.configs import arg, check_device, check_int
-from sandbox.experiments.results import changed_settings
+from sandbox.experiments.results import changed_settings, write_text
 from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
 
 from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
 from .rungs import RUNGS, members_per_job
-from .settings import SECTIONS, migrate, mu_grid, section_settings
+from .settings import SECTIONS, migrate, mu_grid, section_settings, unknown
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -87,9 +86,7 @@ class StudyConfig:
             raise ValueError(f"sections must be a mapping of sections, got {self.sections!r}")
         for name in self.sections:
             if name not in SECTIONS:
-                raise ValueError(
-                    f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}"
-                )
+                raise unknown("section", name, SECTIONS)
         given = dict(self.sections)
         self.sections = {name: section_settings(name, given.get(name)) for name in SECTIONS}
         if not isinstance(self.claims, list):
@@ -97,8 +94,8 @@ class StudyConfig:
         self.claims = [claim_record(claim_from_record(c)) for c in self.claims]
 
     def validate(self) -> None:
-        """``ValueError`` naming the first bad field: every setting is checked here, before
-        anything runs or a folder's ``config.json`` is written."""
+        """``ValueError`` naming the first bad field, before anything runs or ``config.json`` is
+        written."""
         self.check_claims()  # first: a claim's unknown rule is named with its claim
         if self.rng != RNG:
             raise ValueError(
@@ -111,14 +108,12 @@ class StudyConfig:
             raise ValueError(f"rules must include the reference rule {REFERENCE!r}")
         for rung in self.rungs:
             if rung not in RUNGS:
-                raise ValueError(f"rungs: unknown rung {rung!r}; rungs: {', '.join(RUNGS)}")
+                raise unknown("rung", rung, RUNGS)
             members_per_job(self, rung)  # ValueError naming the rung's setting
-        for name in ("minibatches", "calib_seeds"):
-            check_int(name, getattr(self, name))
-        check_int("group_size", self.group_size, 2)  # group-relative advantages
-        check_int("calib_steps", self.calib_steps, 0)
-        for name in ("target_low", "target_high"):
-            value = getattr(self, name)
+        low = {"minibatches": 1, "calib_seeds": 1, "group_size": 2, "calib_steps": 0}
+        for name, bound in low.items():  # group_size 2: group-relative advantages
+            check_int(name, getattr(self, name), bound)
+        for name, value in (("target_low", self.target_low), ("target_high", self.target_high)):
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"{name} must be a number, got {value!r}")
         if not 0 <= self.target_low < self.target_high <= 1:
@@ -143,7 +138,7 @@ class StudyConfig:
     def section(self, name: str) -> Any:
         """The settings of section ``name`` (:mod:`.settings`), e.g. ``config.section("tf")``."""
         if name not in self.sections:
-            raise ValueError(f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}")
+            raise unknown("section", name, SECTIONS)
         return self.sections[name]
 
     def seeds(self, rung: str) -> int:
@@ -153,7 +148,7 @@ class StudyConfig:
     def check_claims(self) -> None:
         """``ValueError`` for an own claim whose rule is unknown or not in ``rules``, or a claim
         name used twice (the papers' included)."""
-        for claim in own_claims(self):
+        for claim in map(claim_from_record, self.claims):
             for rule in claim.rules:
                 try:
                     objective_of(rule)
@@ -167,9 +162,8 @@ class StudyConfig:
             raise ValueError(f"claims: the name(s) {twice} are used twice (the papers' included)")
 
     def fields_of_parts(self) -> dict[str, Any]:
-        """What every part depends on besides its name (rung, rule, step size, base seed): a
-        folder's parts are reused only while these are unchanged (:func:`part_fields`; ``rng``
-        among them)."""
+        """:func:`part_fields` of this config: a folder's parts are reused only while these are
+        unchanged."""
         return part_fields(asdict(self))
 
 
@@ -177,24 +171,18 @@ class StudyConfig:
 FIELDS = tuple(f.name for f in fields(StudyConfig))
 
 
-def own_claims(config: StudyConfig) -> list[Claim]:
-    """The claims given with ``--claim`` / ``--claims FILE`` (recorded in ``config.json``)."""
-    return [claim_from_record(c) for c in config.claims]
-
-
 def study_claims(config: StudyConfig | None) -> tuple[Claim, ...]:
-    """The claims a study's ledger tests: the papers' (:data:`.claims.CLAIMS`) and its own."""
-    return CLAIMS if config is None else (*CLAIMS, *own_claims(config))
+    """The claims a study's ledger tests: the papers' (:data:`.claims.CLAIMS`) and its own
+    (``--claim``, ``--claims FILE``)."""
+    return CLAIMS if config is None else (*CLAIMS, *map(claim_from_record, config.claims))
 
 
 def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a study (a :class:`StudyConfig` as a dict, or a folder's recorded
-    ``config.json``) that its parts depend on. Not among them: the rules, rungs and claims (a
-    folder's study grows by them: :func:`with_folder`), the calibrated point (recorded after
-    calibration) and a rung's execution settings (:attr:`Rung.execution`, e.g. the llm rung's
-    ``ensemble``: parts made with any value are interchangeable). The step-size and mu grids are
-    among them: another grid calibrates to another point, and a folder holding study runs at two
-    points would mix them."""
+    """The settings of a study (a :class:`StudyConfig` as a dict, or a folder's ``config.json``)
+    that its parts depend on besides their names (rung, rule, step size, base seed). Not among
+    them: the rules, rungs and claims (a folder's study grows by them: :func:`with_folder`), the
+    calibrated point, and a section's execution settings (:attr:`.settings.Section.execution`).
+    The step-size and mu grids are among them: another grid calibrates to another point."""
     skip = ("rules", "rungs", "claims", "sections", CALIBRATED)
     values = migrate(values, FIELDS)
     out = {k: v for k, v in values.items() if k not in skip}
@@ -215,8 +203,8 @@ def used_sections(rungs: Sequence[str]) -> set[str]:
 
 def changed_parts(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """The planner's comparison of a folder's record with a run's :func:`part_fields`: every
-    changed setting, except those of a section none of the record's rungs used (a rung of it
-    joins the folder now, and the folder's parts do not depend on them)."""
+    changed setting, except those of a section no rung of the record used (its parts do not
+    depend on them)."""
     new = [f"{n}_" for n in SECTIONS if n not in used_sections(previous.get("rungs") or ())]
     now = {k: v for k, v in now.items() if not any(k.startswith(p) for p in new)}
     return changed_settings(part_fields(previous), now)
@@ -228,8 +216,7 @@ CALIBRATED = "calibrated"
 
 def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, int]] | None]:
     """A study folder's ``config.json``: its settings and, once calibrated, each rung's
-    calibrated (step size, epochs). A record without ``rng`` was made with the toy trainers'
-    earlier random-number scheme: its config's ``rng`` is ``None``."""
+    calibrated (step size, epochs); ``rng`` None where the record has none (made before)."""
     path = Path(out) / "config.json"
     try:
         values = json.loads(path.read_text())
@@ -247,22 +234,19 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
 
 
 def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
-    """Write ``config.json`` with the calibrated point of every rung (atomically)."""
+    """Write ``config.json`` with the calibrated point of every rung."""
     values = asdict(config)
     if values["rng"] is None:  # a record made before rng was recorded stays without it
         del values["rng"]
     record = {**values, CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
-    tmp = out / "config.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2, default=str))
-    tmp.replace(out / "config.json")
+    write_text(json.dumps(record, indent=2, default=str), Path(out) / "config.json")
 
 
 def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> StudyConfig:
-    """``config`` grown by what the study folder ``out`` already holds: the union of its rules,
-    rungs and own claims with the folder's (in the folder's order, new ones after), so that a
-    run with a subset or other rules adds to the folder's tables instead of shrinking them (the
-    folder's runs are reused). With ``force`` (the parts are recomputed) or a new folder:
-    ``config`` itself. A claim of the folder's name that says something else is refused."""
+    """``config`` grown by what the study folder ``out`` already holds (unless ``force`` or a new
+    folder): the union of its rules, rungs and own claims with the folder's, the folder's first,
+    so a run of fewer or other rules adds to the folder's tables. A claim of a recorded name
+    that says something else is refused."""
     path = Path(out) / "config.json"
     if force or not path.is_file() or not any((Path(out) / "parts").glob("*.parquet")):
         return config

@@ -1,30 +1,23 @@
-"""The claims study's plan: calibrate each rung, then run every claim rule paired by seed; the
-jobs, their parts and specs, and the calibration.
+"""The claims study's plan: calibrate each rung, then run every claim rule paired by seed.
 
-Two phases, both run specs (:mod:`sandbox.experiments.runs`) through the one planner
-(:class:`sandbox.experiments.planner.RunFolder`:
-resumable parts, progress bar, the refusal of a folder made with other settings):
+Both phases are run specs (:mod:`sandbox.experiments.runs`) through the one planner
+(:class:`~sandbox.experiments.planner.RunFolder`: resumable parts, progress, the refusal of a
+folder made with other settings); a part is named by its :attr:`.rungs.StudyJob.part`.
 
-1. **Calibration** (parts ``calib__<rung>__lr=<lr>``): the reference rule ``dapo`` on a short grid
-   of step sizes, ``calib_seeds`` seeds, ``calib_steps`` steps (default: the rung's run length). Its clip share (``clip_low_frac +
-   clip_high_frac``, the objective's own Z_lo/Z_hi token shares, averaged over steps and seeds)
-   against the step size is the curve; :func:`pick_step_size` takes the grid point inside the
-   target band (default 5-10%) closest to its middle, else the one closest to the band.
-2. **Study** (parts ``study__<rung>__<rule>__lr=<lr>``): every rule at the rung's calibrated step
-   size, ``seeds`` paired seeds. The same aggregation for every rule (``token-mean``; the papers'
-   own with ``paper_aggregation``).
+1. **Calibration**: the reference rule ``dapo`` on each rung's step-size grid times its mu grid,
+   ``calib_seeds`` seeds, ``calib_steps`` steps (default: the rung's run length). Its clip share
+   (``clip_low_frac + clip_high_frac``, averaged over steps and seeds) against the step size is
+   the curve; :func:`pick_step_size` picks the point in the target band (default 5-10%).
+2. **Study**: every rule at the rung's calibrated point, the rung's paired seeds, one aggregation
+   for every rule (``token-mean``; the papers' own with ``paper_aggregation``).
 
-Pairing: a seed fixes the prompts, the held-out set and the initial model for every rule on a rung.
-On the toy rungs the ``seeds`` paired seeds are the replicates of one vectorised run (replicate
-``s`` of every rule starts from the same weights and sees the same prompt stream and the same first
-rollout: ``tests/test_study_plan.py`` checks it; every later rollout comes from the same
-fixed noise, :mod:`sandbox.streams`, so pairs stay paired while the policies agree; on tiny_tf
-replicate ``s`` of every rule scores the same held-out set, each replicate its own, and a study
-records the scheme as ``rng``); the exact flow is deterministic (one
-"seed"); a rung whose kind trains one seed per run (``llm``) runs one spec per seed, and one
-job runs up to :attr:`Rung.members` of one rule's seeds (``llm``: as one ensemble), each seed
-still its own part (``study__<rung>__<rule>__lr=<lr>__s<seed>``), so parts made either way are
-interchangeable and a resumed study reruns no finished seed.
+Pairing: a seed fixes the prompts, the held-out set and the initial model for every rule on a
+rung. On the toy rungs the paired seeds are the replicates of one vectorised run (replicate ``s``
+of every rule starts from the same weights and sees the same prompts and first rollout, later
+ones from the same fixed noise, :mod:`sandbox.streams`; the study records the scheme as ``rng``);
+the exact flow is one deterministic "seed"; a kind that trains one seed per spec (``llm``) runs
+one spec per seed, up to :attr:`.rungs.Rung.members` of them per job, each seed its own part, so
+a resumed study reruns no finished seed.
 """
 
 from __future__ import annotations
@@ -53,8 +46,7 @@ from .config import (
     record_calibration,
     with_folder,
 )
-from .jobs import StudyJob
-from .rungs import RUNGS, members_per_job, rung_rules
+from .rungs import RUNGS, StudyJob, members_per_job, rung_rules
 from .tables import write_tables
 
 ROW_COLUMNS = (
@@ -74,12 +66,8 @@ ROW_COLUMNS = (
 )
 
 
-# -- planning ---------------------------------------------------------------------------------
-
-
 def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
-    """Every calibration run: the reference rule on the rung's step-size grid times its mu
-    grid."""
+    """Every calibration run: the reference rule on each rung's step-size grid x mu grid."""
     return [
         StudyJob("calib", rung, REFERENCE, lr, mu, 0)
         for rung in config.rungs
@@ -89,8 +77,7 @@ def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
 
 
 def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -> list[StudyJob]:
-    """Every study run at each rung's calibrated (step size, epochs); a rung without replicates
-    runs one spec per seed."""
+    """Every study run at each rung's calibrated (step size, epochs)."""
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
@@ -102,9 +89,8 @@ def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -
 
 
 def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[StudyJob, ...]]:
-    """``jobs`` in groups run as one job: the seeds of one (phase, rung, rule, step size, mu) in
-    order, at most :func:`members_per_job` per group; every other job alone. Pass the unfinished
-    jobs only: a resumed study groups what is left and reruns no finished seed."""
+    """``jobs`` in groups run as one: the seeds of one :attr:`StudyJob.point`, in order, at most
+    :func:`members_per_job` per group. Pass the unfinished jobs only."""
     groups: dict[Any, list[StudyJob]] = {}
     for job in jobs:
         key = job.point if members_per_job(config, job.rung) > 1 else job
@@ -118,8 +104,7 @@ def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[Stud
 
 def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     """The run spec of ``job``: a calibration run trains ``calib_seeds`` seeds for
-    ``calib_steps`` steps (0: the rung's run length), a study run the rung's paired seeds (one
-    per spec on a rung without replicates)."""
+    ``calib_steps`` steps (0: the rung's run length), a study run the rung's paired seeds."""
     r = RUNGS[job.rung]
     if job.phase == "calib":
         seeds, steps = config.calib_seeds, config.calib_steps or r.steps(config)
@@ -129,21 +114,20 @@ def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
 
 
 def run_job(config: StudyConfig, job: StudyJob) -> list[pd.DataFrame]:
-    """One run as the study's tidy rows: phase, rung, rule, lr, epochs, seed (paired id), step
-    and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
+    """One run as the study's tidy rows (:func:`job_rows`)."""
     return run_jobs(config, (job,))
 
 
 def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame]:
-    """The runs of ``jobs`` (a group of :func:`job_groups`) in one :func:`~.runs.run_specs`
-    call (a batched kind runs them as one program), one frame of tidy rows per job
-    (:func:`job_rows`)."""
+    """The runs of a group of :func:`job_groups` in one :func:`~.runs.run_specs` call, as
+    :func:`job_rows`."""
     frames = run_specs([job_spec(config, job) for job in jobs])
     return [job_rows(job, frame) for job, frame in zip(jobs, frames, strict=True)]
 
 
 def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
-    """A run kind's frame of ``job`` as the study's rows."""
+    """A run kind's frame of ``job`` as the study's tidy rows: phase, rung, rule, lr, epochs,
+    seed (paired id), step and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
     kind = RUNGS[job.rung].traits
     if kind.replicates and not kind.deterministic:  # replicate s -> base + s
         seed = frame["seed"] + job.seed
@@ -159,9 +143,7 @@ def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
-    """The planner's job of one group: its key, parts, arguments and cost class (phase and
-    rung: a time budget expects the longest unit of the class seen so far, else the rung's
-    ``unit_seconds``)."""
+    """The planner's job (a unit) of one group; its cost class is the phase and rung."""
     first = group[0]
     guess = RUNGS[first.rung].unit_seconds
     return Job(
@@ -174,8 +156,16 @@ def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
 
 
 def _run(
-    folder: RunFolder, config: StudyConfig, jobs: list[StudyJob], desc: str, **kw: Any
-) -> list[Job]:
+    folder: RunFolder,
+    config: StudyConfig,
+    jobs: list[StudyJob],
+    desc: str,
+    done: int,
+    budget: float | None,
+    **kw: Any,
+) -> int:
+    """Run the unfinished ``jobs`` in groups; the count of units done so far (``done`` and this
+    call's), or :class:`BudgetSpent` if the time budget left some."""
     left = [j for j in jobs if not folder.done(j.part)]
     todo = [_unit(config, group) for group in job_groups(config, left)]
 
@@ -185,7 +175,13 @@ def _run(
             if hook is not None:
                 hook(job_spec(config, one))
 
-    return folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
+    unrun = folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
+    done += len(todo) - len(unrun)
+    if unrun:  # only a deadline leaves units without an error
+        in_calib, in_study = _units_left(folder, config)
+        assert budget is not None
+        raise BudgetSpent(budget, in_calib + in_study, in_calib, done, len(folder.stopped))
+    return done
 
 
 def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
@@ -198,11 +194,9 @@ def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[floa
 
 
 class BudgetSpent(Exception):
-    """:func:`run_study`'s time budget ended the call before every unit ran. ``left``: units
-    (planner jobs: one rule x one group of seeds) still to run, ``calibration`` of them in the
-    calibration phase (the study's units then count all of them); ``done``: units this call
-    finished; ``stopped``: units the budget's end stopped while they ran (an llm run keeps its
-    checkpoint and goes on from it). The folder's parts are complete and resumable."""
+    """:func:`run_study`'s time budget ended the call with units (one rule x one group of seeds)
+    left: ``left`` in all, ``calibration`` of them in the calibration phase; ``done`` this call;
+    ``stopped``: those the budget's end stopped while they ran."""
 
     def __init__(self, budget: float, left: int, calibration: int, done: int, stopped: int):
         self.budget, self.left, self.calibration = budget, left, calibration
@@ -227,8 +221,7 @@ def check_time_budget(value: Any) -> float:
 
 
 def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
-    """Units still to run: in the calibration and in the study (a rung whose calibration is
-    unfinished counts every study unit)."""
+    """Units still to run in the calibration and in the study."""
     calib = [j for j in calibration_jobs(config) if not folder.done(j.part)]
     open_rungs = {j.rung for j in calib}
     done_rungs = replace(config, rungs=[r for r in config.rungs if r not in open_rungs])
@@ -252,11 +245,9 @@ def run_study(
 ) -> pd.DataFrame:
     """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows.
 
-    ``time_budget`` (seconds from this call's start): units start while each is expected to end
-    within it (the longest unit of its phase and rung seen so far, else the rung's
-    ``unit_seconds``), units still running when it ends are stopped as on SIGTERM
-    (:meth:`RunFolder.run`'s ``deadline``), and :class:`BudgetSpent` says what is left when any
-    unit is; every finished unit is a part, so the same call again goes on."""
+    ``time_budget`` (seconds from this call's start): a unit starts only while it is expected to
+    end in time (:meth:`RunFolder.expected`), units still running at the end are stopped as on
+    SIGTERM, and :class:`BudgetSpent` says what is left; the same call again goes on."""
     deadline = None if time_budget is None else time.monotonic() + check_time_budget(time_budget)
     config.validate()
     config = with_folder(config, out, force)
@@ -269,24 +260,11 @@ def run_study(
         compare=changed_parts,
         device=config.device,
     )
-    calib = calibration_jobs(config)
     kw = {"progress": progress, "workers": workers, "deadline": deadline}
-    done = 0
-    for phase, desc in (("calib", "calibration"), ("study", "claims")):
-        if phase == "calib":
-            jobs = calib
-        else:
-            point = calibrate(calibration_curve(read_parts(folder.parts)), config)
-            record_calibration(folder.out, config, point)
-            jobs = study_jobs(config, point)
-        before = len(job_groups(config, [j for j in jobs if not folder.done(j.part)]))
-        left = _run(folder, config, jobs, desc, **kw)
-        done += before - len(left)
-        if left:
-            in_calib, in_study = _units_left(folder, config)
-            assert time_budget is not None  # only a deadline leaves units without an error
-            stopped = len(folder.stopped)
-            raise BudgetSpent(time_budget, in_calib + in_study, in_calib, done, stopped)
+    done = _run(folder, config, calibration_jobs(config), "calibration", 0, time_budget, **kw)
+    point = calibrate(calibration_curve(read_parts(folder.parts)), config)
+    record_calibration(folder.out, config, point)
+    _run(folder, config, study_jobs(config, point), "claims", done, time_budget, **kw)
     files = study_files(folder.parts, config, point)
     rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
     write_tables(rows, folder.out, config)
@@ -295,10 +273,8 @@ def run_study(
 
 def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[str, pd.DataFrame]:
     """``--tables-only``: the tables of the study recorded in ``out/config.json`` (else
-    ``config``) from its parts: the calibration grid and every rule at the calibrated point the
-    record holds (a record without one: calibrated again from the parts). Parts of other
-    settings in ``out/parts`` (another step size or mu, rules or rungs of no record) are left
-    out, so the tables never mix two calibrations."""
+    ``config``; claims in ``config`` join the record's) from :func:`study_files` at the recorded
+    calibrated point (without one: calibrated again from the parts)."""
     out = Path(out)
     files = sorted((out / "parts").glob("*.parquet"))
     if not files:
@@ -334,8 +310,8 @@ def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[s
 
 def pick_step_size(curve: pd.DataFrame, low: float, high: float) -> tuple[float, int]:
     """The (step size, epochs) of ``curve`` (columns ``lr``, ``epochs``, ``clip_share``) whose
-    clip share lies in ``[low, high]`` closest to the band's middle; with none inside, the one
-    closest to the band; at equal distance the fewer epochs (cheaper), then the smaller step."""
+    clip share lies in ``[low, high]`` closest to its middle, else closest to the band; at equal
+    distance the fewer epochs, then the smaller step."""
     if curve.empty:
         raise ValueError("curve: no calibration points")
     curve = curve.sort_values(["epochs", "lr"], kind="stable")

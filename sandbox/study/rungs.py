@@ -1,7 +1,8 @@
-"""The study's rungs: a :class:`Rung` is a run kind (:mod:`sandbox.experiments.runs`) with the
-study's settings for it (its spec, step-size and mu grids, run length, paired seeds, bounds).
-:data:`RUNGS` holds the toy rungs registered here, in ladder order (cheapest first); the ``llm``
-rung is added by ``llm.claims`` (``sandbox`` never imports ``llm``) with :func:`register_rung`."""
+"""The study's rungs and its unit of work. A :class:`Rung` is a run kind
+(:mod:`sandbox.experiments.runs`) with the study's settings for it; :data:`RUNGS` holds the toy
+rungs registered here, in ladder order (cheapest first); ``llm.claims`` adds the ``llm`` rung with
+:func:`register_rung` (``sandbox`` never imports ``llm``). A :class:`StudyJob` is one run of one
+rung; the rung maps it to a run spec, the planner (:mod:`.plan`) makes and groups them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from sandbox.experiments.results import part_name
 from sandbox.experiments.runs import (
     RunKind,
     RunSpec,
@@ -23,62 +25,78 @@ from sandbox.experiments.runs import (
 from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
-from .jobs import StudyJob
-from .settings import knob_text, section_settings
+from .settings import section_settings, task_setting, unknown
 
 if TYPE_CHECKING:
     from .config import StudyConfig
 
 
 @dataclass(frozen=True)
-class Rung:
-    """A rung: a run kind (``kind``, default the rung's name) with its spec for a job
-    (:class:`~.jobs.StudyJob`: rule, step size, mu, base seed; ``spec(config, job, seeds=...,
-    steps=...)``) and its typed settings (``section``, default the rung's name: a registered
-    section of :mod:`.settings`, ``config.section(name)``; its ``seeds`` are the rung's paired
-    seeds). Its step-size ``grid`` and run length ``steps`` default to the section's ``lrs`` and
-    ``steps``; ``epochs`` is its mu grid (the epochs calibration tries with each step size; the
-    spec's ``epochs`` is replaced by the job's; default the study's). What the kind is
-    (deterministic or sampled, whether one spec trains all paired seeds, which columns are the
-    study's ``pass_rate`` and ``train_reward``, whether it logs step 0) is read from the kind's
-    traits (:attr:`traits`, :func:`~sandbox.experiments.runs.run_kind`), never repeated here.
+class StudyJob:
+    """One run of the study: ``phase`` (``calib`` or ``study``), ``rung``, ``rule``, step size
+    ``lr``, ``epochs`` (mu) and base ``seed`` (the paired seed of a rung without replicates; 0
+    where one spec trains every paired seed)."""
 
-    A rung whose kind has no replicates runs one spec per paired seed; ``members(config)``
-    (default 1) bounds how many of one rule's seeds (at one step size and mu) run as one job:
-    their specs go to :func:`~.runs.run_specs` together, so a batched kind trains them as one
-    program (``llm``: one ensemble), and each seed is still written as its own part
-    (:func:`job_groups`). ``check(config)``: a ``ValueError`` naming a bad setting of the rung
-    beyond its section's own checks (:meth:`StudyConfig.validate`, before anything runs).
-    ``written(spec)``: called once a run's part is written (``llm``: its resumable scratch
-    folder, kept until then, goes). ``bounds(config)``: the ceiling and the answer baseline of
-    the rung's pass metrics (:class:`~.claims.Bounds`), for the headroom rule
-    (:func:`~.claims.headroom`)."""
+    phase: str
+    rung: str
+    rule: str
+    lr: float
+    epochs: int
+    seed: int
+
+    @property
+    def part(self) -> str:
+        """The job's part file name (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``):
+        parts on disk are found again by it, so it never changes."""
+        lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
+        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
+
+    @property
+    def point(self) -> tuple[str, str, str, float, int]:
+        """Everything but the seed: the jobs of one point may run as one group."""
+        return self.phase, self.rung, self.rule, self.lr, self.epochs
+
+
+@dataclass(frozen=True)
+class Rung:
+    """A rung: a run kind (``kind``, default the rung's name) and its settings ``section``
+    (default the rung's name; ``config.section(name)``, whose ``seeds`` are the rung's paired
+    seeds). What the kind is (deterministic or sampled, with replicates or one seed per spec, its
+    columns, whether it logs step 0) is read from :attr:`traits`, never repeated here.
+
+    - ``spec(config, job, *, seeds, steps)``: the :class:`RunSpec` of a :class:`StudyJob` (its
+      ``epochs`` is replaced by the job's);
+    - ``grid``, ``steps``: its step-size grid and run length (default the section's ``lrs`` and
+      ``steps``); ``epochs``: its mu grid (default the study's);
+    - ``members(config)``: on a kind without replicates, how many of one rule's seeds one job
+      runs through :func:`~.runs.run_specs` together (``llm``: one ensemble; default 1), each
+      still its own part;
+    - ``check(config)``: a ``ValueError`` naming a bad setting beyond its section's own checks;
+    - ``written(spec)``: called once a run's part is written (``llm``: its scratch folder goes);
+    - ``bounds(config)``: the ceiling and answer baseline of its pass metrics, for the headroom
+      rule (:func:`~.claims.headroom`);
+    - ``unit_seconds(config, group)``: a time budget's first guess for one job before any has
+      run (None: 0)."""
 
     name: str
-    spec: Callable[..., RunSpec]  # (config, job, *, seeds, steps)
-    section: str = ""  # its settings section (default: the rung's name)
-    kind: str = ""  # its run kind (default: the rung's name)
-    grid: Callable[[StudyConfig], list[float]] | None = None  # default: the section's lrs
-    steps: Callable[[StudyConfig], int] | None = None  # default: the section's steps
+    spec: Callable[..., RunSpec]
+    section: str = ""
+    kind: str = ""
+    grid: Callable[[StudyConfig], list[float]] | None = None
+    steps: Callable[[StudyConfig], int] | None = None
     epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
-    members: Callable[[StudyConfig], int] | None = None  # seeds per job (default 1)
-    check: Callable[[StudyConfig], None] | None = None  # ValueError naming a bad setting
-    written: Callable[[RunSpec], None] | None = None  # after a run's part is written
-    bounds: Callable[[StudyConfig], Bounds] | None = None  # ceiling and answer baseline
-    # seconds one job of these jobs (one group) is expected to take before any has run (a time
-    # budget's first guess, :func:`~.plan.run_study`); None: 0, the first job of a kind starts
+    members: Callable[[StudyConfig], int] | None = None
+    check: Callable[[StudyConfig], None] | None = None
+    written: Callable[[RunSpec], None] | None = None
+    bounds: Callable[[StudyConfig], Bounds] | None = None
     unit_seconds: Callable[[StudyConfig, Sequence[StudyJob]], float] | None = None
 
     def __post_init__(self) -> None:
         section = self.section or self.name
-        defaults = {
-            "section": section,
-            "kind": self.kind or self.name,
-            "grid": self.grid or (lambda c: c.section(section).lrs),
-            "steps": self.steps or (lambda c: c.section(section).steps),
-        }
-        for key, value in defaults.items():
-            object.__setattr__(self, key, value)
+        object.__setattr__(self, "section", section)
+        object.__setattr__(self, "kind", self.kind or self.name)
+        object.__setattr__(self, "grid", self.grid or (lambda c: c.section(section).lrs))
+        object.__setattr__(self, "steps", self.steps or (lambda c: c.section(section).steps))
 
     @property
     def traits(self) -> RunKind:
@@ -90,8 +108,7 @@ RUNGS: dict[str, Rung] = {}
 
 
 def register_rung(rung: Rung) -> Rung:
-    """Add a rung to the study (``llm.claims`` adds ``llm``); its kind and its settings section
-    must be registered."""
+    """Add a rung to the study; its kind and settings section must be registered."""
     run_kind(rung.kind)  # the ValueError naming an unregistered kind
     section_settings(rung.section)  # ... and an unregistered section
     RUNGS[rung.name] = rung
@@ -99,59 +116,51 @@ def register_rung(rung: Rung) -> Rung:
 
 
 def unregister_rung(name: str) -> None:
-    """Remove the rung ``name`` (a test's throwaway rung); ``ValueError`` if unknown."""
-    if name not in RUNGS:
-        raise ValueError(f"rungs: unknown rung {name!r}; rungs: {', '.join(RUNGS)}")
-    del RUNGS[name]
+    """Remove the rung ``name`` (a test's throwaway rung)."""
+    if RUNGS.pop(name, None) is None:
+        raise unknown("rung", name, RUNGS)
 
 
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
+    """A toy spec's settings every rung shares, with the mechanism probes on."""
     aggregation = None if config.paper_aggregation else "token-mean"
     train = {"aggregation": aggregation, "grad_mass": True}
     if config.dtype is not None:
         train["dtype"] = config.dtype
     if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
         train["grad_noise"] = True
-    return {
-        "minibatches": config.minibatches,
-        "device": config.device,
-        "train": train,
-    }
+    return {"minibatches": config.minibatches, "device": config.device, "train": train}
 
 
-def _bandit(kind: str) -> Callable[..., RunSpec]:
-    def spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
-        exact = run_kind(kind).deterministic
-        shared = _shared(config, job.rule)
-        if exact:  # the flow takes neither aggregation nor gradient-mass flags
-            shared.pop("train")
-        else:
-            shared["train"]["entropy_law"] = True
-        bandit = config.section("bandit")
-        return RunSpec.make(
-            kind,
-            bandit.setting,
-            job.rule,
-            **shared,
-            seed=job.seed,
-            seeds=1 if exact else seeds,
-            steps=steps,
-            group_size=config.group_size,
-            optimizer="sgd",
-            lr=job.lr,
-            prompts_per_step=bandit.prompts_per_step,
-        )
-
-    return spec
+def _bandit(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
+    kind = RUNGS[job.rung].traits
+    shared = _shared(config, job.rule)
+    if kind.deterministic:  # the flow takes neither aggregation nor gradient-mass flags
+        shared.pop("train")
+    else:
+        shared["train"]["entropy_law"] = True
+    bandit = config.section("bandit")
+    return RunSpec.make(
+        kind.name,
+        bandit.setting,
+        job.rule,
+        **shared,
+        seed=job.seed,
+        seeds=1 if kind.deterministic else seeds,
+        steps=steps,
+        group_size=config.group_size,
+        optimizer="sgd",
+        lr=job.lr,
+        prompts_per_step=bandit.prompts_per_step,
+    )
 
 
 def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     tf, shared = config.section("tf"), _shared(config, job.rule)
     shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k, entropy_law=True)
-    knobs = "-".join(f"{k}{knob_text(v)}" for k, v in sorted(tf.knobs.items()))
     return RunSpec.make(
         "tiny_tf",
-        f"{tf.task}-{knobs}",
+        task_setting(tf.task, tf.knobs),
         job.rule,
         **shared,
         seed=job.seed,
@@ -189,8 +198,8 @@ def task_bounds(task: Any, answer_sets: Sequence[Sequence[str]]) -> Bounds:
 
 
 def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
-    """The answer baselines of the held-out sets the tiny_tf replicates score (base seed 0,
-    replicate s scores its own set, every rule the same one): their mean over the replicates."""
+    """:func:`task_bounds` of the held-out sets the tiny_tf replicates score (replicate s its
+    own, every rule the same one)."""
     from envs.reasoning import make_task
     from sandbox.train.sequence import held_out_problems
 
@@ -201,23 +210,16 @@ def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
     return task_bounds(task, [held_out_problems(task, 0, n, s)[1] for s in range(tf.seeds)])
 
 
-register_rung(Rung("bandit_exact", _bandit("bandit_exact"), "bandit", bounds=_bandit_bounds))
-register_rung(Rung("bandit_sampled", _bandit("bandit_sampled"), "bandit", bounds=_bandit_bounds))
+register_rung(Rung("bandit_exact", _bandit, "bandit", bounds=_bandit_bounds))
+register_rung(Rung("bandit_sampled", _bandit, "bandit", bounds=_bandit_bounds))
 register_rung(
-    Rung(
-        "tiny_tf",
-        _tiny_tf,
-        "tf",
-        epochs=lambda c: c.section("tf").epochs,
-        bounds=_tiny_tf_bounds,
-    )
+    Rung("tiny_tf", _tiny_tf, "tf", epochs=lambda c: c.section("tf").epochs, bounds=_tiny_tf_bounds)
 )
 
 
 def rung_rules(config: StudyConfig, rung: str) -> list[str]:
-    """The rules a rung runs: on a deterministic kind (an exact flow) only those whose spec it
-    admits (:func:`~sandbox.experiments.runs.has_exact_flow`: not clip_cov, kl_cov, whose batch
-    ranking has no closed-form expectation); every rule on a sampled one."""
+    """The rules a rung runs: every rule on a sampled kind; on an exact flow those it admits
+    (:func:`~sandbox.experiments.runs.has_exact_flow`: not clip_cov, kl_cov)."""
     r = RUNGS[rung]
     if not r.traits.deterministic:
         return list(config.rules)
@@ -231,9 +233,8 @@ def rung_rules(config: StudyConfig, rung: str) -> list[str]:
 
 
 def evaluation_only(rows: pd.DataFrame) -> pd.Series:
-    """Which of the study's ``rows`` only evaluate: the step-0 row of a rung whose kind logs
-    its evaluation before training (:attr:`RunKind.logs_step0`; a rung not registered here is
-    read the same way: a step 0 never follows an update)."""
+    """Which of the study's ``rows`` only evaluate: step 0 of a kind that logs it before
+    training (:attr:`RunKind.logs_step0`; so is an unregistered rung's)."""
 
     def logs_step0(rung: str) -> bool:
         return rung not in RUNGS or RUNGS[rung].traits.logs_step0
@@ -242,8 +243,8 @@ def evaluation_only(rows: pd.DataFrame) -> pd.Series:
 
 
 def members_per_job(config: StudyConfig, rung: str) -> int:
-    """How many paired seeds of one rule one job of ``rung`` runs (:attr:`Rung.members`; 1 for a
-    rung with replicates, whose one spec trains every seed)."""
+    """How many paired seeds of one rule one job of ``rung`` runs (:attr:`Rung.members`; 1 on a
+    kind with replicates)."""
     r = RUNGS[rung]
     if r.traits.replicates or r.members is None:
         return 1

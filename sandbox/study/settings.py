@@ -1,121 +1,103 @@
-"""Typed per-rung settings: one frozen dataclass per section, one way to set each setting.
+"""Typed per-rung settings: one frozen dataclass per *section*, one way to set each setting.
 
-A *section* holds the settings of one or more rungs (``bandit``: ``bandit_exact`` and
-``bandit_sampled``; ``tf``: ``tiny_tf``; ``llm``: registered by ``llm.claims``), each with the
-paired ``seeds`` of its rungs. :func:`register_section` adds one; :class:`~.config.StudyConfig`
-holds one instance per registered section (``config.section("bandit")``); the CLI
-(:mod:`.cli`) gives each field one flag, ``--<section>-<field>`` (``--bandit-steps``,
-``--tf-knobs op=reverse length=2``, ``--llm-lrs 1e-5 2e-5``); a folder's ``config.json`` records
-them under ``sections``. An old record (flat ``bandit_*``/``tf_*`` fields, a global ``seeds``,
-``extra: {"llm": {...}}``) is read through each section's ``legacy`` function
-(:func:`migrate`).
-
-A setting's error names it as ``<section>_<field>`` (the flag without dashes: ``bandit_steps``).
+A section holds the settings of one or more rungs (``bandit``: ``bandit_exact`` and
+``bandit_sampled``; ``tf``: ``tiny_tf``; ``llm``: registered by ``llm.claims``), the paired
+``seeds`` of its rungs among them. :class:`~.config.StudyConfig` holds one instance per section
+(``config.section("bandit")``), the CLI (:mod:`.cli`) gives each field one flag,
+``--<section>-<field>`` (``--tf-knobs op=reverse length=2``), and a folder's ``config.json``
+records them under ``sections``; an old flat record (``bandit_*``/``tf_*`` fields, a global
+``seeds``, ``extra: {"llm": {...}}``) is read through each section's ``legacy`` function
+(:func:`migrate`). A setting's error names it ``<section>_<field>`` (``bandit_steps``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sandbox.configs import arg, check_int
 
+Legacy = Callable[[Mapping[str, Any]], dict[str, Any]]
+
 
 @dataclass(frozen=True)
 class Section:
-    """A registered section: ``settings`` (a frozen dataclass; fields declared with
-    :func:`~sandbox.configs.arg`, ``seeds`` among them), ``legacy(record)``: its values in an old
-    flat ``config.json`` (:func:`migrate`), ``execution``: the fields that choose how its runs
-    execute, not what they compute (left out of :func:`~.config.part_fields`)."""
+    """A registered section: its ``settings`` dataclass, ``legacy(record)`` (its values in an old
+    flat ``config.json``) and ``execution``, the fields that choose how its runs execute, not what
+    they compute (left out of :func:`~.config.part_fields`)."""
 
     name: str
     settings: type
-    legacy: Callable[[Mapping[str, Any]], dict[str, Any]]
+    legacy: Legacy
     execution: tuple[str, ...] = ()
 
 
 SECTIONS: dict[str, Section] = {}
 
 
+def unknown(kind: str, name: str, names: Iterable[str]) -> ValueError:
+    """The error for an unregistered name: ``rungs: unknown rung 'x'; rungs: a, b``."""
+    return ValueError(f"{kind}s: unknown {kind} {name!r}; {kind}s: {', '.join(names)}")
+
+
 def register_section(
-    name: str,
-    settings: type,
-    legacy: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
-    execution: tuple[str, ...] = (),
+    name: str, settings: type, legacy: Legacy | None = None, execution: tuple[str, ...] = ()
 ) -> type:
-    """Add the settings section ``name`` (``llm.claims`` adds ``llm``). ``settings`` must have a
-    ``seeds`` field (the paired seeds of the section's rungs); ``legacy`` defaults to no old
-    values (the section's defaults)."""
+    """Add the section ``name`` (``llm.claims`` adds ``llm``); ``settings`` is a frozen dataclass
+    with a ``seeds`` field, its fields declared with :func:`~sandbox.configs.arg`; ``legacy``
+    defaults to no old values."""
     names = [f.name for f in dataclasses.fields(settings)]
     if "seeds" not in names:
         raise ValueError(f"section {name!r}: its settings need a 'seeds' field (paired seeds)")
-    unknown = sorted(set(execution) - set(names))
-    if unknown:
-        raise ValueError(f"section {name!r}: execution names no field {unknown}")
+    if set(execution) - set(names):
+        raise ValueError(
+            f"section {name!r}: execution names no field {sorted(set(execution) - set(names))}"
+        )
     SECTIONS[name] = Section(name, settings, legacy or (lambda record: {}), execution)
     return settings
 
 
 def unregister_section(name: str) -> None:
-    """Remove the section ``name`` (a test's throwaway section); ``ValueError`` if unknown."""
-    if name not in SECTIONS:
-        raise ValueError(f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}")
-    del SECTIONS[name]
+    """Remove the section ``name`` (a test's throwaway section)."""
+    if SECTIONS.pop(name, None) is None:
+        raise unknown("section", name, SECTIONS)
 
 
 def section_settings(name: str, value: Any = None) -> Any:
-    """The settings of section ``name`` from ``value``: an instance, a mapping of its fields
-    (a ``config.json``, a profile) or None (its defaults); ``ValueError`` naming an unknown
-    section or setting."""
+    """The settings of section ``name`` from an instance, a mapping of its fields (a
+    ``config.json``, a profile) or None (its defaults); ``ValueError`` naming an unknown section
+    or setting."""
     if name not in SECTIONS:
-        raise ValueError(f"sections: unknown section {name!r}; sections: {', '.join(SECTIONS)}")
+        raise unknown("section", name, SECTIONS)
     cls = SECTIONS[name].settings
-    if isinstance(value, cls):
-        return value
-    if value is None:
-        return cls()
+    if value is None or isinstance(value, cls):
+        return cls() if value is None else value
     if not isinstance(value, Mapping):
         raise ValueError(f"{name}: settings must be a mapping of its fields, got {value!r}")
     names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(value) - set(names))
-    if unknown:
+    if set(value) - set(names):
         known = ", ".join(f"{name}_{n}" for n in names)
-        raise ValueError(f"{name}: unknown setting(s) {unknown}; settings: {known}")
+        raise ValueError(
+            f"{name}: unknown setting(s) {sorted(set(value) - set(names))}; settings: {known}"
+        )
     try:
         return cls(**value)
     except TypeError as exc:
         raise ValueError(f"{name}: {exc}") from None
 
 
-def section_fields(name: str) -> list[dataclasses.Field]:
-    """The fields of section ``name``'s settings dataclass."""
-    return list(dataclasses.fields(SECTIONS[name].settings))
-
-
-def section_hints(name: str) -> dict[str, Any]:
-    """Field -> type hint of section ``name``'s settings dataclass."""
-    return typing.get_type_hints(SECTIONS[name].settings)
-
-
 def migrate(values: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    """An old flat ``config.json`` (``seeds``, ``bandit_*``, ``tf_*``, ``extra``) as this
-    version's record: the study's own ``fields`` kept, each section's values from its ``legacy``
-    function under ``sections``. A record of this version comes back as it is."""
+    """An old flat ``config.json`` as this version's record: the study's own ``fields`` kept,
+    each section's values from its ``legacy`` function under ``sections``. A record of this
+    version comes back as it is."""
     if "sections" in values or not ({"seeds", "extra"} & set(values)):
         return dict(values)
     out: dict[str, Any] = {k: v for k, v in values.items() if k in fields}
     out["sections"] = {name: s.legacy(values) for name, s in SECTIONS.items()}
     return out
-
-
-def flat(record: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-    """The old flat fields ``<prefix>_<field>`` of a record, without the prefix."""
-    head = prefix + "_"
-    return {k.removeprefix(head): v for k, v in record.items() if k.startswith(head)}
 
 
 # -- value checks, each naming its setting ------------------------------------------------------
@@ -147,12 +129,6 @@ def mu_grid(name: str, value: Any) -> list[int]:
     return ints
 
 
-def check_fields(settings: Any, section: str, low: Mapping[str, int]) -> None:
-    """Integers of ``settings`` >= their ``low`` bound, each error naming ``section_field``."""
-    for field, bound in low.items():
-        check_int(f"{section}_{field}", getattr(settings, field), bound)
-
-
 def knobs(name: str, value: Any) -> dict[str, Any]:
     """A task's knobs: a mapping (checked by the task itself)."""
     if not isinstance(value, Mapping):
@@ -160,10 +136,36 @@ def knobs(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def text(name: str, value: Any) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def settle(
+    settings: Any, section: str, low: Mapping[str, int] | None = None, **checks: Callable
+) -> None:
+    """Check a section's settings in ``__post_init__``: each field of ``checks`` replaced by
+    ``check("<section>_<field>", value)`` (in order), then every ``int`` field an integer >= its
+    bound in ``low`` (default 1)."""
+    for field, check in checks.items():
+        value = check(f"{section}_{field}", getattr(settings, field))
+        object.__setattr__(settings, field, value)
+    for f in dataclasses.fields(settings):
+        if f.type in (int, "int"):
+            check_int(f"{section}_{f.name}", getattr(settings, f.name), (low or {}).get(f.name, 1))
+
+
 def knob_text(value: Any) -> str:
     """A knob's value in a setting name or on the page: a list as its items joined
     (``ops=['+','-']`` -> ``+-``), anything else as ``str``."""
     return "".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+
+
+def task_setting(task: str, task_knobs: Mapping[str, Any]) -> str:
+    """A task's setting name: the task and its sorted knobs (``bits-length2-opreverse``)."""
+    return "-".join([task, *(f"{k}{knob_text(v)}" for k, v in sorted(task_knobs.items()))])
 
 
 def check_task(name: str, task: str, task_knobs: Mapping[str, Any]) -> None:
@@ -175,11 +177,6 @@ def check_task(name: str, task: str, task_knobs: Mapping[str, Any]) -> None:
         make_task(task, **task_knobs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name}: {exc}") from None
-
-
-def _set(settings: Any, **values: Any) -> None:
-    for key, value in values.items():
-        object.__setattr__(settings, key, value)
 
 
 # -- the sandbox sections -----------------------------------------------------------------------
@@ -200,8 +197,7 @@ class BanditSettings:
     seeds: int = arg(99, "paired seeds per rule on bandit_sampled (the exact flow: 1)")
 
     def __post_init__(self) -> None:
-        _set(self, lrs=step_sizes("bandit_lrs", self.lrs))
-        check_fields(self, "bandit", {"steps": 1, "prompts_per_step": 1, "seeds": 1})
+        settle(self, "bandit", lrs=step_sizes)
 
     def check(self) -> None:
         """The bandit setting exists."""
@@ -237,26 +233,23 @@ class TfSettings:
     seeds: int = arg(119, "paired seeds per rule on tiny_tf")
 
     def __post_init__(self) -> None:
-        _set(
-            self,
-            lrs=step_sizes("tf_lrs", self.lrs),
-            epochs=mu_grid("tf_epochs", self.epochs),
-            knobs=knobs("tf_knobs", self.knobs),
-        )
-        low = {"steps": 1, "prompts_per_step": 1, "eval_prompts": 1, "eval_k": 1, "seeds": 1}
-        check_fields(self, "tf", low)
+        settle(self, "tf", lrs=step_sizes, epochs=mu_grid, knobs=knobs)
 
     def check(self) -> None:
         """The task exists with these knobs."""
         check_task("tf_task, tf_knobs", self.task, self.knobs)
 
 
-register_section(
-    "bandit", BanditSettings, lambda record: {**flat(record, "bandit"), **_seeds(record)}
-)
-register_section("tf", TfSettings, lambda record: {**flat(record, "tf"), **_seeds(record)})
+def flat_legacy(prefix: str) -> Legacy:
+    """A toy section's values in an old record: its ``<prefix>_<field>`` fields and the global
+    ``seeds``."""
+
+    def legacy(record: Mapping[str, Any]) -> dict[str, Any]:
+        values = {k[len(prefix) + 1 :]: v for k, v in record.items() if k.startswith(prefix + "_")}
+        return values | ({"seeds": record["seeds"]} if "seeds" in record else {})
+
+    return legacy
 
 
-def _seeds(record: Mapping[str, Any]) -> dict[str, Any]:
-    """An old record's global ``seeds``: the toy sections' paired seeds."""
-    return {"seeds": record["seeds"]} if "seeds" in record else {}
+register_section("bandit", BanditSettings, flat_legacy("bandit"))
+register_section("tf", TfSettings, flat_legacy("tf"))
