@@ -78,7 +78,7 @@ class StepMetrics:
         neutral = torch.tensor(empties, device=self.device) if some else None
         for key, (v, has) in self.by_key(metrics, active).items():
             at = present if has == active else mask(has, self.device)
-            v = v.detach().float()
+            v = v.float()
             if not key.endswith(("_max", "_min")):
                 self.accumulate(key, v * weight, has, at)
                 continue
@@ -92,15 +92,20 @@ class StepMetrics:
     def by_key(
         self, metrics: Metrics, active: list[bool]
     ) -> dict[str, tuple[torch.Tensor, list[bool]]]:
-        """Each metric's value (stacked over the members, 0 for one that does not log it) and
-        which members log it and take part."""
+        """Each metric's value, detached (stacked over the members, 0 for one that does not log
+        it) and which members log it and take part."""
         if self.members is None:
-            return {k: (v, active) for k, v in metrics.items()}
-        zero, out = torch.zeros((), device=self.device), {}
-        for key in dict.fromkeys(k for m in metrics for k in m):
-            has = [a and key in m for a, m in zip(active, metrics, strict=True)]
-            if any(has):
-                out[key] = torch.stack([m.get(key, zero) for m in metrics]), has
+            return {k: (v.detach(), active) for k, v in metrics.items()}
+        out = {}
+        with torch.no_grad():  # stacked without a graph: no detach op per key
+            for key in dict.fromkeys(k for m in metrics for k in m):
+                has = [a and key in m for a, m in zip(active, metrics, strict=True)]
+                if any(has):
+                    rows = [m.get(key) for m in metrics]
+                    if any(r is None for r in rows):  # a member that does not log it: 0
+                        zero = torch.zeros((), device=self.device)
+                        rows = [zero if r is None else r for r in rows]
+                    out[key] = torch.stack(rows), has
         return out
 
     def accumulate(
@@ -114,8 +119,13 @@ class StepMetrics:
         """``value`` added to the sum ``key`` (or its extreme: the maximum) of the members that
         ``has`` (``present`` on the device) names."""
         table = self.extremes if extreme else self.sums
-        old = table[key] if key in table else torch.full_like(value, -math.inf if extreme else 0.0)
-        table[key] = keep(torch.maximum(old, value) if extreme else old + value, old, present)
+        if key in table:
+            old = table[key]
+            table[key] = keep(torch.maximum(old, value) if extreme else old + value, old, present)
+        else:  # a run alone's first value as it always was: v, or 0.0 + v (-0.0 -> 0.0)
+            fill = -math.inf if extreme else 0.0
+            first = value if extreme else fill + value
+            table[key] = first if present is None else torch.where(present, first, fill)
         seen = self.seen.get(key, [False] * len(has))
         self.seen[key] = [s or h for s, h in zip(seen, has, strict=True)]
 
@@ -124,10 +134,13 @@ class StepMetrics:
         ``StepMetrics`` ``runs[k]`` (``members=K``; once per step)."""
         if len(runs) != (self.members or 0):
             raise ValueError(f"runs: {len(runs)} given for the rows of {self.members or 0} members")
-        for k, m in enumerate(runs):
-            m.loss = self.loss[k]
-            for mine, theirs in ((self.sums, m.sums), (self.extremes, m.extremes)):
-                theirs.update({key: v[k] for key, v in mine.items() if self.seen[key][k]})
+        for m, loss in zip(runs, self.loss.unbind(), strict=True):
+            m.loss = loss
+        for mine, table in ((self.sums, "sums"), (self.extremes, "extremes")):
+            for key, value in mine.items():  # one unbind per key, not K indexing ops
+                for m, row, seen in zip(runs, value.unbind(), self.seen[key], strict=True):
+                    if seen:
+                        getattr(m, table)[key] = row
 
     def add_means(self, values: dict[str, torch.Tensor]) -> None:
         """Values logged as their plain mean over the calls of the step (one call per optimizer
