@@ -174,6 +174,7 @@ def proxy_shape(args: argparse.Namespace, given: set[str]) -> dict:
     """With ``--proxy``: the step's settings that the flags given set (``llm_proxy.SETTINGS``'
     names). A ``ValueError`` naming the flags given that the proxy cannot honour, or the flag
     that makes its step one llm.train refuses."""
+    from llm.config import TrainConfig
     from sandbox.configs import check_group_size
 
     llm_proxy = import_proxy()
@@ -192,7 +193,8 @@ def proxy_shape(args: argparse.Namespace, given: set[str]) -> dict:
     if "task_knobs" in shape:
         shape["task_knobs"] = {"digits": shape["task_knobs"]}
     step = {**llm_proxy.SETTINGS, **llm_proxy.step_settings(args.smoke, shape)}
-    check_group_size("grpo", step["group_size"], ("--group-size", "--proxy's advantage"))
+    advantage = step.get("advantage", TrainConfig.advantage)
+    check_group_size(advantage, step["group_size"], ("--group-size", "--proxy's advantage"))
     rows = step["prompts_per_step"] * step["group_size"]
     if rows % step["minibatches"]:
         raise ValueError(
