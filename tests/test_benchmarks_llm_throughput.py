@@ -272,7 +272,7 @@ def run_proxy_smoke(out, *flags: str) -> list[dict[str, str]]:
     return [*csv.DictReader((out / "proxy.csv").open()), report[2]]
 
 
-@pytest.mark.slow  # two runs of three short trainings each: ~50 s on 2 idle cores
+@pytest.mark.slow  # two runs of three short trainings each: 3 min on the shared 2-core machine
 def test_proxy_counts_the_step_of_the_flags_given(tmp_path):
     """``--proxy --smoke --group-size 3``: the report states 2 prompts x 3 completions and the
     FLOPs per run-step are 1.5x those of --smoke's 2 x 2 (the rows of the step; decoding may
