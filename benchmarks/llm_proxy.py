@@ -40,6 +40,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+#: the step counted (the committed ``results/proxy``'s); ``llm_throughput.py --proxy`` replaces its
+#: shape with the ``--prompts``, ``--group-size``, ``--max-new-tokens``, ``--epochs``,
+#: ``--minibatches``, ``--lr`` and ``--digits`` given (:func:`step_settings`)
 SETTINGS = dict(
     model="tiny",
     task="addition",
@@ -371,18 +374,25 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} cores, torch {torch.__version__}"
 
 
+def step_settings(smoke: bool = False, shape: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings that differ from :data:`SETTINGS`: the :data:`SMOKE` step where ``smoke``,
+    then ``shape`` (TrainConfig names, e.g. ``{"group_size": 8}``) over it."""
+    return {**(SMOKE if smoke else {}), **(shape or {})}
+
+
 def run_proxy(
     out: str,
     ks: Sequence[int] = (1, 8, 16),
     compiled: bool = True,
     smoke: bool = False,
     command: str = "",
+    shape: dict[str, Any] | None = None,
 ) -> list[dict]:
     """Every path at every K, printed as ratios and by phase and written to ``out/proxy.csv``,
     ``out/proxy_phases.csv`` and ``out/proxy_compile.csv``, the printed report with its provenance
-    (``command``, machine, torch, threads, date) to ``out/proxy.txt`` (``smoke``: the
-    :data:`SMOKE` step)."""
-    extra = SMOKE if smoke else {}
+    (``command``, machine, torch, threads, date, the step's settings) to ``out/proxy.txt``
+    (``smoke``, ``shape``: the step, see :func:`step_settings`)."""
+    extra = step_settings(smoke, shape)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     lines: list[str] = []
 
@@ -455,4 +465,4 @@ def run_proxy(
     return rows
 
 
-__all__ = ["compile_counters", "measure", "run_proxy"]
+__all__ = ["compile_counters", "measure", "run_proxy", "step_settings"]

