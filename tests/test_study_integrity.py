@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The claims study at its quick sizes on the exact flow alone: the folder logic, in seconds.
-FAST = ["--quick", "--rungs", "bandit_exact", "--no-progress"]
+#: The claims study at its quick sizes on the exact flow alone: the folder logic, in seconds; its
+#: runs in the command's own process (``--workers 1``: no pool to start, whose forkserver alone
+#: imports torch; the pool is tested in tests/test_claims_time_budget.py).
+FAST = ["--quick", "--rungs", "bandit_exact", "--no-progress", "--workers", "1"]
 
 
 def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
