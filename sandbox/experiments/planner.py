@@ -22,7 +22,7 @@ from typing import Any
 
 from sandbox.configs import check_int
 
-from .pool import DeadlineReached
+from .pool import DeadlineReached, signals_deferred
 from .results import (
     check_settings,
     prepare_out_dir,
@@ -177,16 +177,19 @@ class RunFolder:
             )
             with contextlib.closing(stream):
                 for job, frames in stream:
-                    for part, frame in zip(job.parts, frames, strict=True):
-                        write_parquet_atomic(frame, self.parts / part)
-                        count += 1
-                        bar.update()
-                    del left[id(job)]
-                    if id(job) in started:
-                        took = time.monotonic() - started[id(job)]
-                        self.longest[job.cost] = max(self.longest.get(job.cost, 0.0), took)
-                    if written is not None:
-                        written(job)
+                    # A signal amid a write would leave its temp file, or a ParquetWriter whose
+                    # __del__ prints a traceback: it acts once the job's parts are on disk.
+                    with signals_deferred():
+                        for part, frame in zip(job.parts, frames, strict=True):
+                            write_parquet_atomic(frame, self.parts / part)
+                            count += 1
+                            bar.update()
+                        del left[id(job)]
+                        if id(job) in started:
+                            took = time.monotonic() - started[id(job)]
+                            self.longest[job.cost] = max(self.longest.get(job.cost, 0.0), took)
+                        if written is not None:
+                            written(job)
                     bar.set_postfix_str(job.key, refresh=False)
         except DeadlineReached as exc:  # the running jobs were stopped (SIGTERM): left too
             self.stopped += exc.keys
