@@ -9,6 +9,7 @@ steps, the table and the ratio lines are printed, and the ratios are the table's
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import re
 import subprocess
@@ -186,14 +187,11 @@ def test_script_runs_smoke_for_llm_train(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --steps must be >= 1"
 
 
-@pytest.mark.slow  # four short trainings under a dispatch-mode counter: ~40 s on 2 idle cores
-def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
-    """``--proxy --smoke`` (the real command): one CSV row per path and K, the counts positive,
-    and the batched decoder's ensemble of 2 dispatches fewer operators per run-step than its run
-    alone (the members share every launch of the rollout)."""
-    import csv
-
-    out = tmp_path / "proxy"
+@pytest.fixture(scope="module")
+def smoke_proxy(tmp_path_factory):
+    """``--proxy --smoke --proxy-k 1,2`` run once (the real command; four short trainings under
+    a dispatch-mode counter, ~40 s on 2 idle cores): its process, its folder and its argv."""
+    out = tmp_path_factory.mktemp("smoke_proxy") / "proxy"
     argv = ["--proxy", "--smoke", "--proxy-k", "1,2", "--proxy-compile", "off", "--out", str(out)]
     proc = subprocess.run(
         [sys.executable, SCRIPT, *argv],
@@ -203,7 +201,20 @@ def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
         env={**os.environ, "PYTHONPATH": ROOT},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = list(csv.DictReader((out / "proxy.csv").open()))
+    return proc, out, argv
+
+
+def proxy_rows(out, name: str = "proxy.csv") -> list[dict[str, str]]:
+    return list(csv.DictReader((out / name).open()))
+
+
+@pytest.mark.slow
+def test_proxy_counts_operators_host_reads_and_flops(smoke_proxy):
+    """``--proxy --smoke`` (the real command): one CSV row per path and K, the counts positive,
+    and the batched decoder's ensemble of 2 dispatches fewer operators per run-step than its run
+    alone (the members share every launch of the rollout)."""
+    proc, out, argv = smoke_proxy
+    rows = proxy_rows(out)
     assert [(r["path"], r["K"]) for r in rows] == [
         ("today", "1"),
         ("ensemble", "2"),
@@ -228,7 +239,7 @@ def test_proxy_counts_operators_host_reads_and_flops(tmp_path):
     assert len(table) == 4 and [cells[-1] for cells in table[:2]] == ["-", "-"]
     assert all(0 < float(cells[-1].rstrip("%")) < 100 for cells in table[2:])
     # the phases partition the operators: each row's phases add up to its total
-    phases = list(csv.DictReader((out / "proxy_phases.csv").open()))
+    phases = proxy_rows(out, "proxy_phases.csv")
     assert [(r["path"], r["K"]) for r in phases] == [(r["path"], r["K"]) for r in rows]
     for r, p in zip(rows, phases, strict=True):
         counts = [float(v) for k, v in p.items() if k not in ("path", "K")]
@@ -256,8 +267,6 @@ def test_proxy_k_must_start_at_one(value):
 def run_proxy_smoke(out, *flags: str) -> list[dict[str, str]]:
     """``--proxy --smoke --proxy-k 1 --proxy-compile off`` with ``flags`` (the real command):
     the rows of its ``proxy.csv``, and its report's settings line as the last item."""
-    import csv
-
     argv = ["--proxy", "--smoke", "--proxy-k", "1", "--proxy-compile", "off", *flags]
     proc = subprocess.run(
         [sys.executable, SCRIPT, *argv, "--out", str(out)],
@@ -272,12 +281,14 @@ def run_proxy_smoke(out, *flags: str) -> list[dict[str, str]]:
     return [*csv.DictReader((out / "proxy.csv").open()), report[2]]
 
 
-@pytest.mark.slow  # two runs of three short trainings each: 3 min on the shared 2-core machine
-def test_proxy_counts_the_step_of_the_flags_given(tmp_path):
+@pytest.mark.slow  # one run of two short trainings, beside the module's --smoke run
+def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy):
     """``--proxy --smoke --group-size 3``: the report states 2 prompts x 3 completions and the
     FLOPs per run-step are 1.5x those of --smoke's 2 x 2 (the rows of the step; decoding may
     stop earlier or later), where a flag the proxy ignored would leave them equal."""
-    *pairs, pairs_line = run_proxy_smoke(tmp_path / "g2")
+    out = smoke_proxy[1]
+    pairs = [r for r in proxy_rows(out) if r["K"] == "1"]
+    pairs_line = (out / "proxy.txt").read_text().splitlines()[2]
     *triples, triples_line = run_proxy_smoke(tmp_path / "g3", "--group-size", "3")
     assert "prompts_per_step=2, group_size=2, max_new_tokens=4, epochs=1" in pairs_line
     assert "prompts_per_step=2, group_size=3, max_new_tokens=4, epochs=1" in triples_line
