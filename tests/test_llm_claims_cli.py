@@ -267,26 +267,39 @@ def test_a_subset_of_rules_in_a_study_folder_adds_to_it_instead_of_shrinking_it(
 
 #: ``python -m llm.claims`` with two instruments: it counts the llm steps trained in the process
 #: (to stderr at exit) and, with CUT_AT set, sends itself a real SIGINT as the first part whose
-#: name starts with CUT_AT is about to be written (after its run finished training).
+#: name starts with CUT_AT is about to be written (after its run finished training); with
+#: CUT_BEFORE, as that part's finished job reaches the planner, before its writes begin.
 DRIVER = """
 import atexit, os, signal, sys
 import llm.train as t
 import sandbox.experiments.planner as planner
 steps, real_rollout, real_write = [], t.rollout_phase, planner.write_parquet_atomic
+real_stream = planner._stream
 t.rollout_phase = lambda run, step: steps.append(step) or real_rollout(run, step)
-def write(frame, path):
-    if os.environ.get("CUT_AT") and path.name.startswith(os.environ["CUT_AT"]):
-        del os.environ["CUT_AT"]
+def cut(name, key):
+    if os.environ.get(key) and name.startswith(os.environ[key]):
+        del os.environ[key]
         os.kill(os.getpid(), signal.SIGINT)
+def write(frame, path):
+    cut(path.name, "CUT_AT")
     return real_write(frame, path)
-planner.write_parquet_atomic = write
+def stream(*args):
+    for job, frames in real_stream(*args):
+        cut(job.parts[0], "CUT_BEFORE")
+        yield job, frames
+planner.write_parquet_atomic, planner._stream = write, stream
 atexit.register(lambda: print(f"trained steps {steps}", file=sys.stderr))
 from llm.claims import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path):
+@pytest.mark.parametrize("where", ["CUT_BEFORE", "CUT_AT"])
+def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path, where):
+    """A SIGINT after dapo's llm run finished: before its part's write begins, the part is not
+    written and the run's scratch (its checkpoint at its last step) stays for the resume to read;
+    amid the write, the signal waits until the job's parts are on disk (its scratch then goes).
+    Either way the command stops with the resume line and the rerun trains only nsr_dapo."""
     out = tmp_path / "study"
     argv = [
         "--quick",
@@ -307,16 +320,20 @@ def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path):
     ]
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    cut = claims(*argv, script=[str(script)], CUT_AT="study__llm__dapo__")
+    cut = claims(*argv, script=[str(script)], **{where: "study__llm__dapo__"})
     assert cut.returncode == 128 + signal.SIGINT, cut.stderr[-3000:]
     assert "run the same command again to resume" in cut.stderr
     assert "continue with --resume" not in cut.stderr  # llm.train's own hint is not this command's
-    assert not list((out / "parts").glob("study__llm__dapo__*"))
-    kept = [
-        p for p in (out / "llm_scratch").iterdir() if p.name.startswith("addition-digits1__dapo")
-    ]
-    assert len(kept) == 1  # the finished run's scratch, its checkpoint at its last step
-    assert __import__("torch").load(kept[0] / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert "Traceback" not in cut.stderr
+    written = list((out / "parts").glob("study__llm__dapo__*"))
+    scratch = out / "llm_scratch"
+    kept = [p for p in scratch.iterdir() if p.name.startswith("addition-digits1__dapo")]
+    assert not list((out / "parts").glob("*.tmp"))  # nothing half-written
+    if where == "CUT_AT":
+        assert len(written) == 1 and kept == []  # the part whole, its run's scratch gone
+    else:
+        assert written == [] and len(kept) == 1  # the finished run's checkpoint at its last step
+        assert __import__("torch").load(kept[0] / "checkpoint.pt", weights_only=True)["step"] == 2
     again = claims(*argv, script=[str(script)])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "trained steps [0, 1]" in again.stderr  # nsr_dapo's 2 steps; dapo's run is read back
