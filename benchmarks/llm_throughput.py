@@ -222,10 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.paths = [x for x in args.paths.split(",") if x]
     if not args.paths or not set(args.paths) <= set(PATHS):
         raise ValueError(f"--paths must be a subset of {','.join(PATHS)}, got {args.paths}")
-    for name in ("prompts", "group_size", "max_new_tokens", "epochs", "minibatches", "steps"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"{flag(name)} must be >= 1")
-    for name in ("runs_today", "runs_fast", "digits"):
+    counts = ("prompts", "group_size", "max_new_tokens", "epochs", "minibatches", "steps")
+    for name in (*counts, "runs_today", "runs_fast", "digits"):
         if getattr(args, name) < 1:
             raise ValueError(f"{flag(name)} must be >= 1")
     if args.ensemble < 2:
