@@ -1,3 +1,7 @@
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -20,3 +24,44 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A command run in-process: what ``subprocess.run`` would give (``returncode``, ``stdout``,
+    ``stderr``), so the same assertions read both."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+#: Warnings a ``python -m`` command does not print (Python's default filters); any other warning
+#: would be on the real command's stderr, so an in-process call that raises one fails.
+UNSHOWN = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+@pytest.fixture
+def in_process(capsys) -> Callable[..., Finished]:
+    """``in_process(main, *argv)``: a command's ``main(argv)`` run in this process as its
+    ``python -m`` runs it (exit status from the return value or ``SystemExit``). For tests whose
+    finding is the command's output, exit status or files, not the process (signals, interpreter
+    start): each call saves the ~3 s of a fresh interpreter's imports."""
+
+    def run(main: Callable[[Sequence[str]], int], *argv: str) -> Finished:
+        capsys.readouterr()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:  # argparse's errors and --help
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        out, err = capsys.readouterr()
+        shown = [f"{w.category.__name__}: {w.message}" for w in caught]
+        shown = [
+            s for s, w in zip(shown, caught, strict=True) if not issubclass(w.category, UNSHOWN)
+        ]
+        assert not shown, shown  # the real command would print them
+        return Finished(code, out, err)
+
+    return run

@@ -25,6 +25,7 @@ import torch
 
 from sandbox.experiments import CompareConfig, run_compare
 from sandbox.experiments.planner import Job, RunFolder
+from sandbox.experiments.results import write_parquet_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVES = ["grpo", "dapo", "gspo", "sapo", "dgpo", "gppo", "cispo_trl", "nsr_dapo"]
@@ -138,6 +139,44 @@ def test_ctrl_c_stops_compare_at_once_with_a_resume_hint(tmp_path):
     assert 1 <= len(stamps) < RUNS  # it stopped; workers did not go on with the queue
 
 
+def _sigint_at_random_moments(write, before_each, after_each, rounds: int = 60) -> list[bool]:
+    """``rounds`` times: ``before_each()``, then ``write()`` with a SIGINT sent to this process at
+    a random moment of it (timed from one uninterrupted write), then ``after_each()``; no
+    exception may go unraised (a ParquetWriter's ``__del__`` traceback). Per round: whether the
+    write raised KeyboardInterrupt."""
+    write()  # once to warm up (imports, caches), then timed
+    start = time.perf_counter()
+    write()
+    took = time.perf_counter() - start
+    rng, main, interrupted = random.Random(0), threading.main_thread().ident, []
+    unraisable: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        for _ in range(rounds):
+            before_each()
+            delay = rng.uniform(0.0, took)
+            sender = threading.Thread(
+                target=lambda d=delay: (time.sleep(d), signal.pthread_kill(main, signal.SIGINT))
+            )
+            cut = False
+            try:
+                sender.start()
+                try:
+                    write()
+                except KeyboardInterrupt:
+                    cut = True
+                sender.join()
+                time.sleep(0.01)  # a signal sent after the write acts here
+            except KeyboardInterrupt:
+                sender.join()
+            interrupted.append(cut)
+            after_each()
+    finally:
+        sys.unraisablehook = hook
+    assert not unraisable, unraisable
+    return interrupted
+
+
 def test_ctrl_c_amid_a_jobs_writes_keeps_its_parts_whole_and_no_temp_file(tmp_path):
     """The test above signals as soon as the first part is on disk, often while the driver
     writes the rest of a job's parts (compare's exact job has 8). SIGINT sent to this process
@@ -147,38 +186,42 @@ def test_ctrl_c_amid_a_jobs_writes_keeps_its_parts_whole_and_no_temp_file(tmp_pa
     frames = [pd.DataFrame({"step": range(1, 41), "g": [float(i)] * 40}) for i in range(8)]
     job = Job("j", tuple(f"p{i}.parquet" for i in range(8)), ())
     folder = RunFolder(tmp_path / "w", {"parts": 8})
+    counts = []
 
-    def write() -> None:
-        folder.run(lambda: frames, [job], total=8, progress=False)
+    def unlink_parts() -> None:
+        for path in folder.parts.glob("*.parquet"):
+            path.unlink()
 
-    start = time.perf_counter()
-    write()
-    took = time.perf_counter() - start  # the 8 writes (and the folder's provenance)
-    rng, main, counts = random.Random(0), threading.main_thread().ident, []
-    unraisable: list[object] = []
-    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
-    try:
-        for _ in range(60):
-            for path in folder.parts.glob("*.parquet"):
-                path.unlink()
-            delay = rng.uniform(0.0, took)
-            sender = threading.Thread(
-                target=lambda d=delay: (time.sleep(d), signal.pthread_kill(main, signal.SIGINT))
-            )
-            try:
-                sender.start()
-                write()
-                sender.join()
-                time.sleep(0.01)  # a signal sent after the writes acts here
-            except KeyboardInterrupt:
-                sender.join()
-            assert not list(folder.parts.glob(".*.tmp")), "a half-written part was left behind"
-            counts.append(len(list(folder.parts.glob("*.parquet"))))
-    finally:
-        sys.unraisablehook = hook
+    def count_parts() -> None:
+        assert not list(folder.parts.glob(".*.tmp")), "a half-written part was left behind"
+        counts.append(len(list(folder.parts.glob("*.parquet"))))
+
+    _sigint_at_random_moments(
+        lambda: folder.run(lambda: frames, [job], total=8, progress=False),
+        unlink_parts,
+        count_parts,
+    )
     assert set(counts) <= {0, 8}, counts
-    assert not unraisable, unraisable
     assert all(len(pd.read_parquet(path)) == 40 for path in folder.parts.glob("*.parquet"))
+
+
+def test_ctrl_c_amid_a_tables_write_leaves_the_new_table_and_no_temp_file(tmp_path):
+    """A folder's tables are written outside ``parts/`` (:func:`write_parquet_atomic`): a SIGINT
+    at a random moment of the write (temp file made, written, renamed) acts once the new table is
+    in place, whole, with no temp file beside it (before, a signal amid the write left the old
+    table, and one between the temp file's creation and its clean-up's ``try``, the temp file)."""
+    tables = [pd.DataFrame({"seed": range(20000), "x": [float(i)] * 20000}) for i in range(2)]
+    path, rounds = tmp_path / "results.parquet", []
+
+    def check() -> None:
+        assert [p.name for p in tmp_path.iterdir()] == ["results.parquet"]
+        rounds.append(pd.read_parquet(path).equals(tables[len(rounds) % 2]))  # this round's
+
+    interrupted = _sigint_at_random_moments(
+        lambda: write_parquet_atomic(tables[len(rounds) % 2], path), lambda: None, check, rounds=40
+    )
+    cut = [new for new, signalled in zip(rounds, interrupted, strict=True) if signalled]
+    assert len(cut) >= 5 and all(cut), (len(cut), sum(cut))  # interrupted, yet written
 
 
 def test_sigterm_stops_a_sweep_without_orphans(tmp_path):

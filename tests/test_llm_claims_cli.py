@@ -142,11 +142,30 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("flags", "needle"), BAD, ids=[" ".join(f) for f, _ in BAD])
+#: The command's own checks, each kind once in a real subprocess (argparse's type check, a
+#: setting's range, the offline model lookup); every case runs in-process below (``main``).
+BAD_IN_A_SUBPROCESS = [BAD[0], BAD[3], BAD[8]]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"), BAD_IN_A_SUBPROCESS, ids=[" ".join(f) for f, _ in BAD_IN_A_SUBPROCESS]
+)
 def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path, flags, needle):
     out = tmp_path / "never"
     one_line_error(claims(*LLM, *flags, "--out", str(out)), needle)
     assert not out.exists()  # no config.json, no parts: the corrected command is not refused
+
+
+@pytest.mark.parametrize(("flags", "needle"), BAD, ids=[" ".join(f) for f, _ in BAD])
+def test_every_bad_setting_is_one_line_from_main(tmp_path, in_process, monkeypatch, flags, needle):
+    """``llm.claims.main`` as the command calls it: exit status 2, one stderr line naming the
+    setting, nothing written (in-process: the subprocess above pays ~3 s of imports per case)."""
+    from llm.claims import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "never"
+    one_line_error(in_process(main, *LLM, *flags, "--out", str(out)), needle)
+    assert not out.exists()
 
 
 def test_an_llm_setting_without_the_llm_rung_does_not_apply(tmp_path):

@@ -1,12 +1,16 @@
-"""sandbox.experiments.pool: a failing run stops new ones, in both of imap_unordered's modes."""
+"""sandbox.experiments.pool: a failing run stops new ones, in both of imap_unordered's modes;
+signals_deferred acts on a signal once, at the end of the outermost block, and leaves an ignored
+signal ignored."""
 
 from __future__ import annotations
 
 import operator
+import os
+import signal
 
 import pytest
 
-from sandbox.experiments.pool import imap_unordered
+from sandbox.experiments.pool import Terminated, imap_unordered, signals_deferred
 
 JOBS = [("a", (6, 2)), ("b", (1, 0)), ("c", (8, 2))]  # b divides by zero
 
@@ -29,3 +33,27 @@ def test_one_at_a_time_nothing_starts_after_a_failure_or_after_admit_says_no():
     ok = [("a", (6, 2)), ("c", (8, 2)), ("b", (1, 0))]
     admitted = list(imap_unordered(operator.truediv, ok, 1, admit=lambda key: key != "b"))
     assert admitted == [("a", 3.0), ("c", 4.0)]  # b, refused, never ran
+
+
+def test_a_signal_in_nested_deferred_blocks_acts_once_at_the_outermost_end():
+    steps = []
+    with pytest.raises(KeyboardInterrupt), signals_deferred():
+        with signals_deferred():  # an atomic write inside a job's deferred writes
+            os.kill(os.getpid(), signal.SIGINT)
+            steps.append("inner")
+        steps.append("outer")  # the inner block's end did not act on it
+    assert steps == ["inner", "outer"]
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated, match="SIGTERM"), signals_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
+
+
+def test_an_ignored_signal_stays_ignored_through_a_deferred_block():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a pool worker
+    try:
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -111,24 +111,38 @@ def terminate_raises() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+#: Whether a :func:`signals_deferred` block is open (an inner one then adds nothing: it must not
+#: act on a signal amid the outer block's work).
+_deferring = False
+
+
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP that arrive within the block act when it ends (as
     ``KeyboardInterrupt`` or :class:`Terminated`), for work an interrupt would break: an import
-    of sympy (broken for the process if interrupted halfway), or a submit to the pool, which
-    starts a worker: interrupted, it would leave a worker the pool does not know yet (a
-    FileNotFoundError traceback in it); deferred, :func:`_stop` finds and ends every worker."""
-    if threading.current_thread() is not threading.main_thread():
+    of sympy (broken for the process if interrupted halfway), a file's atomic write (a temp file
+    left behind), or a submit to the pool, which starts a worker: interrupted, it would leave a
+    worker the pool does not know yet (a FileNotFoundError traceback in it); deferred,
+    :func:`_stop` finds and ends every worker. Blocks nest (the outermost acts); a signal the
+    process ignores (a pool worker's SIGINT) stays ignored."""
+    global _deferring
+    if _deferring or threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    signals = [
+        sig
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(sig) not in (signal.SIG_IGN, None)
+    ]
     previous = {
         sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in signals
     }
+    _deferring = True
     try:
         yield
     finally:
+        _deferring = False
         for sig, old in previous.items():
             signal.signal(sig, old)
     if pending:

@@ -32,6 +32,8 @@ from typing import Any
 
 import pandas as pd
 
+from .pool import signals_deferred
+
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 TMP_SUFFIX = ".tmp"
 
@@ -43,19 +45,21 @@ def part_name(*fields: object) -> str:
 
 def _write_atomic(path: Path, write: Callable[[str], None]) -> Path:
     """``write(tmp)`` to a temp file beside ``path``, then ``os.replace``: readers see only
-    complete files, and an exception (Ctrl-C, SIGTERM in the driver) leaves no temp file."""
+    complete files; an exception leaves no temp file, and a signal (Ctrl-C, SIGTERM in the
+    driver) acts once the file is in place (:func:`.pool.signals_deferred`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    try:
-        os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with signals_deferred():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+        try:
+            os.close(fd)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary shared files
+            write(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return path
 
 

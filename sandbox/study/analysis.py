@@ -230,8 +230,9 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
         obs, pred = g["entropy_change"].to_numpy(), g["entropy_change_pred"].to_numpy()
-        corr = float(np.corrcoef(obs, pred)[0, 1])
-        slope = float(np.dot(pred, obs) / np.dot(pred, pred))
+        with np.errstate(divide="ignore", invalid="ignore"):  # a constant series: NaN, no warning
+            corr = float(np.corrcoef(obs, pred)[0, 1])
+            slope = float(np.dot(pred, obs) / np.dot(pred, pred))
         rms = float(np.sqrt(np.mean((obs - pred) ** 2)))
         out.append((rung, rule, len(g), obs.mean(), pred.mean(), corr, slope, rms))
     columns = ["rung", "rule", "points", "observed_mean", "predicted_mean"]
