@@ -30,8 +30,15 @@ from typing import Any
 
 import llm.runs  # registers the llm run kind, in workers too
 from sandbox.configs import arg
-from sandbox.experiments.runs import RunSpec, objective_of
-from sandbox.study import Rung, StudyConfig, StudyJob, register_rung, task_bounds
+from sandbox.experiments.runs import RunSpec
+from sandbox.study import (
+    Rung,
+    StudyConfig,
+    StudyJob,
+    probe_settings,
+    register_rung,
+    task_bounds,
+)
 from sandbox.study.cli import main as study_main
 from sandbox.study.cli import parse_study_args
 from sandbox.study.settings import (
@@ -111,9 +118,11 @@ def llm_epochs(config: StudyConfig) -> list[int]:
 
 def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts), with the
-    mechanism probes on as on the toy rungs."""
+    aggregation and mechanism probes of the toy rungs (:func:`sandbox.study.probe_settings`; the
+    entropy law on the step's first 8 completions)."""
     s = config.section("llm")
     train = {
+        **probe_settings(config, job.rule),
         "model": s.model,
         "max_new_tokens": s.max_new_tokens,
         "eval_every": s.eval_every,
@@ -122,12 +131,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         "offline": True,
         "save_model": False,
         "progress": False,
-        "entropy_law": True,  # mechanism check (a): the step's first 8 completions
     }
-    if objective_of(job.rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
-        train["grad_noise"] = True
-    if not config.paper_aggregation:
-        train["aggregation"] = "token-mean"
     if s.scratch is not None:  # resumable (llm.runs); the spec's execution keys
         train["scratch"] = str(s.scratch)
         train["checkpoint_every"] = s.checkpoint_every

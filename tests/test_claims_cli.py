@@ -50,6 +50,25 @@ def test_the_one_way_to_set_the_llm_step_size_grid_reaches_the_trainer():
     assert [llm.runs.train_config(job_spec(config, j)).lr for j in jobs] == [3e-5, 7e-5]
 
 
+@pytest.mark.parametrize("flags", [[], ["--paper-aggregation"]], ids=["token-mean", "paper"])
+def test_every_sampled_rung_runs_with_the_studys_aggregation_and_probes(flags):
+    """One place (``probe_settings``) decides the aggregation and the mechanism probes of the
+    toy and llm rungs alike; the exact bandit flow takes neither."""
+    from sandbox.study import probe_settings
+    from sandbox.study.plan import job_spec
+
+    config, _ = parse_args(["--quick", *flags])
+    for rule in ("dapo", "nsr_dapo"):  # nsr_dapo has an expectation: probe (c) on
+        probes = probe_settings(config, rule)
+        assert probes["aggregation"] == (None if flags else "token-mean")
+        assert probes.get("grad_noise", False) == (rule == "nsr_dapo")
+        for rung in ("bandit_sampled", "tiny_tf", "llm"):
+            train = dict(job_spec(config, StudyJob("study", rung, rule, 1.0, 2, 0)).train)
+            assert {k: train.get(k) for k in probes} == probes, rung
+        exact = job_spec(config, StudyJob("study", "bandit_exact", rule, 1.0, 2, 0))
+        assert dict(exact.train) == {}
+
+
 def test_the_llm_rungs_default_task_is_the_pilots_balanced_mod_arith():
     config, _ = parse_args(["--profile", "gpu"])
     spec = llm_spec(config, StudyJob("study", "llm", "dapo", 1e-5, 2, 0), seeds=1, steps=100)

@@ -32,7 +32,7 @@ from .plan import (
     run_study,
     study_jobs,
 )
-from .rungs import RUNGS, Rung, StudyJob, register_rung, task_bounds
+from .rungs import RUNGS, Rung, StudyJob, probe_settings, register_rung, task_bounds
 from .tables import write_tables
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "calibration_jobs",
     "ledger",
     "part_fields",
+    "probe_settings",
     "rank_agreement",
     "read_record",
     "rebuild_tables",

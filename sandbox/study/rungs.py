@@ -121,24 +121,30 @@ def unregister_rung(name: str) -> None:
         raise unknown("rung", name, RUNGS)
 
 
+def probe_settings(config: StudyConfig, rule: str) -> dict[str, Any]:
+    """The ``train`` settings of a sampled run on any rung, toy or llm: the study's aggregation
+    (the paper's, else token-mean) and the mechanism probes, (a) the entropy-covariance law and,
+    for a rule with an expectation, (c) NSR's noise against its decay."""
+    train = {"aggregation": None if config.paper_aggregation else "token-mean", "entropy_law": True}
+    if objective_of(rule).expectation() is not None:
+        train["grad_noise"] = True
+    return train
+
+
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
-    """A toy spec's settings every rung shares, with the mechanism probes on."""
-    aggregation = None if config.paper_aggregation else "token-mean"
-    train = {"aggregation": aggregation, "grad_mass": True}
+    """A toy spec's settings every rung shares: :func:`probe_settings`, the gradient-mass probe
+    and the study's dtype."""
+    train = {**probe_settings(config, rule), "grad_mass": True}
     if config.dtype is not None:
         train["dtype"] = config.dtype
-    if objective_of(rule).expectation() is not None:  # mechanism check (c): NSR vs its decay
-        train["grad_noise"] = True
     return {"minibatches": config.minibatches, "device": config.device, "train": train}
 
 
 def _bandit(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     kind = RUNGS[job.rung].traits
     shared = _shared(config, job.rule)
-    if kind.deterministic:  # the flow takes neither aggregation nor gradient-mass flags
+    if kind.deterministic:  # the flow takes neither aggregation nor the probes' flags
         shared.pop("train")
-    else:
-        shared["train"]["entropy_law"] = True
     bandit = config.section("bandit")
     return RunSpec.make(
         kind.name,
@@ -157,7 +163,7 @@ def _bandit(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> Ru
 
 def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     tf, shared = config.section("tf"), _shared(config, job.rule)
-    shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k, entropy_law=True)
+    shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k)
     return RunSpec.make(
         "tiny_tf",
         task_setting(tf.task, tf.knobs),
