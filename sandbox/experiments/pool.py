@@ -11,16 +11,25 @@
   driver writes finished runs as they arrive: nothing finished is lost, nothing half-written.
 * **No orphans.** On Linux each worker asks the kernel for SIGKILL when its parent dies
   (``PR_SET_PDEATHSIG``), so even a SIGKILL of the driver leaves no worker behind.
+* **No hang on stop.** A worker's result (or exception) goes back through a file, the pool's
+  pipe carries only its name (:func:`_through_file`): a worker stopped amid sending a large result
+  down the pipe left the pool's reader waiting forever for the rest, so the driver hung in its
+  shutdown after a SIGTERM (reproduced with a 300 MB result).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
+import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -58,6 +67,47 @@ def _worker_init() -> None:
     import torch
 
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
+
+
+class WorkerTraceback(Exception):
+    """The traceback, in the worker, of an exception a run raised (its ``__cause__``)."""
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.args[0]}"""'
+
+
+def _through_file(folder: str, fn: Callable[..., Any], *args: Any) -> str:
+    """In a worker: ``fn(*args)``'s result, or its exception and traceback, pickled to a file in
+    ``folder``; its path is what goes down the pool's pipe. A message that short is written
+    whole or not at all, so a worker stopped amid it (:func:`_stop`) cannot leave the pool's
+    reader waiting for the rest of a large result: that hung the driver's shutdown."""
+    try:
+        outcome = (True, fn(*args))
+    except Exception as exc:
+        outcome = (False, (exc, traceback.format_exc()))
+    fd, path = tempfile.mkstemp(dir=folder, suffix=".pickle")
+    with os.fdopen(fd, "wb") as f:
+        try:
+            pickle.dump(outcome, f, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # a result or exception that cannot be pickled
+            f.seek(0)
+            f.truncate()
+            unpicklable = RuntimeError(f"its outcome cannot be pickled: {exc!r}")
+            pickle.dump((False, (unpicklable, traceback.format_exc())), f)
+    return path
+
+
+def _outcome(path: str) -> Any:
+    """In the driver: the result :func:`_through_file` wrote (the file removed), or its
+    exception raised, with the worker's traceback as ``__cause__``."""
+    with open(path, "rb") as f:
+        ok, value = pickle.load(f)  # our own worker's file, in our own temp folder
+    os.unlink(path)
+    if ok:
+        return value
+    exc, text = value
+    exc.__cause__ = WorkerTraceback(text)
+    raise exc
 
 
 def _context() -> mp.context.BaseContext:
@@ -202,20 +252,21 @@ def imap_unordered(
     (:func:`_stop`) and :class:`DeadlineReached` is raised."""
     start_forkserver()  # a no-op once running; started here with SIGINT ignored if not yet
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_worker_init)
-    finished = False
+    folder, finished = tempfile.mkdtemp(prefix="clip-sandbox-pool-"), False
     try:
         with terminate_raises():
             window = None if admit is None and deadline is None else workers
-            yield from _submitted(pool, fn, jobs, window, error, admit, deadline)
+            yield from _submitted(pool, fn, jobs, window, error, admit, deadline, folder)
             finished = True
     finally:
         if finished:
             pool.shutdown(wait=True)
         else:
             _stop(pool)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def _submitted(pool, fn, jobs, window, error, admit, deadline) -> Iterator[tuple[Any, Any]]:
+def _submitted(pool, fn, jobs, window, error, admit, deadline, folder) -> Iterator[tuple[Any, Any]]:
     """:func:`imap_unordered`'s loop: at most ``window`` runs submitted at a time, each once
     ``admit`` allows it; ``None``: every run at once (the workers never wait for the caller)."""
     waiting = iter(jobs)
@@ -229,7 +280,7 @@ def _submitted(pool, fn, jobs, window, error, admit, deadline) -> Iterator[tuple
                 if nxt is None or (admit is not None and not admit(nxt[0])):
                     closed = True
                     break
-                running[pool.submit(fn, *nxt[1])] = nxt[0]
+                running[pool.submit(_through_file, folder, fn, *nxt[1])] = nxt[0]
         if not running:
             break
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -241,7 +292,7 @@ def _submitted(pool, fn, jobs, window, error, admit, deadline) -> Iterator[tuple
             if future.cancelled():
                 continue
             try:
-                result = future.result()
+                result = _outcome(future.result())
             except Exception as exc:
                 if failure is None:  # stop starting new runs; the ones running finish
                     failure, closed = (key, exc), True
