@@ -133,3 +133,29 @@ def test_rank_agreement_with_and_without_the_step_size_rule():
     table = rank_agreement(run_scores(_rows({**a, **b})), draws=50).set_index("without")
     assert table.loc["", "tau_b"] == pytest.approx(0.0, abs=1e-12)
     assert table.loc["gspo", "tau_b"] == pytest.approx(-1.0, abs=1e-12)
+
+
+@pytest.mark.filterwarnings("error")  # the real command would print a numpy warning
+def test_entropy_law_of_one_point_or_a_constant_prediction_is_nan_without_a_warning():
+    from sandbox.study.analysis import entropy_law
+
+    def rows(obs: list[float], pred: list[float]) -> pd.DataFrame:
+        n = len(obs)
+        return pd.DataFrame(
+            {
+                "phase": "study",
+                "rung": "llm",
+                "rule": "dapo",
+                "seed": range(n),
+                "step": 1,
+                "entropy_change": obs,
+                "entropy_change_pred": pred,
+            }
+        )
+
+    one = entropy_law(rows([0.1], [0.2])).iloc[0]  # one llm seed, one step
+    assert one["points"] == 1 and np.isnan(one["corr"]) and one["slope"] == pytest.approx(0.5)
+    flat = entropy_law(rows([0.1, 0.3], [0.0, 0.0])).iloc[0]
+    assert np.isnan(flat["corr"]) and np.isnan(flat["slope"]) and flat["rms_error"] > 0
+    law = entropy_law(rows([0.1, 0.2, 0.4], [0.05, 0.1, 0.2])).iloc[0]
+    assert law["corr"] == pytest.approx(1.0) and law["slope"] == pytest.approx(2.0)

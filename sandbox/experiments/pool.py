@@ -266,6 +266,23 @@ def imap_unordered(
         shutil.rmtree(folder, ignore_errors=True)
 
 
+#: Seconds the driver waits for a finished run with signals deferred: the longest a Ctrl-C or
+#: SIGTERM waits to act.
+POLL_S = 0.2
+
+
+def _first_done(running: dict[Future, Any], deadline: float | None) -> set[Future]:
+    """The runs finished once one is, or none once ``deadline`` passed. Each wait lasts at most
+    :data:`POLL_S` with signals deferred: a signal inside ``concurrent.futures.wait`` while it
+    takes the futures' locks could leave one held, and the pool's shutdown waiting on it."""
+    while True:
+        timeout = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+        with signals_deferred():
+            done, _ = wait(running, timeout=max(timeout, 0.0), return_when=FIRST_COMPLETED)
+        if done or (deadline is not None and time.monotonic() >= deadline):
+            return done
+
+
 def _submitted(pool, fn, jobs, window, error, admit, deadline, folder) -> Iterator[tuple[Any, Any]]:
     """:func:`imap_unordered`'s loop: at most ``window`` runs submitted at a time, each once
     ``admit`` allows it; ``None``: every run at once (the workers never wait for the caller)."""
@@ -283,8 +300,7 @@ def _submitted(pool, fn, jobs, window, error, admit, deadline, folder) -> Iterat
                 running[pool.submit(_through_file, folder, fn, *nxt[1])] = nxt[0]
         if not running:
             break
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+        done = _first_done(running, deadline)
         if not done:  # the deadline: stop what is going (the caller's finally calls _stop)
             raise DeadlineReached(list(running.values()))
         for future in done:

@@ -230,9 +230,10 @@ def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (rung, rule), g in study.groupby(["rung", "rule"], sort=False):
         obs, pred = g["entropy_change"].to_numpy(), g["entropy_change_pred"].to_numpy()
-        with np.errstate(divide="ignore", invalid="ignore"):  # a constant series: NaN, no warning
-            corr = float(np.corrcoef(obs, pred)[0, 1])
-            slope = float(np.dot(pred, obs) / np.dot(pred, pred))
+        # one point or a constant series: NaN (numpy would warn on the real command's stderr)
+        varies = len(g) > 1 and obs.std() > 0 and pred.std() > 0
+        corr = float(np.corrcoef(obs, pred)[0, 1]) if varies else float("nan")
+        slope = float(np.dot(pred, obs) / np.dot(pred, pred)) if pred.any() else float("nan")
         rms = float(np.sqrt(np.mean((obs - pred) ** 2)))
         out.append((rung, rule, len(g), obs.mean(), pred.mean(), corr, slope, rms))
     columns = ["rung", "rule", "points", "observed_mean", "predicted_mean"]
