@@ -2,8 +2,10 @@
 that fit, writes each as a part, stops between units with one line (units left, the command that
 goes on) and exit status 75; the same command without a budget finishes, and its tables equal an
 uninterrupted study's byte for byte. A unit still running when the budget ends is stopped through
-the pool's SIGTERM path (nothing half-written). Real subprocesses, the ``--quick`` profile on the
-toy rungs and two rules (12 units: 6 calibration, 6 study)."""
+the pool's SIGTERM path (nothing half-written). The budgeted command runs in a real subprocess
+(its units in a worker it stops); the uninterrupted reference and the run that goes on run
+``llm.claims.main`` in the test process (their finding is their files and stderr). The
+``--quick`` profile on the toy rungs and two rules (12 units: 6 calibration, 6 study)."""
 
 from __future__ import annotations
 
@@ -72,10 +74,12 @@ def test_a_bad_time_budget_is_one_line_naming_the_flag(tmp_path, capsys, value):
 
 
 @pytest.mark.slow
-def test_a_budget_stops_between_units_and_the_rerun_equals_an_uninterrupted_study(tmp_path):
+def test_a_budget_stops_between_units_and_the_rerun_equals_an_uninterrupted_study(
+    tmp_path, in_process
+):
     whole = tmp_path / "whole"
     start = time.monotonic()
-    once = claims(*STUDY, "--workers", "1", "--out", str(whole))
+    once = in_process(main, *STUDY, "--workers", "1", "--out", str(whole))
     took = time.monotonic() - start
     assert once.returncode == 0, once.stderr
     # a budget that stops the same study part-way on this machine: a fraction of its own time
@@ -109,7 +113,7 @@ def test_a_budget_stops_between_units_and_the_rerun_equals_an_uninterrupted_stud
         budget,
     ]
 
-    rest = claims(*STUDY, "--workers", "1", "--out", str(out))  # no budget: finishes
+    rest = in_process(main, *STUDY, "--workers", "1", "--out", str(out))  # no budget: finishes
     assert rest.returncode == 0, rest.stderr
     if 0 < done < CALIBRATION:  # the planner's line, one for each phase (calibration first)
         assert f"{done} of {CALIBRATION} runs already done" in rest.stderr, rest.stderr

@@ -1,6 +1,9 @@
-"""``python -m llm.claims`` as a new user meets it (issue 29): each test runs the real command in
-a subprocess (the toy rungs at ``--quick`` sizes; the tiny Llama where the llm rung is the point)
-and checks the exit status, stderr and what is left on disk.
+"""``python -m llm.claims`` as a new user meets it (issue 29): each test runs the real command
+(the toy rungs at ``--quick`` sizes; the tiny Llama where the llm rung is the point) and checks
+the exit status, stderr and what is left on disk. Where the finding is the command's output or
+files, ``llm.claims.main`` runs in the test process (``in_process``: the ~3 s of a fresh
+interpreter's imports saved); each kind of error keeps a real subprocess case, and signals are
+sent to real subprocesses.
 
 - a changed step-size or mu grid is refused like any other setting, and ``--tables-only`` builds
   only from the calibrated point ``config.json`` records (never two step sizes per seed);
@@ -12,6 +15,8 @@ and checks the exit status, stderr and what is left on disk.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -22,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from llm.claims import main
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ``--workers 1``: the runs in the study's own process. A pool's start-up (a forkserver that
@@ -52,6 +59,14 @@ def claims(*argv: str, script: list[str] | None = None, **env: str) -> subproces
     )
 
 
+@pytest.fixture
+def run(in_process, monkeypatch):
+    """``run(*argv)``: ``llm.claims.main`` in this process, as :func:`claims` runs the command
+    (offline, as its environment says)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return lambda *argv: in_process(main, *argv)
+
+
 def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
@@ -63,10 +78,13 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
-    """The quick toy study (dapo, nsr_dapo, grpo, gspo on both bandit rungs; step sizes 1, 4)."""
+    """The quick toy study (dapo, nsr_dapo, grpo, gspo on both bandit rungs; step sizes 1, 4),
+    run once by ``llm.claims.main`` in this process (a module fixture cannot use ``in_process``)."""
     out = tmp_path_factory.mktemp("claims") / "study"
-    proc = claims(*FAST, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main([*FAST, "--out", str(out)])
+    assert code == 0, err.getvalue()[-3000:]
     return out
 
 
@@ -80,28 +98,29 @@ def copy_of(study: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("flags", "change"),
-    [
-        (["--bandit-lrs", "1.0", "8.0"], "bandit_lrs: [1.0, 4.0] -> [1.0, 8.0]"),
-        (["--epochs", "2", "4"], "epochs: [2] -> [2, 4]"),
+    ("flags", "change", "in_a_subprocess"),
+    [  # the refusal once from the real command, once from main in this process
+        (["--bandit-lrs", "1.0", "8.0"], "bandit_lrs: [1.0, 4.0] -> [1.0, 8.0]", True),
+        (["--epochs", "2", "4"], "epochs: [2] -> [2, 4]", False),
     ],
 )
 def test_a_changed_grid_is_refused_naming_the_setting_and_the_folder(
-    study, tmp_path, flags, change
+    study, tmp_path, run, flags, change, in_a_subprocess
 ):
     out = copy_of(study, tmp_path)
     before = (out / "config.json").read_text(), sorted(p.name for p in (out / "parts").iterdir())
-    one_line_error(claims(*FAST, *flags, "--out", str(out)), change, str(out))
+    command = claims if in_a_subprocess else run
+    one_line_error(command(*FAST, *flags, "--out", str(out)), change, str(out))
     after = (out / "config.json").read_text(), sorted(p.name for p in (out / "parts").iterdir())
     assert after == before
 
 
-def test_tables_only_never_mixes_two_calibrations(study, tmp_path):
+def test_tables_only_never_mixes_two_calibrations(study, tmp_path, run):
     out = copy_of(study, tmp_path)
     recorded = json.loads((out / "config.json").read_text())["calibrated"]
     assert set(recorded) == {"bandit_exact", "bandit_sampled"}
     other = tmp_path / "other"  # the same study on another grid: other calibrated points
-    proc = claims(*FAST, "--bandit-lrs", "1.0", "8.0", "--out", str(other))
+    proc = run(*FAST, "--bandit-lrs", "1.0", "8.0", "--out", str(other))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((other / "config.json").read_text())["calibrated"] != recorded
     for part in (other / "parts").iterdir():  # an old folder that holds both (as before the fix)
@@ -109,7 +128,7 @@ def test_tables_only_never_mixes_two_calibrations(study, tmp_path):
             shutil.copy(part, out / "parts" / part.name)
     tables = ("summary.csv", "scores.csv", "ledger.csv", "calibration.csv")
     before = {name: (out / name).read_bytes() for name in tables}
-    proc = claims("--tables-only", "--out", str(out))
+    proc = run("--tables-only", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {name: (out / name).read_bytes() for name in tables} == before
     summary = pd.read_csv(out / "summary.csv")
@@ -157,14 +176,11 @@ def test_a_bad_setting_is_one_line_before_anything_runs(tmp_path, flags, needle)
 
 
 @pytest.mark.parametrize(("flags", "needle"), BAD, ids=[" ".join(f) for f, _ in BAD])
-def test_every_bad_setting_is_one_line_from_main(tmp_path, in_process, monkeypatch, flags, needle):
+def test_every_bad_setting_is_one_line_from_main(tmp_path, run, flags, needle):
     """``llm.claims.main`` as the command calls it: exit status 2, one stderr line naming the
     setting, nothing written (in-process: the subprocess above pays ~3 s of imports per case)."""
-    from llm.claims import main
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "never"
-    one_line_error(in_process(main, *LLM, *flags, "--out", str(out)), needle)
+    one_line_error(run(*LLM, *flags, "--out", str(out)), needle)
     assert not out.exists()
 
 
@@ -183,10 +199,12 @@ def test_cuda_without_cuda_is_one_line_before_anything_runs(tmp_path):
     assert not out.exists()
 
 
-def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path):
+def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path, run):
     out = tmp_path / "study"
     small = [*LLM, "--out", str(out), "--llm-seeds", "1", "--llm-steps"]
-    one_line_error(claims(*small, "many"), "--llm-steps")
+    one_line_error(run(*small, "many"), "--llm-steps")
+    # the corrected command for real: in this process it raises numpy's RuntimeWarning
+    # "Degrees of freedom <= 0 for slice" (entropy_law on one llm seed), which in_process rejects
     proc = claims(*small, "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
@@ -201,9 +219,9 @@ def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path):
 # -- finding 4: claims of your own; a folder's rule set never shrinks --------------------------
 
 
-def test_a_claim_of_your_own_gets_a_verdict_on_every_rung(tmp_path):
+def test_a_claim_of_your_own_gets_a_verdict_on_every_rung(tmp_path, run):
     out = tmp_path / "mine"
-    proc = claims(
+    proc = run(
         *FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo:reward_auc:0.01", "--out", str(out)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -223,18 +241,18 @@ def test_a_claim_of_your_own_gets_a_verdict_on_every_rung(tmp_path):
     assert config["rules"] == ["dapo", "grpo", "gspo"] and config["claims"][0]["name"] == "mine"
     # the recorded claim survives a rebuild of the tables
     (out / "ledger.csv").unlink()
-    assert claims("--tables-only", "--out", str(out)).returncode == 0
+    assert run("--tables-only", "--out", str(out)).returncode == 0
     assert "mine" in set(pd.read_csv(out / "ledger.csv")["claim"])
 
 
-def test_a_claims_file_is_read_and_checked(tmp_path):
+def test_a_claims_file_is_read_and_checked(tmp_path, run):
     good = tmp_path / "claims.toml"
     good.write_text(
         '[[claims]]\nname = "grpo_keeps_entropy"\nrule_a = "grpo"\nrule_b = "dapo"\n'
         'direction = "greater"\nmetric = "final_entropy"\nsource = "my notes"\n'
     )
     out = tmp_path / "filed"
-    proc = claims(*FAST, "--rules", "dapo", "--claims", str(good), "--out", str(out))
+    proc = run(*FAST, "--rules", "dapo", "--claims", str(good), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     ledger = pd.read_csv(out / "ledger.csv")
     mine = ledger[ledger["claim"] == "grpo_keeps_entropy"]
@@ -244,29 +262,37 @@ def test_a_claims_file_is_read_and_checked(tmp_path):
     bad.write_text(
         "claims:\n  - {name: x, rule_a: grpo, rule_b: dapo, direction: up, metric: final_pass}\n"
     )
-    one_line_error(claims(*FAST, "--claims", str(bad), "--out", str(tmp_path / "n")), "direction")
+    one_line_error(run(*FAST, "--claims", str(bad), "--out", str(tmp_path / "n")), "direction")
 
 
-@pytest.mark.parametrize(
-    ("claim", "needle"),
-    [
-        ("x:grpo>nope", "claim x: unknown"),
-        ("x:grpo>dapo:pass", "metric must be one of"),
-        ("x:grpo>dapo:final_pass:-1", "margin must be a number > 0"),
-        ("x:grpo", "expected A>B or A<B"),
-        ("nsr_beats_dapo:grpo>dapo", "used twice"),
-    ],
-)
-def test_a_bad_claim_is_one_line(tmp_path, claim, needle):
+BAD_CLAIMS = [
+    ("x:grpo>nope", "claim x: unknown"),
+    ("x:grpo>dapo:pass", "metric must be one of"),
+    ("x:grpo>dapo:final_pass:-1", "margin must be a number > 0"),
+    ("x:grpo", "expected A>B or A<B"),
+    ("nsr_beats_dapo:grpo>dapo", "used twice"),
+]
+
+
+def test_a_bad_claim_is_one_line_from_the_command(tmp_path):
     out = tmp_path / "never"
-    one_line_error(claims(*FAST, "--claim", claim, "--out", str(out)), needle)
+    one_line_error(claims(*FAST, "--claim", BAD_CLAIMS[0][0], "--out", str(out)), BAD_CLAIMS[0][1])
     assert not out.exists()
 
 
-def test_a_subset_of_rules_in_a_study_folder_adds_to_it_instead_of_shrinking_it(study, tmp_path):
+@pytest.mark.parametrize(("claim", "needle"), BAD_CLAIMS)
+def test_a_bad_claim_is_one_line(tmp_path, run, claim, needle):
+    out = tmp_path / "never"
+    one_line_error(run(*FAST, "--claim", claim, "--out", str(out)), needle)
+    assert not out.exists()
+
+
+def test_a_subset_of_rules_in_a_study_folder_adds_to_it_instead_of_shrinking_it(
+    study, tmp_path, run
+):
     out = copy_of(study, tmp_path)
     before = pd.read_csv(out / "ledger.csv")
-    proc = claims(*FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo", "--out", str(out))
+    proc = run(*FAST, "--rules", "dapo", "--claim", "mine:grpo>gspo", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "this run adds to it" in proc.stderr and "runs already done" in proc.stderr
     config = json.loads((out / "config.json").read_text())
@@ -360,12 +386,23 @@ def test_sigint_after_an_llm_run_finished_loses_nothing(tmp_path, where):
     assert not (out / "llm_scratch").exists()
 
 
+#: The smallest study with a claim: one toy rung, the claim's two rules (calibration 2 runs).
+SMALL = [
+    *["--quick", "--rungs", "bandit_exact", "--rules", "dapo", "nsr_dapo", "--no-progress"],
+    *["--workers", "1"],
+]
+
+
 def test_sigterm_between_runs_prints_the_resume_line(tmp_path):
     out = tmp_path / "study"
     script = tmp_path / "driver.py"
     script.write_text(DRIVER.replace("signal.SIGINT", "signal.SIGTERM"))
-    cut = claims(*FAST, "--out", str(out), script=[str(script)], CUT_AT="study__bandit_exact__")
+    cut = claims(*SMALL, "--out", str(out), script=[str(script)], CUT_AT="study__bandit_exact__")
     assert cut.returncode == 128 + signal.SIGTERM, cut.stderr[-3000:]
     assert "interrupted (SIGTERM)" in cut.stderr and "run the same command again" in cut.stderr
-    again = claims(*FAST, "--out", str(out))
+    parts = sorted(p.name.split("__")[0] for p in (out / "parts").iterdir())
+    assert parts == ["calib", "calib", "study"], (
+        parts
+    )  # calibration, and the part cut amid its write
+    again = claims(*SMALL, "--out", str(out))
     assert again.returncode == 0 and "runs already done" in again.stderr, again.stderr[-3000:]

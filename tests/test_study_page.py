@@ -1,8 +1,9 @@
 """sandbox.study.page: docs/claims.md from page.md and a study folder's tables.
 
 - the committed folder gives the committed page byte for byte, twice, without rewriting it;
-- a tiny study folder (``python -m llm.claims --quick``, in a subprocess) gives a page with every
-  placeholder filled and says its transfer table is absent;
+- a tiny study folder (``python -m llm.claims --quick``, its ``main`` in this process, from another
+  working directory) gives a page with every placeholder filled and says its transfer table is
+  absent;
 - a result sentence follows the tables: a copy of the tables with a flipped verdict, headroom or
   rank agreement flips the sentence that states it;
 - a placeholder without a value, a table that lacks a value and a NaN in the prose are errors
@@ -12,17 +13,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-import llm.claims  # noqa: F401  (registers the llm rung, whose baseline the page cites)
+import llm.claims  # registers the llm rung (whose baseline the page cites); runs the tiny study
 from sandbox.study.page import TEMPLATE, page_values, placeholders, render, write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,18 +76,16 @@ def test_the_committed_folder_gives_the_committed_page_byte_for_byte(folder, mon
     assert path.stat().st_mtime_ns == stamp
 
 
-def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(tmp_path):
+def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(
+    tmp_path, in_process, monkeypatch
+):
     out, doc = tmp_path / "study", tmp_path / "claims.md"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)  # the page cites folders beside the study's, never the cwd's
+    # --workers 1: the runs in this process (a pool's start costs more than these tiny runs)
     argv = ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "tiny_tf", "--no-progress"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "llm.claims", *argv, "--out", str(out), "--doc", str(doc)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv += ["--workers", "1"]
+    proc = in_process(llm.claims.main, *argv, "--out", str(out), "--doc", str(doc))
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = doc.read_text()
     assert not LEFT.search(text), LEFT.search(text)
