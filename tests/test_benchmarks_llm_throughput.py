@@ -128,18 +128,31 @@ def without_trl(tmp_path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
-@pytest.mark.parametrize(
-    ("argv", "needs"),
-    [
-        (["--paths", "trl"], "--paths trl needs TRL"),
-        (["--paths", "today,fast"], "--fast-head trl (the fast path's default) needs TRL"),
-        (
-            ["--paths", "ensemble,trl"],
-            "--paths trl and --fast-head trl (the fast path's default) need TRL",
-        ),
-    ],
-)
-def test_trl_paths_without_trl_stop_with_one_line(tmp_path, argv, needs):
+TRL_NEEDS = [
+    (["--paths", "trl"], "--paths trl needs TRL"),
+    (["--paths", "today,fast"], "--fast-head trl (the fast path's default) needs TRL"),
+    (
+        ["--paths", "ensemble,trl"],
+        "--paths trl and --fast-head trl (the fast path's default) need TRL",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "needs"), TRL_NEEDS)
+def test_trl_paths_without_trl_stop_with_one_line(monkeypatch, argv, needs):
+    """``main`` in this process, ``import trl`` failing as where TRL is not installed (None in
+    ``sys.modules``): the ValueError that the script prints as its one line."""
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(ValueError) as stop:
+        llm_throughput.main(["--smoke", *argv])
+    message = str(stop.value)
+    assert "\n" not in message and needs in message
+    assert "pip install 'clip-sandbox[trl]'" in message
+
+
+def test_trl_paths_without_trl_stop_the_script_with_one_line(tmp_path):
+    """The script as a user runs it, where TRL is not installed: exit 2, one ``error:`` line."""
+    argv, needs = TRL_NEEDS[-1]
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--smoke", *argv],
         env=without_trl(tmp_path),
@@ -298,15 +311,24 @@ def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy):
         assert 1.3 < ratio < 1.7, (two["path"], ratio)
 
 
-@pytest.mark.parametrize(
-    ("flags", "named"),
-    [
-        (["--steps", "3"], "--steps"),
-        (["--device", "cuda"], "--device"),  # --device cpu (the proxy's) would be honoured
-        (["--paths", "today", "--model", "smollm2-135m"], "--model, --paths"),
-    ],
-)
+PROXY_REFUSED = [
+    (["--steps", "3"], "--steps"),
+    (["--device", "cuda"], "--device"),  # --device cpu (the proxy's) would be honoured
+    (["--paths", "today", "--model", "smollm2-135m"], "--model, --paths"),
+]
+
+
+@pytest.mark.parametrize(("flags", "named"), PROXY_REFUSED)
 def test_proxy_refuses_flags_it_cannot_honour_in_one_line(flags, named):
+    with pytest.raises(ValueError) as stop:
+        llm_throughput.parse_args(["--proxy", "--smoke", *flags])
+    message = str(stop.value)
+    assert message.startswith(f"{named}: not honoured by --proxy") and "\n" not in message
+
+
+def test_proxy_refuses_flags_from_the_script_in_one_line():
+    """The script as a user runs it: exit 2 before any output, one ``error:`` line."""
+    flags, named = PROXY_REFUSED[-1]
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--proxy", "--smoke", *flags],
         capture_output=True,
