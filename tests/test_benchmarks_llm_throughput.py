@@ -277,32 +277,27 @@ def test_proxy_k_must_start_at_one(value):
     assert proc.returncode == 2 and proc.stderr.startswith("error: --proxy-k must be")
 
 
-def run_proxy_smoke(out, *flags: str) -> list[dict[str, str]]:
-    """``--proxy --smoke --proxy-k 1 --proxy-compile off`` with ``flags`` (the real command):
-    the rows of its ``proxy.csv``, and its report's settings line as the last item."""
-    argv = ["--proxy", "--smoke", "--proxy-k", "1", "--proxy-compile", "off", *flags]
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, *argv, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = (out / "proxy.txt").read_text().splitlines()
-    assert report[0] == f"command: python benchmarks/llm_throughput.py {' '.join(argv)} --out {out}"
-    return [*csv.DictReader((out / "proxy.csv").open()), report[2]]
+@pytest.mark.slow  # three short trainings in this process, beside the module's --smoke run
+def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy, in_process):
+    """``--proxy --smoke --group-size 3`` (``main`` in this process; the module's fixture runs
+    the script): the report states 2 prompts x 3 completions and the FLOPs per run-step are 1.5x
+    those of --smoke's 2 x 2 (the rows of the step; decoding may stop earlier or later), where a
+    flag the proxy ignored would leave them equal."""
+    import torch
 
-
-@pytest.mark.slow  # one run of two short trainings, beside the module's --smoke run
-def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy):
-    """``--proxy --smoke --group-size 3``: the report states 2 prompts x 3 completions and the
-    FLOPs per run-step are 1.5x those of --smoke's 2 x 2 (the rows of the step; decoding may
-    stop earlier or later), where a flag the proxy ignored would leave them equal."""
     out = smoke_proxy[1]
     pairs = [r for r in proxy_rows(out) if r["K"] == "1"]
     pairs_line = (out / "proxy.txt").read_text().splitlines()[2]
-    *triples, triples_line = run_proxy_smoke(tmp_path / "g3", "--group-size", "3")
+    g3 = tmp_path / "g3"
+    argv = ["--proxy", "--smoke", "--proxy-k", "1", "--proxy-compile", "off", "--group-size", "3"]
+    threads = torch.get_num_threads()
+    try:  # the proxy sets its own thread count
+        in_process(llm_throughput.main, *argv, "--out", str(g3))
+    finally:
+        torch.set_num_threads(threads)
+    report = (g3 / "proxy.txt").read_text().splitlines()
+    assert report[0] == f"command: python benchmarks/llm_throughput.py {' '.join(argv)} --out {g3}"
+    triples, triples_line = proxy_rows(g3), report[2]
     assert "prompts_per_step=2, group_size=2, max_new_tokens=4, epochs=1" in pairs_line
     assert "prompts_per_step=2, group_size=3, max_new_tokens=4, epochs=1" in triples_line
     assert [r["path"] for r in triples] == [r["path"] for r in pairs] == ["today", "batched"]
