@@ -268,8 +268,13 @@ def test_proxy_counts_operators_host_reads_and_flops(smoke_proxy):
 
 @pytest.mark.parametrize("value", ["0,8", "8,16", "1,x"])
 def test_proxy_k_must_start_at_one(value):
+    with pytest.raises(ValueError, match=f"^--proxy-k must be .*got '{value}'$"):
+        llm_throughput.parse_args(["--proxy", "--proxy-k", value])
+
+
+def test_proxy_k_must_start_at_one_from_the_script():
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--proxy", "--proxy-k", value],
+        [sys.executable, SCRIPT, "--proxy", "--proxy-k", "8,16"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": ROOT},
