@@ -14,7 +14,8 @@
 #                                    # llm.claims --profile gpu --rungs llm --time-budget (the time
 #                                    # left) -> $OUT/claims (resumed from results/claims_gpu)
 #   benchmarks/gpu_lend.sh dry-run   # CPU: prepare's split and join on a stand-in, then 1 and 2 on
-#                                    # the tiny model, in under 2 minutes (tests/test_gpu_lend.py)
+#                                    # the tiny model (an ensemble of 2 for the K=16 step), in about
+#                                    # 1-2 minutes (tests/test_gpu_lend.py)
 #
 # Why the throughput benchmark is in command 2, not 1: the GGUF (98 MB) exceeds one command's
 # 64 MiB, so the model exists on the machine only once command 2 has brought its second piece.
@@ -138,15 +139,16 @@ command_2() { # join the GGUF, the throughput benchmark, then claims units in th
     --ensemble 8 >"$OUT/throughput_k8.txt" 2>&1 || k8=$?
   # shellcheck disable=SC2086
   timeout $((BENCH_S / 3)) "$PY" benchmarks/llm_throughput.py $BENCH_ARGS --paths ensemble \
-    --ensemble 16 >"$OUT/throughput_k16.txt" 2>&1 || k16=$?
+    --ensemble "$K16" >"$OUT/throughput_k16.txt" 2>&1 || k16=$?
   tail -n 4 "$OUT/throughput_k8.txt" "$OUT/throughput_k16.txt" || true
   if [ -d results/claims_gpu/parts ] && [ ! -d "$OUT/claims" ]; then # go on from earlier lends
     cp -r results/claims_gpu "$OUT/claims"
   fi
   budget=$(($(left) - MARGIN)) # tables, the stop's grace (20 s) and the copy back
+  if [ -n "$CLAIMS_S" ] && [ "$budget" -gt "$CLAIMS_S" ]; then budget=$CLAIMS_S; fi
   if [ "$budget" -gt 10 ]; then
     # shellcheck disable=SC2086
-    timeout $((budget + 30)) "$PY" -m llm.claims $CLAIMS_ARGS --time-budget "$budget" \
+    timeout $((budget + CLAIMS_SLACK)) "$PY" -m llm.claims $CLAIMS_ARGS --time-budget "$budget" \
       --out "$OUT/claims" --no-progress >"$OUT/claims.txt" 2>&1 || claims=$?
     tail -2 "$OUT/claims.txt"
   fi
@@ -160,20 +162,27 @@ XDIST="-n 8"
 BENCH_ARGS="--device cuda --model smollm2-135m"
 CLAIMS_ARGS="--profile gpu --device cuda --rungs llm"
 K8_PATHS=today,ensemble,trl
+K16=16       # the second ensemble's size (its output stays throughput_k16.txt)
+CLAIMS_S=""  # a cap on the claims' budget (none: the time left)
+CLAIMS_SLACK=30  # the claims' limit beyond its budget: imports, the stop's grace (20 s), tables
 case "${1:-}" in
   prepare) prepare ;;
   1) OUT=${OUT:?set OUT (the device tool sets it)}; command_1 ;;
   2) OUT=${OUT:?set OUT (the device tool sets it)}; command_2 ;;
   dry-run)
     DRY=1 DEVICE=cpu XDIST="" STASH=$(mktemp -d) STAGE=$(mktemp -d) OUT=${OUT:-$(mktemp -d)}
-    # the tiny model (--smoke: 1 warm-up + 1 step; today's path, then the ensemble), the quick
-    # profile's llm rung; 90 s + 85 s of limits (the first only collects the gpu-marked tests, but
-    # on a loaded 2-core machine that alone took over 25 s), so the dry run ends within 3 minutes
-    BENCH_ARGS="--smoke" K8_PATHS=today MARGIN=10 BENCH_S=${GPU_LEND_BENCH_S:-50}
-    CLAIMS_ARGS="--quick --rungs llm --device cpu --workers 1"
+    # the tiny model (--smoke: 1 warm-up + 1 step, one thread; today's path, then an ensemble of
+    # 2 in the K=16 step: 16 members only add CPU time), the quick profile's llm rung for 15 s
+    # (a unit starts, and ends or is stopped, whatever time the benchmark left). Limits, not
+    # expected times: 90 s for command 1 (it only collects the gpu-marked tests, but on a loaded
+    # 2-core machine that alone took over 25 s), 80 s + 40 s for the benchmark's two steps (each
+    # 15-20 s of CPU), 15 + 60 s for the claims (a loaded machine slows its imports and the
+    # stop of the unit it cut), so the dry run ends within 5 minutes
+    BENCH_ARGS="--smoke --threads 1" K8_PATHS=today K16=2 MARGIN=10 BENCH_S=${GPU_LEND_BENCH_S:-120}
+    CLAIMS_ARGS="--quick --rungs llm --device cpu --workers 1" CLAIMS_S=15 CLAIMS_SLACK=60
     prepare >/dev/null
     START=$(date +%s) LIMIT=90; command_1
-    START=$(date +%s) LIMIT=${GPU_LEND_SECONDS:-85}; command_2
+    START=$(date +%s) LIMIT=${GPU_LEND_SECONDS:-$((BENCH_S + CLAIMS_S + MARGIN + 10))}; command_2
     rm -rf "$STASH" "$STAGE"
     echo "dry run: results in $OUT"
     ;;

@@ -128,18 +128,31 @@ def without_trl(tmp_path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
-@pytest.mark.parametrize(
-    ("argv", "needs"),
-    [
-        (["--paths", "trl"], "--paths trl needs TRL"),
-        (["--paths", "today,fast"], "--fast-head trl (the fast path's default) needs TRL"),
-        (
-            ["--paths", "ensemble,trl"],
-            "--paths trl and --fast-head trl (the fast path's default) need TRL",
-        ),
-    ],
-)
-def test_trl_paths_without_trl_stop_with_one_line(tmp_path, argv, needs):
+TRL_NEEDS = [
+    (["--paths", "trl"], "--paths trl needs TRL"),
+    (["--paths", "today,fast"], "--fast-head trl (the fast path's default) needs TRL"),
+    (
+        ["--paths", "ensemble,trl"],
+        "--paths trl and --fast-head trl (the fast path's default) need TRL",
+    ),
+]
+
+
+@pytest.mark.parametrize(("argv", "needs"), TRL_NEEDS)
+def test_trl_paths_without_trl_stop_with_one_line(monkeypatch, argv, needs):
+    """``main`` in this process, ``import trl`` failing as where TRL is not installed (None in
+    ``sys.modules``): the ValueError that the script prints as its one line."""
+    monkeypatch.setitem(sys.modules, "trl", None)
+    with pytest.raises(ValueError) as stop:
+        llm_throughput.main(["--smoke", *argv])
+    message = str(stop.value)
+    assert "\n" not in message and needs in message
+    assert "pip install 'clip-sandbox[trl]'" in message
+
+
+def test_trl_paths_without_trl_stop_the_script_with_one_line(tmp_path):
+    """The script as a user runs it, where TRL is not installed: exit 2, one ``error:`` line."""
+    argv, needs = TRL_NEEDS[-1]
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--smoke", *argv],
         env=without_trl(tmp_path),
@@ -255,8 +268,13 @@ def test_proxy_counts_operators_host_reads_and_flops(smoke_proxy):
 
 @pytest.mark.parametrize("value", ["0,8", "8,16", "1,x"])
 def test_proxy_k_must_start_at_one(value):
+    with pytest.raises(ValueError, match=f"^--proxy-k must be .*got '{value}'$"):
+        llm_throughput.parse_args(["--proxy", "--proxy-k", value])
+
+
+def test_proxy_k_must_start_at_one_from_the_script():
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--proxy", "--proxy-k", value],
+        [sys.executable, SCRIPT, "--proxy", "--proxy-k", "8,16"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": ROOT},
@@ -264,32 +282,27 @@ def test_proxy_k_must_start_at_one(value):
     assert proc.returncode == 2 and proc.stderr.startswith("error: --proxy-k must be")
 
 
-def run_proxy_smoke(out, *flags: str) -> list[dict[str, str]]:
-    """``--proxy --smoke --proxy-k 1 --proxy-compile off`` with ``flags`` (the real command):
-    the rows of its ``proxy.csv``, and its report's settings line as the last item."""
-    argv = ["--proxy", "--smoke", "--proxy-k", "1", "--proxy-compile", "off", *flags]
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, *argv, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = (out / "proxy.txt").read_text().splitlines()
-    assert report[0] == f"command: python benchmarks/llm_throughput.py {' '.join(argv)} --out {out}"
-    return [*csv.DictReader((out / "proxy.csv").open()), report[2]]
+@pytest.mark.slow  # three short trainings in this process, beside the module's --smoke run
+def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy, in_process):
+    """``--proxy --smoke --group-size 3`` (``main`` in this process; the module's fixture runs
+    the script): the report states 2 prompts x 3 completions and the FLOPs per run-step are 1.5x
+    those of --smoke's 2 x 2 (the rows of the step; decoding may stop earlier or later), where a
+    flag the proxy ignored would leave them equal."""
+    import torch
 
-
-@pytest.mark.slow  # one run of two short trainings, beside the module's --smoke run
-def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy):
-    """``--proxy --smoke --group-size 3``: the report states 2 prompts x 3 completions and the
-    FLOPs per run-step are 1.5x those of --smoke's 2 x 2 (the rows of the step; decoding may
-    stop earlier or later), where a flag the proxy ignored would leave them equal."""
     out = smoke_proxy[1]
     pairs = [r for r in proxy_rows(out) if r["K"] == "1"]
     pairs_line = (out / "proxy.txt").read_text().splitlines()[2]
-    *triples, triples_line = run_proxy_smoke(tmp_path / "g3", "--group-size", "3")
+    g3 = tmp_path / "g3"
+    argv = ["--proxy", "--smoke", "--proxy-k", "1", "--proxy-compile", "off", "--group-size", "3"]
+    threads = torch.get_num_threads()
+    try:  # the proxy sets its own thread count
+        in_process(llm_throughput.main, *argv, "--out", str(g3))
+    finally:
+        torch.set_num_threads(threads)
+    report = (g3 / "proxy.txt").read_text().splitlines()
+    assert report[0] == f"command: python benchmarks/llm_throughput.py {' '.join(argv)} --out {g3}"
+    triples, triples_line = proxy_rows(g3), report[2]
     assert "prompts_per_step=2, group_size=2, max_new_tokens=4, epochs=1" in pairs_line
     assert "prompts_per_step=2, group_size=3, max_new_tokens=4, epochs=1" in triples_line
     assert [r["path"] for r in triples] == [r["path"] for r in pairs] == ["today", "batched"]
@@ -298,15 +311,24 @@ def test_proxy_counts_the_step_of_the_flags_given(tmp_path, smoke_proxy):
         assert 1.3 < ratio < 1.7, (two["path"], ratio)
 
 
-@pytest.mark.parametrize(
-    ("flags", "named"),
-    [
-        (["--steps", "3"], "--steps"),
-        (["--device", "cuda"], "--device"),  # --device cpu (the proxy's) would be honoured
-        (["--paths", "today", "--model", "smollm2-135m"], "--model, --paths"),
-    ],
-)
+PROXY_REFUSED = [
+    (["--steps", "3"], "--steps"),
+    (["--device", "cuda"], "--device"),  # --device cpu (the proxy's) would be honoured
+    (["--paths", "today", "--model", "smollm2-135m"], "--model, --paths"),
+]
+
+
+@pytest.mark.parametrize(("flags", "named"), PROXY_REFUSED)
 def test_proxy_refuses_flags_it_cannot_honour_in_one_line(flags, named):
+    with pytest.raises(ValueError) as stop:
+        llm_throughput.parse_args(["--proxy", "--smoke", *flags])
+    message = str(stop.value)
+    assert message.startswith(f"{named}: not honoured by --proxy") and "\n" not in message
+
+
+def test_proxy_refuses_flags_from_the_script_in_one_line():
+    """The script as a user runs it: exit 2 before any output, one ``error:`` line."""
+    flags, named = PROXY_REFUSED[-1]
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--proxy", "--smoke", *flags],
         capture_output=True,

@@ -1,8 +1,9 @@
 """``benchmarks/gpu_lend.sh dry-run`` (issue 28 item 6): the prepared GPU lend run end to end on CPU
-with the tiny model, within its 3-minute bound: prepare's split of a stand-in GGUF, command 1
+with the tiny model, within its 5-minute bound: prepare's split of a stand-in GGUF, command 1
 (stash piece 1, the gpu-marked tests: skipped without CUDA), command 2 (join and sha256 check,
-llm_throughput.py --smoke, llm.claims --quick --rungs llm under --time-budget), each command's
-provenance. A real subprocess; the figures of the benchmark are not asserted (CPU, loaded)."""
+llm_throughput.py --smoke: today's path, then the ensemble (of 2 in the dry run), llm.claims
+--quick --rungs llm under --time-budget), each command's provenance. A real subprocess; the
+figures of the benchmark are not asserted (CPU, loaded), its steps' exit codes are."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_the_dry_run_runs_both_commands_and_records_them(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,  # the script's own limits add up to under 5 minutes
     )
     assert done.returncode == 0, done.stdout + done.stderr
     tests = (out / "gpu_tests.txt").read_text()
@@ -39,9 +40,16 @@ def test_the_dry_run_runs_both_commands_and_records_them(tmp_path):
         assert len(record["commit"]) == 40 and record["date"].endswith("Z")
     assert first["exit_codes"] == {"gpu_tests": "0"}
     assert set(second["exit_codes"]) == {"throughput_k8", "throughput_k16", "claims"}
+    assert second["exit_codes"]["throughput_k8"] == "0", (out / "throughput_k8.txt").read_text()
+    assert second["exit_codes"]["throughput_k16"] == "0", (out / "throughput_k16.txt").read_text()
     assert second["exit_codes"]["claims"] in ("0", "75"), second  # done, or the budget spent
     claims = (out / "claims.txt").read_text()
     assert "time budget of" in claims or "wrote" in claims, claims
     assert (out / "claims" / "config.json").is_file()
     assert not (out / "claims" / "llm_scratch").exists()  # never carried back
-    assert "device cpu" in (out / "throughput_k8.txt").read_text()
+    today, ensemble = ((out / f"throughput_k{k}.txt").read_text() for k in (8, 16))
+    assert "device cpu" in today and "device cpu" in ensemble
+    rows = [line.split() for line in today.splitlines() if line.startswith("today (llm.train)")]
+    assert len(rows) == 1 and rows[0][2] == "1", today  # one run of today's path
+    rows = [line.split() for line in ensemble.splitlines() if line.startswith("fast, one ensemble")]
+    assert len(rows) == 1 and rows[0][3] == "2", ensemble  # one process of 2 runs
