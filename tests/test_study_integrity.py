@@ -7,7 +7,10 @@ kind of error of each command (the one line a user sees, no traceback), through 
 output of several runs, which saves a fresh interpreter's imports per run.
 """
 
+import contextlib
+import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,14 +55,32 @@ def test_the_default_study_folder_is_never_the_committed_evidence():
     assert parse_args(["--profile", "gpu"])[1].out == "runs/claims-gpu"
 
 
+@pytest.fixture(scope="module")
+def fast_study(tmp_path_factory) -> Path:
+    """The FAST study, made once for the tests that start from it (each works on its own copy:
+    :func:`_copy_of`); ``llm.claims.main`` in this process, its output kept out of the log."""
+    out = tmp_path_factory.mktemp("fast") / "study"
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = claims([*FAST, "--out", str(out)])
+    assert code == 0, said.getvalue()
+    return out
+
+
+def _copy_of(study: Path, tmp_path: Path) -> Path:
+    """A copy of ``study`` in ``tmp_path`` (files' mtimes kept)."""
+    return Path(shutil.copytree(study, tmp_path / "study"))
+
+
 def _parts(out: Path) -> dict[str, tuple[bytes, int]]:
     """Every file in ``out/parts``: its bytes and mtime (ns)."""
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "parts").iterdir()}
 
 
-def test_a_study_folder_made_with_other_settings_is_refused_then_forced(tmp_path, in_process):
-    out = tmp_path / "study"
-    assert in_process(claims, *FAST, "--out", str(out)).returncode == 0
+def test_a_study_folder_made_with_other_settings_is_refused_then_forced(
+    tmp_path, in_process, fast_study
+):
+    out = _copy_of(fast_study, tmp_path)
     before = pd.read_csv(out / "scores.csv")
     old = _parts(out)
     steps = pd.read_parquet(out / "results.parquet")["step"].max()
@@ -180,9 +201,8 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(command):
     assert "cannot be written" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
-def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path, in_process):
-    out = tmp_path / "study"
-    assert in_process(claims, *FAST, "--out", str(out)).returncode == 0
+def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path, in_process, fast_study):
+    out = _copy_of(fast_study, tmp_path)
     stuck = sorted((out / "parts").glob("*.parquet"))[0]
     lock = subprocess.run(["chattr", "+i", str(stuck)], capture_output=True)
     if lock.returncode != 0:
