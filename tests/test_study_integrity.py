@@ -219,9 +219,12 @@ def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path, in_process,
 
 
 def test_a_sweep_resume_says_what_was_already_done(tmp_path, in_process):
-    base = ["sweep", str(ROOT / "sweeps" / "clip_higher.toml"), "--seeds", "2", "--steps", "2"]
+    # two runs on one setting: the fewest panels and lines for the figures each run draws
+    plan = tmp_path / "two.toml"
+    plan.write_text('name = "two"\nsettings = ["easy"]\n[[grid]]\nobjective = ["dapo", "grpo"]\n')
+    base = ["sweep", str(plan), "--seeds", "2", "--steps", "2"]
     base += ["--workers", "1", "--no-progress", "--out", str(tmp_path)]
     assert in_process(cli, *base).returncode == 0
     again = in_process(cli, *base)
     assert again.returncode == 0, again.stderr
-    assert "10 of 10 runs already done" in again.stderr and "running the other 0" in again.stderr
+    assert "2 of 2 runs already done" in again.stderr and "running the other 0" in again.stderr
