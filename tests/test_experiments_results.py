@@ -158,7 +158,9 @@ def test_study_tables_are_the_same_bytes_whatever_the_order_of_the_parts(tmp_pat
 def test_rebuilding_the_committed_claims_study_changes_no_file(tmp_path):
     """The documented command (python -m llm.claims --tables-only --doc) on a copy of the
     committed study reproduces every table, figure, provenance and the page byte for byte, and
-    rewrites nothing (mtimes kept)."""
+    rewrites nothing (mtimes kept). A real process: in this one, a command run before may have
+    changed matplotlib's global state (sandbox.experiments.plots sets seaborn's theme, which
+    remaps the colour code 'k' beyond rcParams), and the figures' bytes with it."""
     copy = tmp_path / "results" / "claims"
     shutil.copytree(ROOT / "results" / "claims", copy)  # copy2: mtimes kept
     for cited in ("claims_exact_mu", "regimes", "llm_pilot"):  # the page cites them
@@ -198,45 +200,33 @@ def _check_entry(entry: dict, command: str) -> None:
     assert entry["git_commit"] == (commit or R.NOT_RECORDED)
 
 
-def test_a_compare_run_records_its_provenance_which_is_not_a_setting(tmp_path):
-    base = [
-        "-m",
-        "sandbox.cli",
-        "compare",
-        "--out",
-        str(tmp_path),
-        "--name",
-        "x",
-        "--settings",
-        "easy",
-        "--objectives",
-        "grpo",
-        "--seeds",
-        "2",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
+def test_a_compare_run_records_its_provenance_which_is_not_a_setting(tmp_path, in_process):
+    """The first run is the real command (its record names the command that process ran); the
+    resumed and the forced runs go through ``sandbox.cli.main`` in this process."""
+    from sandbox.cli import main as cli
+
+    base = ["compare", "--out", str(tmp_path), "--name", "x", "--settings", "easy"]
+    base += ["--objectives", "grpo", "--seeds", "2", "--workers", "1", "--no-progress"]
     out = tmp_path / "x"
-    first = _run(*base, "--steps", "3")
+    first = _run("-m", "sandbox.cli", *base, "--steps", "3")
     assert first.returncode == 0, first.stderr
     record = json.loads((out / "provenance.json").read_text())
     assert len(record["runs"]) == 1 and record["runs"][0]["parts"] == 2  # sampled + exact
-    _check_entry(record["runs"][0], "compare")
-    _check_entry(record["tables"], "compare")
+    _check_entry(record["runs"][0], "-m sandbox.cli compare --out")
+    _check_entry(record["tables"], "-m sandbox.cli compare --out")
     assert "provenance" not in json.loads((out / "config.json").read_text())
 
     # the same command on "another machine": its provenance differs, the folder is resumed
     record["runs"][0].update(cpu_model="another CPU", torch="0.0", torch_threads=64)
     (out / "provenance.json").write_text(json.dumps(record))
     files = _files(out)
-    again = _run(*base, "--steps", "3")
+    again = in_process(cli, *base, "--steps", "3")
     assert again.returncode == 0, again.stderr
     assert "2 of 2 runs already done" in again.stderr
     assert _files(out) == files  # nothing computed, no table changed: nothing rewritten
 
     # other settings (refused without --force): recomputed, and the record starts afresh
-    forced = _run(*base, "--steps", "4", "--force")
+    forced = in_process(cli, *base, "--steps", "4", "--force")
     assert forced.returncode == 0, forced.stderr
     runs = json.loads((out / "provenance.json").read_text())["runs"]
     assert len(runs) == 1 and runs[0]["cpu_model"] == R.cpu_model() and runs[0]["parts"] == 2

@@ -1,16 +1,25 @@
 """Results are never overwritten or mixed silently, and bad study arguments are one line.
 
-Each test runs the real command in a subprocess (``python -m llm.claims``, ``clip-sandbox``),
-with real files and folders, and checks the exit status, stderr and what is left on disk.
+Each test runs the real command (``python -m llm.claims``, ``clip-sandbox``) with real files and
+folders, and checks the exit status, stderr and what is left on disk: in a subprocess for each
+kind of error of each command (the one line a user sees, no traceback), through the command's
+``main`` in this process (the ``in_process`` fixture) where the finding is the folder or the
+output of several runs, which saves a fresh interpreter's imports per run.
 """
 
+import contextlib
+import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from llm.claims import main as claims
+from sandbox.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The claims study at its quick sizes on the exact flow alone: the folder logic, in seconds; its
@@ -46,22 +55,64 @@ def test_the_default_study_folder_is_never_the_committed_evidence():
     assert parse_args(["--profile", "gpu"])[1].out == "runs/claims-gpu"
 
 
-def test_a_study_folder_made_with_other_settings_is_refused_then_forced(tmp_path):
-    out = tmp_path / "study"
-    assert _run("-m", "llm.claims", *FAST, "--out", str(out)).returncode == 0
+@pytest.fixture(scope="module")
+def fast_study(tmp_path_factory) -> Path:
+    """The FAST study, made once for the tests that start from it (each works on its own copy:
+    :func:`_copy_of`); ``llm.claims.main`` in this process, its output kept out of the log."""
+    out = tmp_path_factory.mktemp("fast") / "study"
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = claims([*FAST, "--out", str(out)])
+    assert code == 0, said.getvalue()
+    return out
+
+
+def _copy_of(study: Path, tmp_path: Path) -> Path:
+    """A copy of ``study`` in ``tmp_path`` (files' mtimes kept)."""
+    return Path(shutil.copytree(study, tmp_path / "study"))
+
+
+def _parts(out: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file in ``out/parts``: its bytes and mtime (ns)."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "parts").iterdir()}
+
+
+def test_a_study_folder_made_with_other_settings_is_refused_then_forced(
+    tmp_path, in_process, fast_study
+):
+    out = _copy_of(fast_study, tmp_path)
     before = pd.read_csv(out / "scores.csv")
+    old = _parts(out)
     steps = pd.read_parquet(out / "results.parquet")["step"].max()
+    # the refusal as a user sees it: the real command, one line
     changed = _run("-m", "llm.claims", *FAST, "--bandit-steps", "5", "--out", str(out))
     _one_line_error(changed, f"bandit_steps: {steps} -> 5")
     pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)  # untouched
-    same = _run("-m", "llm.claims", *FAST, "--out", str(out))  # the same command resumes
+    assert _parts(out) == old
+    same = in_process(claims, *FAST, "--out", str(out))  # the same command resumes
     assert same.returncode == 0 and "runs already done" in same.stderr, same.stderr
-    forced = _run("-m", "llm.claims", *FAST, "--bandit-steps", "5", "--force", "--out", str(out))
+    # forced with other settings and two of the four rules: a fresh study of those two, so no
+    # part of the old settings stays beside the new ones (nsr_dapo's and gspo's go too)
+    kept = ("dapo", "grpo")
+    forced = in_process(
+        claims, *FAST, "--rules", *kept, "--bandit-steps", "5", "--force", "--out", str(out)
+    )
     assert forced.returncode == 0, forced.stderr
-    assert len(pd.read_csv(out / "scores.csv")) == len(before)  # every run recomputed, none mixed
-    assert pd.read_parquet(out / "results.parquet")["step"].max() == 5  # 5 steps per run now
+    new = _parts(out)
+    study = {n for n in old if n.startswith("study__")}
+    assert len(study) == 4 and len(old) > len(study)  # a part per rule, and calibration parts
+    assert sorted(new) == sorted(n for n in old if n.split("__")[2] in kept)
+    for name, (data, stamp) in new.items():
+        assert stamp > old[name][1], name  # every part recomputed
+        if name in study:  # the study's parts depend on the steps (calibration's do not)
+            assert data != old[name][0], name
+    scores = pd.read_csv(out / "scores.csv")
+    assert sorted(scores["rule"]) == sorted(before.loc[before["rule"].isin(kept), "rule"])
+    results = pd.read_parquet(out / "results.parquet")
+    assert results["step"].max() == 5 and set(results["rule"]) == set(kept)  # none mixed
     # the folder now records the forced settings: the old command is refused in turn
-    _one_line_error(_run("-m", "llm.claims", *FAST, "--out", str(out)), f"5 -> {steps}")
+    again = in_process(claims, *FAST, "--rules", *kept, "--out", str(out))
+    _one_line_error(again, f"5 -> {steps}")
 
 
 @pytest.mark.parametrize(
@@ -83,27 +134,11 @@ def test_an_out_path_that_is_a_file_is_one_line(tmp_path, command):
     assert blocker.read_text() == "not a folder"
 
 
-def test_a_compare_run_of_a_subset_adds_to_the_tables_and_says_what_was_done(tmp_path):
-    base = [
-        "-m",
-        "sandbox.cli",
-        "compare",
-        "--out",
-        str(tmp_path),
-        "--name",
-        "x",
-        "--settings",
-        "easy",
-        "--seeds",
-        "2",
-        "--steps",
-        "3",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
-    assert _run(*base, "--objectives", "grpo", "dapo", "sapo").returncode == 0
-    subset = _run(*base, "--objectives", "grpo", "dapo")
+def test_a_compare_run_of_a_subset_adds_to_the_tables_and_says_what_was_done(tmp_path, in_process):
+    base = ["compare", "--out", str(tmp_path), "--name", "x", "--settings", "easy", "--seeds", "2"]
+    base += ["--steps", "3", "--workers", "1", "--no-progress"]
+    assert in_process(cli, *base, "--objectives", "grpo", "dapo", "sapo").returncode == 0
+    subset = in_process(cli, *base, "--objectives", "grpo", "dapo")
     assert subset.returncode == 0, subset.stderr
     assert "4 of 4 runs already done" in subset.stderr  # sampled + exact per rule
     summary = pd.read_csv(tmp_path / "x" / "summary.csv")
@@ -166,9 +201,8 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(command):
     assert "cannot be written" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
-def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path):
-    out = tmp_path / "study"
-    assert _run("-m", "llm.claims", *FAST, "--out", str(out)).returncode == 0
+def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path, in_process, fast_study):
+    out = _copy_of(fast_study, tmp_path)
     stuck = sorted((out / "parts").glob("*.parquet"))[0]
     lock = subprocess.run(["chattr", "+i", str(stuck)], capture_output=True)
     if lock.returncode != 0:
@@ -181,28 +215,16 @@ def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path):
     assert stuck.name in proc.stderr
     # the folder still says what its remaining parts were made with: the forced command is
     # refused again, naming the change
-    _one_line_error(
-        _run("-m", "llm.claims", *FAST, "--bandit-steps", "5", "--out", str(out)), "-> 5"
-    )
+    _one_line_error(in_process(claims, *FAST, "--bandit-steps", "5", "--out", str(out)), "-> 5")
 
 
-def test_a_sweep_resume_says_what_was_already_done(tmp_path):
-    base = [
-        "-m",
-        "sandbox.cli",
-        "sweep",
-        str(ROOT / "sweeps" / "clip_higher.toml"),
-        "--seeds",
-        "2",
-        "--steps",
-        "2",
-        "--workers",
-        "1",
-        "--no-progress",
-        "--out",
-        str(tmp_path),
-    ]
-    assert _run(*base).returncode == 0
-    again = _run(*base)
+def test_a_sweep_resume_says_what_was_already_done(tmp_path, in_process):
+    # two runs on one setting: the fewest panels and lines for the figures each run draws
+    plan = tmp_path / "two.toml"
+    plan.write_text('name = "two"\nsettings = ["easy"]\n[[grid]]\nobjective = ["dapo", "grpo"]\n')
+    base = ["sweep", str(plan), "--seeds", "2", "--steps", "2"]
+    base += ["--workers", "1", "--no-progress", "--out", str(tmp_path)]
+    assert in_process(cli, *base).returncode == 0
+    again = in_process(cli, *base)
     assert again.returncode == 0, again.stderr
-    assert "runs already done" in again.stderr and "running the other 0" in again.stderr
+    assert "2 of 2 runs already done" in again.stderr and "running the other 0" in again.stderr
