@@ -98,29 +98,31 @@ def plot_weights(table: pd.DataFrame, path: str | Path) -> Path:
     import matplotlib.pyplot as plt  # the backend is the user's (headless machines get Agg)
     import seaborn as sns
 
-    sns.set_theme(style="whitegrid", context="notebook")
-    grid = sns.relplot(
-        data=table,
-        x="ratio",
-        y="g",
-        hue="adv_sign",
-        col="objective",
-        col_wrap=5,
-        kind="line",
-        height=2.6,
-        aspect=1.1,
-        linewidth=2,
-        palette={"A > 0": "tab:blue", "A < 0": "tab:red"},
-    )
-    for ax in grid.axes.flat:
-        r = sorted(table["ratio"].unique())
-        ax.plot(r, r, ls=":", color="grey", lw=1)
-    grid.set(xscale="log")
-    grid.set_titles("{col_name}")
-    grid.set_axis_labels("r = pi / pi_old", "g (coef = g A)")
-    grid.figure.suptitle("Gradient weight by objective (dotted: unclipped g = r)", y=1.02)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    grid.figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(grid.figure)
-    return path
+    from sandbox.experiments.plots import styled
+
+    with styled():  # seaborn's theme for this figure only
+        grid = sns.relplot(
+            data=table,
+            x="ratio",
+            y="g",
+            hue="adv_sign",
+            col="objective",
+            col_wrap=5,
+            kind="line",
+            height=2.6,
+            aspect=1.1,
+            linewidth=2,
+            palette={"A > 0": "tab:blue", "A < 0": "tab:red"},
+        )
+        for ax in grid.axes.flat:
+            r = sorted(table["ratio"].unique())
+            ax.plot(r, r, ls=":", color="grey", lw=1)
+        grid.set(xscale="log")
+        grid.set_titles("{col_name}")
+        grid.set_axis_labels("r = pi / pi_old", "g (coef = g A)")
+        grid.figure.suptitle("Gradient weight by objective (dotted: unclipped g = r)", y=1.02)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        grid.figure.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(grid.figure)
+        return path

@@ -126,3 +126,27 @@ def test_figures_drawn_in_two_pool_workers_are_the_same_files_in_the_same_order(
     for a, b in zip(here, pool, strict=True):
         assert a.parent == tmp_path / "here" and b.parent == tmp_path / "pool"
         assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_a_figures_style_is_its_own_and_does_not_outlive_it(tmp_path, monkeypatch):
+    """seaborn's theme sets matplotlib's settings and one-letter colour codes for the whole
+    process: a study figure drawn after a compare figure came out with other bytes. Each figure
+    now takes the theme for itself only."""
+    import matplotlib.colors
+
+    before = {key: str(value) for key, value in matplotlib.rcParams.items()}
+    codes = {code: matplotlib.colors.to_rgba(code) for code in "bgrmyck"}
+    seen, save = {}, plots._save
+
+    def seen_then_saved(fig, path):
+        seen["grid"] = matplotlib.rcParams["axes.grid"]  # whitegrid, while drawn and saved
+        seen["k"] = matplotlib.colors.to_rgba("k")
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", seen_then_saved)
+    results = _results(2).assign(clip_low_frac=0.1, clip_high_frac=0.2)
+    plots.plot_fractions(results, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 0
+    assert seen["grid"] and seen["k"] != codes["k"]  # seaborn's theme, during the figure
+    assert {key: str(value) for key, value in matplotlib.rcParams.items()} == before
+    assert {code: matplotlib.colors.to_rgba(code) for code in "bgrmyck"} == codes

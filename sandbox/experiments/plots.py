@@ -9,7 +9,8 @@ deterministic kind, ``seed = -1``). Optional columns: ``clip_low_frac``, ``clip_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,30 @@ HIGHLIGHT = (
 )
 
 
+@contextlib.contextmanager
+def styled() -> Iterator[None]:
+    """The figures' style (seaborn's whitegrid, notebook context) within the block, or the
+    decorated function, only: matplotlib's settings and the one-letter colour codes seaborn sets
+    globally are as before after it, so a figure drawn later in the process (a study's, a user's)
+    does not depend on which figures were drawn before it."""
+    import matplotlib as mpl
+    import seaborn as sns
+
+    colors = mpl.colors.get_named_colors_mapping()
+    codes = {code: colors[code] for code in "bgrmyck"}
+    with mpl.rc_context():
+        sns.set_theme(style="whitegrid", context="notebook")
+        try:
+            yield
+        finally:
+            for code, color in codes.items():  # item by item: the mapping's cache is cleared
+                colors[code] = color
+
+
 def _mpl():
     import matplotlib.pyplot as plt  # the backend is the user's (headless machines get Agg)
     import seaborn as sns
 
-    sns.set_theme(style="whitegrid", context="notebook")
     return plt, sns
 
 
@@ -237,6 +257,7 @@ def _line_panels(results, data, metric: str, title: str, styles: dict[str, str],
     return fig
 
 
+@styled()
 def plot_curves(
     results: pd.DataFrame, metric: str, path: str | Path, objectives=None, title: str = ""
 ) -> Path:
@@ -247,6 +268,7 @@ def plot_curves(
     return _save(_line_panels(results, data, metric, title, {SAMPLED: "-"}, objectives), path)
 
 
+@styled()
 def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     """Run-mean clip_low / clip_high / rescue fractions per objective and setting."""
     _, sns = _mpl()
@@ -276,6 +298,7 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
     return _save(grid.figure, path)
 
 
+@styled()
 def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=None) -> Path:
     """Expected reward of the exact flow (dashed) against the sampled seed mean (solid, band)."""
     title = "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
@@ -284,6 +307,7 @@ def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=No
     return _save(fig, path)
 
 
+@styled()
 def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
     """Final expected reward with its 95% CI (clipped to [0, 1] for bounded rewards), per
     objective, one panel per setting. Each panel's x range follows the sampled intervals; an
