@@ -1,12 +1,12 @@
 """Every ``python -m llm.<module>`` command prints its help and exits 0 on ``--help`` (the
 ensemble's exited 2: its ``--seeds`` was required before ``--help`` was read). The modules are
-found by their ``if __name__ == "__main__":`` line, so a new command is covered without an edit."""
+found by their ``if __name__ == "__main__":`` line, so a new command is covered without an edit.
+Each runs through its ``main`` in-process (as ``python -m`` would call it); every command also runs
+as a real ``python -m`` subprocess in its own tests."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import importlib
 from pathlib import Path
 
 import pytest
@@ -30,21 +30,8 @@ def test_the_commands_are_found():
 
 
 @pytest.mark.parametrize("module", commands())
-def test_help_prints_the_usage_and_exits_0(module):
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_help_prints_the_usage_and_exits_0(module, in_process):
+    proc = in_process(importlib.import_module(module).main, "--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"usage: python -m {module}"), proc.stdout[:500]
     assert "--help" in proc.stdout and "Traceback" not in proc.stderr

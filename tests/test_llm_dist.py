@@ -4,7 +4,8 @@ The 1-process run accumulates 2 micro-batches per optimizer step; the 2-process 
 FSDP2 with ``--fsdp``) give each rank one of those micro-batches. Prompts are drawn from one
 generator on every rank, each prompt's completions are seeded by its global index, the rollout is
 all-gathered and every micro-batch loss uses the minibatch's global token count, so the final
-parameters agree (observed: bitwise; asserted to 1e-5 relative).
+parameters agree (observed: bitwise; asserted to 1e-5 relative). The 1-process run, shared by
+the tests, runs through ``llm.train``'s ``main`` in the test process; every process group is real.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from llm.checkpoint import model_state
 from llm.model import tiny_model, tiny_tokenizer
+from llm.train import main
 
 pytest.importorskip("transformers")
 
@@ -58,11 +60,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(args: list[str], nproc: int | None = None, backend: str = "gloo") -> None:
+def run(args: list[str], nproc: int, backend: str = "gloo", launcher: bool = True) -> None:
+    """``llm.train`` in a real process group of ``nproc`` processes on ``backend``: started by
+    torchrun, or (``launcher=False``, one process) by ``python -m llm.train`` with the
+    environment torchrun gives its one rank (the launcher's own ~3 s of imports saved)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    if nproc is None:
-        cmd = [sys.executable, "-m", "llm.train", *args]
+    if not launcher:
+        assert nproc == 1
+        rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+        env |= {**rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        cmd = [sys.executable, "-m", "llm.train", *args, "--backend", backend]
     else:
         cmd = [
             sys.executable,
@@ -85,9 +93,8 @@ def run(args: list[str], nproc: int | None = None, backend: str = "gloo") -> Non
     except subprocess.TimeoutExpired:
         pytest.skip("distributed run timed out (no usable port / gloo here?)")
     if proc.returncode != 0:
-        if nproc and (
-            "Address already in use" in proc.stderr
-            or ("gloo" in proc.stderr.lower() and "connect" in proc.stderr.lower())
+        if "Address already in use" in proc.stderr or (
+            "gloo" in proc.stderr.lower() and "connect" in proc.stderr.lower()
         ):
             pytest.skip(f"cannot initialise torch.distributed here: {proc.stderr[-500:]}")
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -102,8 +109,9 @@ def assert_same_params(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
+    """The plain run (no process group), through ``llm.train``'s ``main`` in this process."""
     out = tmp_path_factory.mktemp("one")
-    run([*ARGS, "--grad-accum", "2", "--out", str(out)])
+    main([*ARGS, "--grad-accum", "2", "--out", str(out)])  # exits (SystemExit) on an error
     return out
 
 
@@ -124,9 +132,10 @@ def test_two_processes_equal_one(one_process, tmp_path, fsdp):
 
 
 def test_fsdp_in_a_one_process_group_equals_one_process(one_process, tmp_path):
-    """torchrun --nproc_per_node 1 --fsdp shards over a group of one (FSDP2's code path on one
-    device, as on a single GPU) and matches the plain run; the CPU run builds its mesh on the CPU
-    (FSDP2's default mesh is on the accelerator whenever one exists)."""
+    """--fsdp in a group of one (the environment torchrun --nproc_per_node 1 gives its rank)
+    shards over it (FSDP2's code path on one device, as on a single GPU) and matches the plain
+    run; the CPU run builds its mesh on the CPU (FSDP2's default mesh is on the accelerator
+    whenever one exists)."""
     out = tmp_path / "fsdp1"
-    run([*ARGS, "--grad-accum", "2", "--fsdp", "--out", str(out)], nproc=1)
+    run([*ARGS, "--grad-accum", "2", "--fsdp", "--out", str(out)], nproc=1, launcher=False)
     assert_same_params(model_state(str(one_process)), model_state(str(out)))

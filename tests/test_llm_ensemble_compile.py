@@ -9,8 +9,6 @@ the same logged rows and final parameters, with no graph break and one compiled 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ from torch._dynamo.utils import counters
 from llm.checkpoint import model_state
 from llm.config import TrainConfig
 from llm.ensemble import train_ensemble
+from llm.train import main as train_main
 
 #: the ensemble tests' runs (test_llm_ensemble), 3 steps of 2 x 2 micro-batches each
 RUN = {**ENSEMBLE_RUN, "steps": 3, "minibatches": 2, "grad_accum": 2}
@@ -82,13 +81,10 @@ def test_compiled_update_equals_the_eager_ensemble(tmp_path, monkeypatch, member
             )
 
 
-def test_a_run_alone_refuses_compile_update(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "llm.train", "--compile-update", "on", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_a_run_alone_refuses_compile_update(tmp_path, in_process):
+    """``python -m llm.train`` (its ``main``; its one-line errors also run as a real subprocess
+    in ``test_llm_train_errors``)."""
+    proc = in_process(train_main, "--compile-update", "on", "--out", str(tmp_path))
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --compile-update on compiles an ensemble's update (python -m llm.ensemble)"

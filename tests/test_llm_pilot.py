@@ -79,9 +79,11 @@ def test_every_bad_argument_is_one_error_line_before_any_work(tmp_path, capsys, 
 
 
 @pytest.mark.parametrize("case", [0, 11], ids=["task", "out-dir"])  # each once a traceback
-def test_the_command_exits_2_with_one_line_and_no_traceback(tmp_path, case):
+def test_the_command_exits_2_with_one_line_and_no_traceback(tmp_path, in_process, case):
+    """The out-dir case as the real command (a subprocess), the task case through ``main``."""
     argv, error = bad_arguments(tmp_path)[case]
-    proc = run_pilot([*argv[:2], *QUICK, *argv[2:]], tmp_path)
+    argv = [*argv[:2], *QUICK, *argv[2:]]
+    proc = run_pilot(argv, tmp_path) if case == 11 else in_process(main, *argv)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(error) and "Traceback" not in proc.stderr

@@ -243,8 +243,10 @@ def _parts(out: Path) -> dict[str, pd.DataFrame]:
 
 
 def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps):
-    # the calibration run (20 steps) is cut; no periodic checkpoint: SIGTERM writes the one
-    argv = [*QUICK, "--calib-steps", "20", "--llm-steps", "2", "--llm-seeds", "1"]
+    # the calibration run (8 steps) is cut after step 3 or so: 4 steps of margin for a SIGTERM
+    # that lands late; no periodic checkpoint: SIGTERM writes the one
+    calib = 8
+    argv = [*QUICK, "--calib-steps", str(calib), "--llm-steps", "2", "--llm-seeds", "1"]
     argv += ["--llm-checkpoint-every", "0"]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     folders = _cut([*argv, "--out", str(cut), "--workers", "1"], cut / "llm_scratch", after=3)
@@ -253,14 +255,14 @@ def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps)
     logged = [
         json.loads(x)["step"] for x in (folders[0] / "metrics.jsonl").read_text().splitlines()
     ]
-    assert 3 <= done < 20 and logged == list(range(done + 1))  # step 0 evaluates only
+    assert 3 <= done < calib and logged == list(range(done + 1))  # step 0 evaluates only
     assert main([*argv, "--out", str(cut), "--workers", "1"]) == 0
-    assert trained_steps[: 20 - done] == list(range(done, 20))  # the calibration run resumed
-    assert len(trained_steps) == 20 - done + 2 * 2  # then the study's 2 rules x 2 steps
+    assert trained_steps[: calib - done] == list(range(done, calib))  # the calibration resumed
+    assert len(trained_steps) == calib - done + 2 * 2  # then the study's 2 rules x 2 steps
     assert not (cut / "llm_scratch").exists()
     del trained_steps[:]
     assert main([*argv, "--out", str(whole), "--workers", "1"]) == 0  # uninterrupted
-    assert len(trained_steps) == 20 + 2 * 2
+    assert len(trained_steps) == calib + 2 * 2
     a, b = _parts(cut), _parts(whole)
     assert sorted(a) == sorted(b) and len(a) == 3
     for name in a:
@@ -268,21 +270,12 @@ def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps)
 
 
 def test_a_study_llm_ensemble_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps):
-    # the study's 2 seeds of dapo as one ensemble of 8 steps, cut (then nsr_dapo's 2 seeds, one
-    # ensemble); calibration: 1 step
-    argv = [
-        *QUICK,
-        "--calib-steps",
-        "1",
-        "--llm-ensemble",
-        "2",
-        "--llm-steps",
-        "8",
-        "--llm-seeds",
-        "2",
-        "--llm-checkpoint-every",
-        "100",
-    ]
+    # the study's 2 seeds of dapo as one ensemble of 6 steps, cut after step 3 or so (2 steps of
+    # margin for a SIGTERM that lands late), then nsr_dapo's 2 seeds, one ensemble; calibration:
+    # 1 step
+    length = 6
+    argv = [*QUICK, "--calib-steps", "1", "--llm-ensemble", "2", "--llm-steps", str(length)]
+    argv += ["--llm-seeds", "2", "--llm-checkpoint-every", "100"]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
     # in the pool (the default on a GPU machine): the driver's SIGTERM reaches the workers,
     # which run the two rules' ensembles side by side
@@ -294,14 +287,14 @@ def test_a_study_llm_ensemble_cut_by_sigterm_resumes_mid_way(tmp_path, trained_s
         steps = {torch.load(f / "checkpoint.pt", weights_only=True)["step"] for f in pair}
         assert len(pair) == 2 and len(steps) == 1  # both members, at one step
         done[rule] = steps.pop()
-    assert min(done.values()) >= 1 and 3 <= max(done.values()) < 8
+    assert min(done.values()) >= 1 and 3 <= max(done.values()) < length
     assert main([*argv, "--out", str(cut), "--workers", "1"]) == 0
     # each rule's members resumed together, from their checkpoint
-    expected = [*range(done["dapo"], 8), *range(done["nsr_dapo"], 8)]
+    expected = [*range(done["dapo"], length), *range(done["nsr_dapo"], length)]
     assert trained_steps == [s for s in expected for _ in (0, 1)]
     del trained_steps[:]
     assert main([*argv, "--out", str(whole), "--workers", "1"]) == 0
-    assert len(trained_steps) == 1 + 2 * 2 * 8
+    assert len(trained_steps) == 1 + 2 * 2 * length
     a, b = _parts(cut), _parts(whole)
     assert sorted(a) == sorted(b) and len(a) == 5
     for name in a:
