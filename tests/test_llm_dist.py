@@ -60,13 +60,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(args: list[str], nproc: int, backend: str = "gloo", launcher: bool = True) -> None:
-    """``llm.train`` in a real process group of ``nproc`` processes on ``backend``: started by
-    torchrun, or (``launcher=False``, one process) by ``python -m llm.train`` with the
-    environment torchrun gives its one rank (the launcher's own ~3 s of imports saved)."""
+def run(
+    args: list[str], nproc: int | None = None, backend: str = "gloo", launcher: bool = True
+) -> None:
+    """``python -m llm.train`` alone (``nproc`` None: no process group; tests/test_llm_vllm.py),
+    or in a real process group of ``nproc`` processes on ``backend``: started by torchrun, or
+    (``launcher=False``, one process) with the environment torchrun gives its one rank (the
+    launcher's own ~3 s of imports saved)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
-    if not launcher:
+    if nproc is None:
+        cmd = [sys.executable, "-m", "llm.train", *args]
+    elif not launcher:
         assert nproc == 1
         rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
         env |= {**rank, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
@@ -93,8 +98,9 @@ def run(args: list[str], nproc: int, backend: str = "gloo", launcher: bool = Tru
     except subprocess.TimeoutExpired:
         pytest.skip("distributed run timed out (no usable port / gloo here?)")
     if proc.returncode != 0:
-        if "Address already in use" in proc.stderr or (
-            "gloo" in proc.stderr.lower() and "connect" in proc.stderr.lower()
+        if nproc and (
+            "Address already in use" in proc.stderr
+            or ("gloo" in proc.stderr.lower() and "connect" in proc.stderr.lower())
         ):
             pytest.skip(f"cannot initialise torch.distributed here: {proc.stderr[-500:]}")
         raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
