@@ -7,11 +7,16 @@ from __future__ import annotations
 import operator
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from sandbox.experiments.pool import Terminated, imap_unordered, signals_deferred
 
+ROOT = Path(__file__).resolve().parents[1]
 JOBS = [("a", (6, 2)), ("b", (1, 0)), ("c", (8, 2))]  # b divides by zero
 
 
@@ -57,3 +62,27 @@ def test_an_ignored_signal_stays_ignored_through_a_deferred_block():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_pool_worker_amid_a_deferred_block_dies_of_sigterm_at_once(tmp_path):
+    """A worker's write (a figure, through the atomic write's deferred block) must not hold off
+    _stop's SIGTERM: deferred, the worker turned it into an exception its pool loop survived,
+    and the driver waited out the 20 s grace before SIGKILL."""
+    marker = tmp_path / "in_block"
+    code = (
+        "import sys, time; from pathlib import Path; from sandbox.experiments import pool\n"
+        "pool._worker_init()\n"
+        "with pool.signals_deferred():\n"
+        "    Path(sys.argv[1]).touch(); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(marker)], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    try:
+        assert proc.wait(timeout=30) == -signal.SIGTERM  # killed by it, not at the block's end
+        assert time.monotonic() - start < 5
+    finally:
+        proc.kill()

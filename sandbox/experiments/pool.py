@@ -56,6 +56,8 @@ class Terminated(KeyboardInterrupt):
 
 
 def _worker_init() -> None:
+    global _in_worker
+    _in_worker = True  # no signals_deferred here: _stop's SIGTERM must end a worker at once
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):  # SIGKILL this worker when its parent dies
@@ -162,8 +164,8 @@ def terminate_raises() -> Iterator[None]:
 
 
 #: Whether a :func:`signals_deferred` block is open (an inner one then adds nothing: it must not
-#: act on a signal amid the outer block's work).
-_deferring = False
+#: act on a signal amid the outer block's work), and whether this process is a pool worker.
+_deferring = _in_worker = False
 
 
 @contextlib.contextmanager
@@ -174,9 +176,10 @@ def signals_deferred() -> Iterator[None]:
     left behind), or a submit to the pool, which starts a worker: interrupted, it would leave a
     worker the pool does not know yet (a FileNotFoundError traceback in it); deferred,
     :func:`_stop` finds and ends every worker. Blocks nest (the outermost acts); a signal the
-    process ignores (a pool worker's SIGINT) stays ignored."""
+    process ignores stays ignored; a pool worker defers nothing (:func:`_stop`'s SIGTERM ends it
+    at once, amid a figure's write too: the folder's writer removes such temp files)."""
     global _deferring
-    if _deferring or threading.current_thread() is not threading.main_thread():
+    if _deferring or _in_worker or threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[int] = []
