@@ -1,3 +1,5 @@
+import contextlib
+import io
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,27 +43,28 @@ class Finished:
 UNSHOWN = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
 
 
-@pytest.fixture
-def in_process(capsys) -> Callable[..., Finished]:
-    """``in_process(main, *argv)``: a command's ``main(argv)`` run in this process as its
-    ``python -m`` runs it (exit status from the return value or ``SystemExit``). For tests whose
-    finding is the command's output, exit status or files, not the process (signals, interpreter
-    start): each call saves the ~3 s of a fresh interpreter's imports."""
-
-    def run(main: Callable[[Sequence[str]], int], *argv: str) -> Finished:
-        capsys.readouterr()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+def run_main(main: Callable[[Sequence[str]], int], *argv: str) -> Finished:
+    """A command's ``main(argv)`` run in this process as its ``python -m`` runs it (exit status
+    from the return value or ``SystemExit``, stdout and stderr captured); it fails on a warning the
+    real command would print. For tests whose finding is the command's output, exit status or
+    files, not the process (signals, interpreter start): each call saves the ~3 s of a fresh
+    interpreter's imports. Module fixtures call it; tests take :func:`in_process`."""
+    out, err = io.StringIO(), io.StringIO()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(argv))
             except SystemExit as exc:  # argparse's errors and --help
                 code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        out, err = capsys.readouterr()
-        shown = [f"{w.category.__name__}: {w.message}" for w in caught]
-        shown = [
-            s for s, w in zip(shown, caught, strict=True) if not issubclass(w.category, UNSHOWN)
-        ]
-        assert not shown, shown  # the real command would print them
-        return Finished(code, out, err)
+    shown = [
+        f"{w.category.__name__}: {w.message}" for w in caught if not issubclass(w.category, UNSHOWN)
+    ]
+    assert not shown, shown  # the real command would print them
+    return Finished(code, out.getvalue(), err.getvalue())
 
-    return run
+
+@pytest.fixture
+def in_process() -> Callable[..., Finished]:
+    """``in_process(main, *argv)``: :func:`run_main`."""
+    return run_main

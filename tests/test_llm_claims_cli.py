@@ -15,8 +15,6 @@ sent to real subprocesses.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_main
 
 from llm.claims import main
 
@@ -79,12 +78,10 @@ def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Path:
     """The quick toy study (dapo, nsr_dapo, grpo, gspo on both bandit rungs; step sizes 1, 4),
-    run once by ``llm.claims.main`` in this process (a module fixture cannot use ``in_process``)."""
+    run once by ``llm.claims.main`` in this process (``run_main``)."""
     out = tmp_path_factory.mktemp("claims") / "study"
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main([*FAST, "--out", str(out)])
-    assert code == 0, err.getvalue()[-3000:]
+    done = run_main(main, *FAST, "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
     return out
 
 
@@ -203,9 +200,7 @@ def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path, run):
     out = tmp_path / "study"
     small = [*LLM, "--out", str(out), "--llm-seeds", "1", "--llm-steps"]
     one_line_error(run(*small, "many"), "--llm-steps")
-    # the corrected command for real: in this process it raises numpy's RuntimeWarning
-    # "Degrees of freedom <= 0 for slice" (entropy_law on one llm seed), which in_process rejects
-    proc = claims(*small, "1")
+    proc = run(*small, "1")  # and no warning (entropy_law of one llm seed printed numpy's)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((out / "config.json").read_text())
     assert config["sections"]["llm"]["steps"] == 1 and config["sections"]["llm"]["seeds"] == 1

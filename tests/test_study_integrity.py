@@ -7,8 +7,6 @@ kind of error of each command (the one line a user sees, no traceback), through 
 output of several runs, which saves a fresh interpreter's imports per run.
 """
 
-import contextlib
-import io
 import os
 import shutil
 import subprocess
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_main
 
 from llm.claims import main as claims
 from sandbox.cli import main as cli
@@ -60,10 +59,8 @@ def fast_study(tmp_path_factory) -> Path:
     """The FAST study, made once for the tests that start from it (each works on its own copy:
     :func:`_copy_of`); ``llm.claims.main`` in this process, its output kept out of the log."""
     out = tmp_path_factory.mktemp("fast") / "study"
-    said = io.StringIO()
-    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-        code = claims([*FAST, "--out", str(out)])
-    assert code == 0, said.getvalue()
+    done = run_main(claims, *FAST, "--out", str(out))
+    assert done.returncode == 0, done.stderr
     return out
 
 
