@@ -21,7 +21,7 @@
 # 64 MiB, so the model exists on the machine only once command 2 has brought its second piece.
 # Each command writes $OUT/provenance_<n>.json (command, device, torch, date, commit, exit codes).
 # Knobs: GPU_LEND_SECONDS (each command's wall limit, default 530 s: 8 min 50 s), GPU_LEND_BENCH_S
-# (the benchmark's share of command 2, default 200 s), PYTHON (default python3).
+# (the benchmark's share of command 2, default 300 s), PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -29,7 +29,7 @@ STAGE=$ROOT/.gpu_lend
 STASH=${GPU_LEND_STASH:-/tmp/gpu_lend}
 PY=${PYTHON:-python3}
 LIMIT=${GPU_LEND_SECONDS:-530}
-BENCH_S=${GPU_LEND_BENCH_S:-200}
+BENCH_S=${GPU_LEND_BENCH_S:-300}
 MARGIN=45
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 START=$(date +%s)
@@ -133,14 +133,19 @@ command_2() { # join the GGUF, the throughput benchmark, then claims units in th
     || { echo "error: the joined GGUF's sha256 differs from prepare's" >&2; exit 2; }
   export CLIP_SANDBOX_SMOLLM2_GGUF=$STASH/$GGUF_NAME
   packages
-  local k8=0 k16=0 claims=0 budget
+  local k8=0 k16=0 claims=0 budget step_s
   # shellcheck disable=SC2086
   timeout $((BENCH_S * 2 / 3)) "$PY" benchmarks/llm_throughput.py $BENCH_ARGS --paths "$K8_PATHS" \
-    --ensemble 8 >"$OUT/throughput_k8.txt" 2>&1 || k8=$?
+    --ensemble 8 --json "$OUT/throughput_k8.json" >"$OUT/throughput_k8.txt" 2>&1 || k8=$?
   # shellcheck disable=SC2086
   timeout $((BENCH_S / 3)) "$PY" benchmarks/llm_throughput.py $BENCH_ARGS --paths ensemble \
-    --ensemble "$K16" >"$OUT/throughput_k16.txt" 2>&1 || k16=$?
+    --ensemble "$K16" --json "$OUT/throughput_k16.json" >"$OUT/throughput_k16.txt" 2>&1 || k16=$?
   tail -n 4 "$OUT/throughput_k8.txt" "$OUT/throughput_k16.txt" || true
+  # the claims' first guess of an llm unit's time: today's seconds per step as measured just now
+  # (runs side by side, as the study's workers run them), else llm.claims' own guess
+  step_s=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["results"]["today"]["s_per_step"])' \
+    "$OUT/throughput_k8.json" 2>/dev/null) || step_s=""
+  if [ -n "$step_s" ]; then export CLIP_SANDBOX_LLM_STEP_SECONDS=$step_s; fi
   if [ -d results/claims_gpu/parts ] && [ ! -d "$OUT/claims" ]; then # go on from earlier lends
     cp -r results/claims_gpu "$OUT/claims"
   fi
@@ -153,15 +158,17 @@ command_2() { # join the GGUF, the throughput benchmark, then claims units in th
     tail -2 "$OUT/claims.txt"
   fi
   rm -rf "$OUT/claims/llm_scratch" # GB-sized checkpoints never come back (64 MiB): cut runs restart
+  # at most 8 files come back from $OUT: the study folder travels as one archive
+  if [ -d "$OUT/claims" ]; then tar -C "$OUT" -czf "$OUT/claims.tgz" claims && rm -rf "$OUT/claims"; fi
   provenance 2 "throughput_k8=$k8" "throughput_k16=$k16" "claims=$claims"
 }
 
 export GPU_LEND_COMMAND="benchmarks/gpu_lend.sh $*"
 DEVICE=cuda
 XDIST="-n 8"
-BENCH_ARGS="--device cuda --model smollm2-135m"
+BENCH_ARGS="--device cuda --model smollm2-135m --warmup 2 --steps 3"
 CLAIMS_ARGS="--profile gpu --device cuda --rungs llm"
-K8_PATHS=today,ensemble,trl
+K8_PATHS=today,trl,ensemble  # the peers first: a failure or a cut in the ensemble spares them
 K16=16       # the second ensemble's size (its output stays throughput_k16.txt)
 CLAIMS_S=""  # a cap on the claims' budget (none: the time left)
 CLAIMS_SLACK=30  # the claims' limit beyond its budget: imports, the stop's grace (20 s), tables

@@ -144,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         "graph breaks and recompiles of the compiled decoding step (inductor: minutes on 2 cores)",
     )
     p.add_argument("--out", default="results/proxy", help="with --proxy: folder of the CSVs")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="also write the figures (each path's row and the ratios) with the device, versions "
+        "and date to this JSON file",
+    )
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     return p
@@ -544,10 +550,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         f"{'peak MB':>10}"
     )
     results: dict[str, dict[str, float]] = {}
+    failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = model_dir_for(args, tmp)
         for path in args.paths:
-            r = summarise(args, launch(args, argv, path, model_dir, runs[path]))
+            try:
+                r = summarise(args, launch(args, argv, path, model_dir, runs[path]))
+            except RuntimeError as exc:  # one path's failure (its stderr's end) spares the rest
+                print(f"{LABELS[path]:<20}failed: {exc}", flush=True)
+                failed.append(path)
+                continue
             results[path] = r
             print(
                 f"{LABELS[path]:<20}{r['runs']:>5}{r['s_per_step']:>10.3f}"
@@ -556,7 +568,30 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
                 flush=True,
             )
     print_ratios(results)
+    if args.json:
+        write_json(args, argv, results, failed)
+    if failed:
+        raise SystemExit(f"error: path(s) failed: {', '.join(failed)} (their lines above)")
     return results
+
+
+def write_json(args: argparse.Namespace, argv: list[str], results: dict, failed: list[str]) -> None:
+    """``--json``: the figures and where and when they were measured."""
+    import torch
+    import transformers
+
+    device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    record = {
+        "command": " ".join(["python benchmarks/llm_throughput.py", *argv]),
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "failed": failed,
+        "results": results,
+    }
+    with open(args.json, "w") as f:
+        json.dump(record, f, indent=2)
 
 
 def fmt_mb(value: float) -> str:
@@ -579,6 +614,12 @@ def print_ratios(results: dict[str, dict[str, float]]) -> None:
             print(f"ratio fast / today, peak memory per run: {m:.2f} (goal <= 1)")
         else:
             print("ratio fast / today, peak memory per run: n/a (CUDA only)")
+    if ensemble and trl:
+        r = trl["run_steps_per_s"] / ensemble["run_steps_per_s"]
+        results["ratio_ensemble_trl"] = r
+        print(
+            f"ratio ensemble / TRL, seconds per run-step (the ensemble's step / its runs): {r:.2f}"
+        )
     if fast and trl:
         r = fast["s_per_step"] / trl["s_per_step"]
         results["ratio_fast_trl"] = r

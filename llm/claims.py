@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,15 +172,33 @@ def llm_bounds(config: StudyConfig) -> Any:
 #: longest seen): the upper end of one SmolLM2-135M run alone on an H100, today's path (1.0-2.3 s;
 #: shared/gpu.md, 2026-11-23). A first guess only; the tiny model on CPU is faster.
 LLM_STEP_SECONDS = 2.3
+#: an environment variable that replaces :data:`LLM_STEP_SECONDS` (seconds per run-step measured
+#: on the machine at hand, e.g. by ``benchmarks/llm_throughput.py``; benchmarks/gpu_lend.sh sets it)
+STEP_SECONDS_ENV = "CLIP_SANDBOX_LLM_STEP_SECONDS"
+
+
+def llm_step_seconds() -> float:
+    """Seconds per run-step a time budget expects of an llm unit before one has run:
+    :data:`STEP_SECONDS_ENV` where set (a ``ValueError`` naming it unless a number > 0), else
+    :data:`LLM_STEP_SECONDS`."""
+    text = os.environ.get(STEP_SECONDS_ENV)
+    if text is None:
+        return LLM_STEP_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{STEP_SECONDS_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def llm_unit_seconds(config: StudyConfig, group: Any) -> float:
     """``--time-budget``'s first guess for one llm unit: its runs' steps x :data:`LLM_STEP_SECONDS`
     (a calibration run trains ``calib_steps`` steps if set)."""
-    steps = config.section("llm").steps
+    steps, seconds = config.section("llm").steps, llm_step_seconds()
     return sum(
-        (config.calib_steps or steps if job.phase == "calib" else steps) * LLM_STEP_SECONDS
-        for job in group
+        (config.calib_steps or steps if job.phase == "calib" else steps) * seconds for job in group
     )
 
 

@@ -11,11 +11,13 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FIRST_FILES = {"gpu_tests.txt", "provenance_1.json"}  # command 1's
 
 
 @pytest.mark.slow
@@ -45,8 +47,14 @@ def test_the_dry_run_runs_both_commands_and_records_them(tmp_path):
     assert second["exit_codes"]["claims"] in ("0", "75"), second  # done, or the budget spent
     claims = (out / "claims.txt").read_text()
     assert "time budget of" in claims or "wrote" in claims, claims
-    assert (out / "claims" / "config.json").is_file()
-    assert not (out / "claims" / "llm_scratch").exists()  # never carried back
+    with tarfile.open(out / "claims.tgz") as archive:  # at most 8 files come back: one archive
+        names = archive.getnames()
+    assert "claims/config.json" in names, names
+    assert not any("llm_scratch" in n for n in names), names  # never carried back
+    second_files = [p.name for p in out.iterdir() if p.name not in FIRST_FILES]
+    assert len(second_files) <= 8, second_files  # each command's $OUT starts empty
+    figures = json.loads((out / "throughput_k8.json").read_text())
+    assert figures["failed"] == [] and figures["results"]["today"]["runs"] == 1, figures
     today, ensemble = ((out / f"throughput_k{k}.txt").read_text() for k in (8, 16))
     assert "device cpu" in today and "device cpu" in ensemble
     rows = [line.split() for line in today.splitlines() if line.startswith("today (llm.train)")]
