@@ -168,9 +168,9 @@ DEVICE=cuda
 XDIST="-n 8"
 BENCH_ARGS="--device cuda --model smollm2-135m --warmup 2 --steps 3"
 CLAIMS_ARGS="--profile gpu --device cuda --rungs llm"
-K8_PATHS=today,trl,ensemble  # the peers first: a failure or a cut in the ensemble spares them
+K8_PATHS=${GPU_LEND_K8_PATHS:-today,trl,ensemble}  # the peers first: a failure or a cut in the ensemble spares them
 K16=16       # the second ensemble's size (its output stays throughput_k16.txt)
-CLAIMS_S=""  # a cap on the claims' budget (none: the time left)
+CLAIMS_S=${GPU_LEND_CLAIMS_S:-}  # a cap on the claims' budget (none: the time left; 0: no claims)
 CLAIMS_SLACK=30  # the claims' limit beyond its budget: imports, the stop's grace (20 s), tables
 case "${1:-}" in
   prepare) prepare ;;

@@ -244,9 +244,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def path_flags(args: argparse.Namespace, path: str) -> list[str]:
-    """llm.train flags that select ``path`` (today's or the fast one)."""
+    """llm.train flags that select ``path`` (today's, the fast one, or the ensemble's: every
+    member decoded in one loop by the compact decoder, eager: its compiled step failed in Triton's
+    compiler on an H200, torch 2.11, 2026-11-26, and HF's static cache under CUDA autocast failed
+    on a key/value dtype mismatch there)."""
     if path == "today":
         return ["--generate-cache", "dynamic", "--generate-compile", "off", "--lm-head", "chunked"]
+    if path == "ensemble":
+        return [
+            "--rollout-backend",
+            "compact",
+            "--generate-compile",
+            "off",
+            "--lm-head",
+            args.fast_head,
+        ]
     compile_decode = "on" if args.device == "cuda" else "off"
     return [
         "--generate-cache",

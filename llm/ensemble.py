@@ -940,8 +940,7 @@ def old_logp(
     pieces = []
     ensemble.template.eval()
     try:
-        for part in torch.arange(rows).tensor_split(chunks):
-            part = part.to(run.device)
+        for part in torch.arange(rows).tensor_split(chunks):  # rows of the CPU completions
             subs = [{key: o[key][part].to(run.device) for key in keys} for o in outs]
             with run.autocast:
                 logp, _ = ensemble.completion_logp(
