@@ -10,12 +10,17 @@ lr 5e-6, no KL reference):
   batch, mu and tokens;
 - peak memory per run not above today's.
 
-The three paths:
+The paths:
 
 today  ``llm.train`` with ``--generate-cache dynamic --generate-compile off --lm-head chunked``
        (the path before issue 20: eager ``generate`` with a dynamic cache);
-fast   ``llm.train`` with ``--generate-cache static`` and, on CUDA, ``--generate-compile on``
-       (transformers' compiled decoding forward, CUDA graphs), ``--lm-head trl`` (``--fast-head``);
+fast   ``llm.train`` with ``--rollout-backend compact`` (llm.decode's static-cache decoder, one
+       prefill per prompt; compiled with ``--decode-compile on``), ``--lm-head trl``
+       (``--fast-head``). HF ``generate`` with a static cache is not a path here: under CUDA bf16
+       autocast it failed in transformers 5.17 (the cache took the float32 keys' dtype for the
+       bf16 values; H200, 2026-11-26);
+ensemble  the fast path's flags for ``--ensemble`` runs in one ``llm.ensemble`` process: every
+       member decoded in one loop, the training forward one ``vmap`` over stacked parameters;
 trl    ``trl.GRPOTrainer``: ``generation_batch_size`` = the step's rows, ``num_iterations`` = epochs,
        ``minibatches`` optimizer steps per generation, ``loss_type="dapo"`` with eps 0.2 / 0.28
        (llm.train's default objective ``dapo``), ``beta=0``, bf16 on CUDA, gradient checkpointing
@@ -120,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-fast", type=int, default=1, help="fast runs side by side")
     p.add_argument("--ensemble", type=int, default=7, help="runs in the ensemble's one process")
     p.add_argument("--fast-head", default="trl", choices=HEADS, help="--lm-head of the fast path")
+    p.add_argument(
+        "--decode-compile",
+        default="off",
+        choices=("on", "off"),
+        help="compile the compact decoder's step on the fast and ensemble paths (off: eager; "
+        "compiled, it failed in Triton on an H200, torch 2.11, 2026-11-26, before the fix of its "
+        "hash constant, which no GPU has run since)",
+    )
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of paths")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process (CPU)")
     p.add_argument(
@@ -244,27 +257,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def path_flags(args: argparse.Namespace, path: str) -> list[str]:
-    """llm.train flags that select ``path`` (today's, the fast one, or the ensemble's: every
-    member decoded in one loop by the compact decoder, eager: its compiled step failed in Triton's
-    compiler on an H200, torch 2.11, 2026-11-26, and HF's static cache under CUDA autocast failed
-    on a key/value dtype mismatch there)."""
+    """llm.train flags that select ``path``: today's (HF ``generate``, dynamic cache, eager), or
+    the fast one and the ensemble's (the compact decoder: every member in one loop; compiled
+    with ``--decode-compile on``)."""
     if path == "today":
         return ["--generate-cache", "dynamic", "--generate-compile", "off", "--lm-head", "chunked"]
-    if path == "ensemble":
-        return [
-            "--rollout-backend",
-            "compact",
-            "--generate-compile",
-            "off",
-            "--lm-head",
-            args.fast_head,
-        ]
-    compile_decode = "on" if args.device == "cuda" else "off"
     return [
-        "--generate-cache",
-        "static",
+        "--rollout-backend",
+        "compact",
         "--generate-compile",
-        compile_decode,
+        args.decode_compile,
         "--lm-head",
         args.fast_head,
     ]

@@ -65,6 +65,10 @@ ARCHITECTURES = ("llama", "qwen2")
 #: prompts are left-padded to a multiple of this many tokens (one compiled shape per bucket)
 BUCKET = 16
 M32 = 0xFFFFFFFF
+#: the token counter's offset, 0x9E3779B9 - 2^32: the same words after ``& M32`` as 0x9E3779B9,
+#: in int32's range (inductor adds it to an int32 index in Triton, which refused 0x9E3779B9 as an
+#: int32 literal on an H200, torch 2.11, 2026-11-26)
+TOKEN_OFFSET = 0x9E3779B9 - 2**32
 
 
 # --------------------------------------------------------------------------------------------------
@@ -96,7 +100,7 @@ def counter_uniform(keys: Tensor, rows: Tensor, position: Tensor, vocab: int) ->
     draws the same numbers for the same (key, row, position, token)."""
     base = mix32(keys[:, 0, None] ^ mix32(keys[:, 1, None] ^ mix32(rows & M32)))
     base = mix32(base ^ mix32(position & M32))
-    tokens = mix32(torch.arange(vocab, device=rows.device) + 0x9E3779B9 & M32)
+    tokens = mix32(torch.arange(vocab, device=rows.device) + TOKEN_OFFSET & M32)
     bits = mix32(mix32(base[..., None] ^ tokens))
     return ((bits >> 8).float() + 0.5) * 2.0**-24
 

@@ -119,6 +119,35 @@ class HeadWeights(NamedTuple):
     bias: Tensor | None
 
 
+#: the name the template's attention is registered under (:func:`autocast_sdpa_name`)
+AUTOCAST_SDPA = "clip_sandbox_autocast_sdpa"
+
+
+def autocast_sdpa(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, *args, **kw):
+    """transformers' ``sdpa`` attention with query, key and value cast to the autocast dtype
+    where autocast is on (else unchanged), as CUDA's autocast casts a plain call of SDPA. Inside
+    ``vmap`` it does not: there the rotary embedding's float32 cos/sin leave query and key float32
+    while value is bf16, and SDPA refuses the mix (seen on an H200, torch 2.11, 2026-11-26; CPU
+    autocast never casts SDPA, so the CPU tests reproduce it). Outside autocast: the same call."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    kind = query.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        query, key, value = (t.to(dtype) for t in (query, key, value))
+    return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, *args, **kw)
+
+
+def autocast_sdpa_name() -> str:
+    """:data:`AUTOCAST_SDPA`, registered with transformers' ``AttentionInterface`` (once)."""
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if AUTOCAST_SDPA not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(AUTOCAST_SDPA, autocast_sdpa)
+    return AUTOCAST_SDPA
+
+
 class Ensemble:
     """K members of one architecture (Hugging Face causal LMs, e.g. ``llm.model.tiny_model`` with
     K seeds); :meth:`completion_logp` runs their decoder bodies as one ``vmap``."""
@@ -141,6 +170,8 @@ class Ensemble:
         # hooks or gradient-checkpointing state, which do not run inside vmap)
         with torch.device("meta"):
             self.template = type(bases[0])(copy.deepcopy(bases[0].config)).base_model
+        if getattr(self.template.config, "_attn_implementation", "sdpa") == "sdpa":
+            self.template.config._attn_implementation = autocast_sdpa_name()
         first = bases[0]
         full = {id(p): name for name, p in first.named_parameters()}
         embedding = first.get_input_embeddings()

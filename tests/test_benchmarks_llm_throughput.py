@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import subprocess
@@ -58,8 +59,36 @@ def test_smoke_in_process(monkeypatch, capsys):
     assert "ratio fast / TRL, seconds per step:" in out
     assert "peak memory per run: n/a (CUDA only)" in out
     assert "ratio ensemble / today, run-steps per second:" in out
+    assert results["ratio_ensemble_trl"] == pytest.approx(
+        results["trl"]["run_steps_per_s"] / results["ensemble"]["run_steps_per_s"]
+    )
     for label in ("today (llm.train)", "fast (llm.train)", "fast, one ensemble", "TRL GRPOTrainer"):
         assert label in out
+
+
+def test_a_failed_path_spares_the_others_and_the_record(monkeypatch, capsys, tmp_path):
+    """A path whose processes fail prints its error's end on its row; the paths after it still
+    run, ``--json`` records the figures and the failure, and the command ends with exit 1."""
+    launched = []
+
+    def fake(args, argv, path, model_dir, runs):
+        launched.append(path)
+        if path == "ensemble":
+            raise RuntimeError("ensemble failed:\nRuntimeError: a CUDA-only defect")
+        return [{"times": [3.0, 1.0, 1.0], "runs": 1, "peak_mb": None}]
+
+    monkeypatch.setattr(llm_throughput, "launch", fake)
+    record = tmp_path / "figures.json"
+    argv = ["--smoke", "--paths", "ensemble,today", "--fast-head", "chunked", "--json", str(record)]
+    with pytest.raises(SystemExit, match=r"path\(s\) failed: ensemble"):
+        llm_throughput.main(argv)
+    out = capsys.readouterr().out
+    assert launched == ["ensemble", "today"]
+    assert "fast, one ensemble  failed: ensemble failed:" in out and "a CUDA-only defect" in out
+    assert any(line.startswith("today (llm.train)") for line in out.splitlines())
+    figures = json.loads(record.read_text())
+    assert figures["failed"] == ["ensemble"] and set(figures["results"]) == {"today"}
+    assert figures["device"] == "cpu" and figures["command"].endswith(str(record))
 
 
 def test_summary_of_runs_side_by_side():
@@ -92,10 +121,18 @@ def test_path_flags_select_the_paths():
         "--lm-head",
         "chunked",
     ]
-    fast = llm_throughput.path_flags(args, "fast")
-    assert fast == ["--generate-cache", "static", "--generate-compile", "on", "--lm-head", "trl"]
-    smoke = llm_throughput.parse_args(["--smoke"])
-    assert smoke.device == "cpu" and "off" in llm_throughput.path_flags(smoke, "fast")
+    compact = ["--rollout-backend", "compact", "--generate-compile", "off", "--lm-head", "trl"]
+    assert llm_throughput.path_flags(args, "fast") == compact
+    assert llm_throughput.path_flags(args, "ensemble") == compact
+    compiled = llm_throughput.parse_args(["--decode-compile", "on", "--fast-head", "chunked"])
+    assert llm_throughput.path_flags(compiled, "ensemble") == [
+        "--rollout-backend",
+        "compact",
+        "--generate-compile",
+        "on",
+        "--lm-head",
+        "chunked",
+    ]
     assert (args.prompts, args.group_size, args.max_new_tokens) == (32, 8, 32)
     assert (args.epochs * args.minibatches, args.runs_today) == (4, 7)
 

@@ -140,3 +140,23 @@ def test_a_unit_running_when_the_budget_ends_is_stopped_cleanly(tmp_path):
     assert list((out / "parts").iterdir()) == []  # nothing half-written
     assert "Traceback" not in cut.stderr
     assert took < 60, took  # stopped, not run to the end
+
+
+def test_an_llm_units_first_guess_takes_the_measured_step_time(monkeypatch):
+    """Before an llm unit has run, a budget expects steps x seconds per run-step per run: the
+    llm.claims default (2.3 s), else CLIP_SANDBOX_LLM_STEP_SECONDS (the step time
+    benchmarks/gpu_lend.sh has just measured on the machine at hand); a bad value is an error
+    that names the variable."""
+    from llm.claims import LLM_STEP_SECONDS, STEP_SECONDS_ENV, llm_unit_seconds, parse_args
+    from sandbox.study.plan import calibration_jobs
+
+    config, _ = parse_args(["--quick", "--rungs", "llm", "--calib-steps", "10"])
+    group = [j for j in calibration_jobs(config) if j.rung == "llm"][:1]
+    monkeypatch.delenv(STEP_SECONDS_ENV, raising=False)
+    assert llm_unit_seconds(config, group) == pytest.approx(10 * LLM_STEP_SECONDS)
+    monkeypatch.setenv(STEP_SECONDS_ENV, "0.5")
+    assert llm_unit_seconds(config, group) == pytest.approx(10 * 0.5)
+    for bad in ("fast", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv(STEP_SECONDS_ENV, bad)
+        with pytest.raises(ValueError, match=f"{STEP_SECONDS_ENV} must be a number of seconds > 0"):
+            llm_unit_seconds(config, group)

@@ -371,3 +371,30 @@ def test_compact_ensemble_logs_what_its_runs_log_alone(tmp_path, monkeypatch):
                     assert re_[key] == value, (s, key)
                 elif isinstance(value, float) and math.isfinite(value):
                     assert re_[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (s, key)
+
+
+def test_compact_ensemble_trains_under_bf16_autocast(tmp_path, monkeypatch):
+    """The compact ensemble's whole step (decoding, the batched old log-probs, the vmapped update)
+    under bf16 autocast, the CPU's standing in for CUDA's: on an H200 it failed on SDPA's mixed
+    dtypes inside vmap, which a float32 run cannot show (its other failure there, a CUDA row
+    index into the CPU completions, no one-device run can show). Every row finite."""
+    import llm.train
+    from llm.config import TrainConfig
+    from llm.ensemble import train_ensemble
+
+    bf16 = property(lambda run: torch.autocast("cpu", dtype=torch.bfloat16))
+    monkeypatch.setattr(llm.train.Run, "autocast", bf16)
+    cfgs = [TrainConfig(**RUN, seed=s, out=str(tmp_path / f"ens{s}")) for s in (0, 1)]
+    rows = train_ensemble(cfgs)
+    for run in rows:
+        assert [r["step"] for r in run] == [0, 1, 2]
+        assert all(math.isfinite(r["loss"]) for r in run if r["step"] > 0), run
+
+
+def test_the_token_counter_offset_is_the_golden_ratio_word_in_int32_range():
+    """``TOKEN_OFFSET`` fits an int32 (Triton refused 0x9E3779B9 as an int32 literal in the
+    compiled step on an H200) and gives the same 32-bit words as 0x9E3779B9 for every token id
+    of a vocabulary up to 2^18: the noise, and so every sampled token, is unchanged."""
+    assert -(2**31) <= decode.TOKEN_OFFSET < 2**31
+    ids = torch.arange(2**18)
+    assert torch.equal(ids + decode.TOKEN_OFFSET & decode.M32, ids + 0x9E3779B9 & decode.M32)

@@ -492,3 +492,23 @@ def test_ctrl_c_checkpoints_every_member_and_resume_continues(tmp_path):
         assert [json.loads(line)["step"] for line in p.read_text().splitlines()] == list(
             range(1, done + 2)
         )
+
+
+def test_the_batched_forward_runs_under_bf16_autocast_near_float32(tok):
+    """Under bf16 autocast the vmapped decoder body gets query and key float32 (the rotary
+    embedding's float32 cos/sin) and value bf16; SDPA refuses that mix unless autocast casts it,
+    which CUDA's does not inside vmap (the ensemble failed so on an H200) and the CPU's never
+    does. The template's attention casts them itself: the forward and its backward run, within
+    bf16 rounding of float32."""
+    members = [tiny_model(len(tok), seed) for seed in (0, 1)]
+    ens = Ensemble(members)
+    batches = [rollout_of(m, tok, k, 0) for k, m in enumerate(members)]
+    stacked = stack_batches(batches, tok.pad_token_id)
+    ref = ens.completion_logp(stacked, 1.0)[0].detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent = ens.completion_logp(stacked, 1.0, entropy="grad")
+    mask = stacked["completion_mask"].bool()
+    torch.testing.assert_close(logp[mask].float(), ref[mask], rtol=2e-2, atol=2e-2)
+    (logp[mask].sum() + ent[mask].sum()).backward()
+    grads = [leaf.grad for leaf in ens.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
