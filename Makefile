@@ -59,7 +59,7 @@ test: install-test
 test-gpu: install-test
 	$(PY) -m pytest -q -m gpu
 
-# A lent GPU (README, "GPUs and several machines"): the pieces that travel and the two device
+# A lent GPU (README, "GPUs and several machines"): the pieces that travel and the device
 # commands to issue (gpu-lend), or the same script end to end on CPU with the tiny model.
 gpu-lend: install
 	PYTHON=$(PY) bash benchmarks/gpu_lend.sh prepare

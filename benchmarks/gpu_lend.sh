@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# The prepared GPU lend (issue 28 item 6; shared/gpu.md): two device commands of at most 9 minutes
-# each on an offline GPU machine, every result under $OUT as it finishes.
+# The prepared GPU lend (issue 28 item 6; shared/gpu.md): device commands on an offline GPU
+# machine, issued back to back on one warm machine, every result under $OUT as it finishes.
 #
 #   benchmarks/gpu_lend.sh prepare   # CPU machine, repository root: wheels of the packages the GPU
 #                                    # machine lacks into .gpu_lend/whl, the SmolLM2 GGUF split in
-#                                    # two pieces (.gpu_lend/gguf.1, gguf.2; ignored by git); prints
-#                                    # the two device commands and what each carries
+#                                    # as few pieces as fit one command each beside the working tree
+#                                    # (.gpu_lend/gguf.1..N; ignored by git; 3 with an 18 MiB tree);
+#                                    # checks each command's size and prints the commands
 #   benchmarks/gpu_lend.sh 1         # device command 1: stash piece 1 and the packages under /tmp,
 #                                    # the gpu-marked tests -> $OUT/gpu_tests.txt
-#   benchmarks/gpu_lend.sh 2         # device command 2, issued right after (same warm machine):
-#                                    # join the GGUF, llm_throughput.py (today's path, the ensemble
-#                                    # at K=8 and 16, TRL) -> $OUT/throughput_k*.txt, then
-#                                    # llm.claims --profile gpu --rungs llm --time-budget (the time
-#                                    # left) -> $OUT/claims (resumed from results/claims_gpu)
-#   benchmarks/gpu_lend.sh dry-run   # CPU: prepare's split and join on a stand-in, then 1 and 2 on
-#                                    # the tiny model (an ensemble of 2 for the K=16 step), in about
-#                                    # 1-2 minutes (tests/test_gpu_lend.py)
+#   benchmarks/gpu_lend.sh stash     # the middle pieces' commands: stash the piece carried
+#   benchmarks/gpu_lend.sh 2         # the last command (same warm machine): join the GGUF,
+#                                    # llm_throughput.py (the ensemble at K=8 with today's path, the
+#                                    # fast run and TRL; then K=16) -> $OUT/throughput_k*.txt/json,
+#                                    # then llm.claims --profile gpu --rungs llm --time-budget (the
+#                                    # time left) -> $OUT/claims.tgz (resumed from results/claims_gpu)
+#   benchmarks/gpu_lend.sh dry-run   # CPU: prepare's split (3 pieces) and join on a stand-in, then
+#                                    # 1, stash and 2 on the tiny model (an ensemble of 2 for the
+#                                    # K=16 step), in about 1-2 minutes (tests/test_gpu_lend.py)
 #
-# Why the throughput benchmark is in command 2, not 1: the GGUF (98 MB) exceeds one command's
-# 64 MiB, so the model exists on the machine only once command 2 has brought its second piece.
-# Each command writes $OUT/provenance_<n>.json (command, device, torch, date, commit, exit codes).
-# Knobs: GPU_LEND_SECONDS (each command's wall limit, default 530 s: 8 min 50 s), GPU_LEND_BENCH_S
-# (the benchmark's share of command 2, default 300 s), PYTHON (default python3).
+# Why the throughput benchmark is in the last command: the GGUF (98 MB) exceeds one command's
+# 64 MiB, so the model exists on the machine only once the last piece has arrived. The first lend
+# (results/gpu_lend/2026-11-26) had 900 s of device time in all: a start took ~45 s, command 1
+# ~60 s, a stash ~1 s. Each command writes $OUT/provenance_<n>.json (command, device, torch, date,
+# commit, exit codes); at most 8 files come back, so the study folder returns as claims.tgz.
+# Knobs: GPU_LEND_SECONDS (a command's wall limit, default 530 s), GPU_LEND_BENCH_S (the
+# benchmark's share of command 2, default 360 s), GPU_LEND_CLAIMS_S (a cap on the claims' budget;
+# 0: no claims), GPU_LEND_K8_PATHS (the K=8 step's paths, in order), GPU_LEND_PIECES (the split),
+# PYTHON (default python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -29,8 +35,9 @@ STAGE=$ROOT/.gpu_lend
 STASH=${GPU_LEND_STASH:-/tmp/gpu_lend}
 PY=${PYTHON:-python3}
 LIMIT=${GPU_LEND_SECONDS:-530}
-BENCH_S=${GPU_LEND_BENCH_S:-300}
+BENCH_S=${GPU_LEND_BENCH_S:-360}
 MARGIN=45
+TRAVEL_MIB=64  # what one device command carries, the working tree included
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 START=$(date +%s)
 DRY=0
@@ -97,24 +104,63 @@ prepare() { # CPU machine: the pieces that travel (ignored by git: .gpu_lend/)
     gguf=$(PYTHONPATH=$ROOT "$PY" -c "from llm.model import gguf_path; print(gguf_path('smollm2-135m'))")
   fi
   rm -f "$STAGE"/gguf.*
-  split -n 2 "$gguf" "$STAGE/gguf.piece"
-  mv "$STAGE/gguf.pieceaa" "$STAGE/gguf.1"
-  mv "$STAGE/gguf.pieceab" "$STAGE/gguf.2"
+  local pieces k size
+  pieces=$(pieces_for "$gguf")
+  split -n "$pieces" -d -a 2 "$gguf" "$STAGE/gguf.piece"
+  for k in $(seq 1 "$pieces"); do mv "$STAGE/gguf.piece$(printf %02d $((k - 1)))" "$STAGE/gguf.$k"; done
+  echo "$pieces" >"$STAGE/gguf.count"
   (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") | awk '{print $1}' >"$STAGE/gguf.sha256"
   [ "$DRY" = 1 ] && rm -f "$gguf"
-  du -sh "$STAGE"/gguf.1 "$STAGE"/gguf.2 "$STAGE"/whl 2>/dev/null || true
-  cat <<EOF
-Two device commands, issued back to back (the second on the same warm machine):
-  run(command="bash benchmarks/gpu_lend.sh 1", carry=[".gpu_lend/whl", ".gpu_lend/gguf.1", ".gpu_lend/gguf.sha256", ".gpu_lend/commit"], timeout_s=560)
-  run(command="bash benchmarks/gpu_lend.sh 2", carry=[".gpu_lend/whl", ".gpu_lend/gguf.2", ".gpu_lend/gguf.sha256", ".gpu_lend/commit"], timeout_s=560)
-Then copy the results back (README, "GPU"): <files_at>/claims -> results/claims_gpu, the rest -> results/gpu_lend/<date>/.
-EOF
+  for k in $(seq 1 "$pieces"); do # what each command carries, against the tool's 64 MiB
+    size=$(($(tree_bytes) + $(bytes_of "$STAGE/gguf.$k" "$STAGE/whl")))
+    echo "command carrying piece $k: $((size / 1048576)) MiB of 64 (the working tree included)"
+    [ "$size" -le $((TRAVEL_MIB * 1048576)) ] || { echo "error: piece $k travels $size bytes, over the ${TRAVEL_MIB} MiB a command carries" >&2; exit 2; }
+  done
+  local carry='".gpu_lend/whl", ".gpu_lend/gguf.sha256", ".gpu_lend/gguf.count", ".gpu_lend/commit"'
+  echo "Device commands, issued back to back on one warm machine (status's budget_left_s after the"
+  echo "stashes sets the last one's limit, B: GPU_LEND_SECONDS = min(B - 60, 560), timeout_s = it + 15):"
+  echo "  run(command=\"GPU_LEND_SECONDS=150 bash benchmarks/gpu_lend.sh 1\", carry=[\".gpu_lend/gguf.1\", $carry], timeout_s=170)"
+  for k in $(seq 2 $((pieces - 1))); do
+    echo "  run(command=\"bash benchmarks/gpu_lend.sh stash\", carry=[\".gpu_lend/gguf.$k\"], timeout_s=60)"
+  done
+  echo "  run(command=\"GPU_LEND_SECONDS=<S> bash benchmarks/gpu_lend.sh 2\", carry=[\".gpu_lend/gguf.$pieces\", $carry], timeout_s=<S + 15>)"
+  echo "Then copy the results back (README, \"GPU\"): <files_at>/claims.tgz unpacked -> results/claims_gpu, the rest -> results/gpu_lend/<date>/."
+}
+
+tree_bytes() { # what the device tool sends besides the carried paths: tracked and untracked-not-ignored files
+  if git rev-parse --git-dir >/dev/null 2>&1; then
+    { git ls-files -z; git ls-files -z -o --exclude-standard; } | (xargs -0 -r du -cb 2>/dev/null || true) \
+      | awk '$2 == "total" {n += $1} END {print n + 0}'
+  else
+    du -sb --exclude=.gpu_lend --exclude=.venv --exclude=.git . | cut -f1
+  fi
+}
+
+bytes_of() { # the bytes of the paths given that exist (a folder: all it holds)
+  local n=0 f
+  for f in "$@"; do [ -e "$f" ] && n=$((n + $(du -sb "$f" | cut -f1))); done
+  echo "$n"
+}
+
+pieces_for() { # the fewest pieces of $1 that fit one command each beside the tree and the wheels
+  local room
+  [ -n "${GPU_LEND_PIECES:-}" ] && { echo "$GPU_LEND_PIECES"; return; }
+  room=$((TRAVEL_MIB * 1048576 - $(tree_bytes) - $(bytes_of "$STAGE/whl") - 1048576))
+  [ "$room" -gt 0 ] || { echo "error: the working tree and the wheels leave no room in a command's ${TRAVEL_MIB} MiB" >&2; exit 2; }
+  local n=$((($(stat -c %s "$1") + room - 1) / room))
+  echo $((n < 2 ? 2 : n))
+}
+
+stash_pieces() { # every piece this command carried, into $STASH
+  local found=0 f
+  mkdir -p "$STASH"
+  for f in "$STAGE"/gguf.[0-9]*; do [ -f "$f" ] && cp "$f" "$STASH/" && found=1; done
+  [ "$found" = 1 ] || { echo "error: no piece of the GGUF carried: carry .gpu_lend/gguf.<k> (run prepare first)" >&2; exit 2; }
 }
 
 command_1() { # stash piece 1 (and the packages), the gpu-marked tests
-  mkdir -p "$STASH" "$OUT"
-  [ -f "$STAGE/gguf.1" ] || { echo "error: $STAGE/gguf.1 missing: carry .gpu_lend/gguf.1 (run prepare first)" >&2; exit 2; }
-  cp "$STAGE/gguf.1" "$STASH/gguf.1"
+  mkdir -p "$OUT"
+  stash_pieces
   packages
   local files rc=0
   files=$(grep -l "mark.gpu" tests/test_*.py | tr '\n' ' ')
@@ -127,8 +173,13 @@ command_1() { # stash piece 1 (and the packages), the gpu-marked tests
 
 command_2() { # join the GGUF, the throughput benchmark, then claims units in the time left
   mkdir -p "$OUT"
-  [ -f "$STASH/gguf.1" ] || { echo "error: $STASH/gguf.1 missing: command 1 has not run on this machine (a fresh start?); issue command 2 right after command 1" >&2; exit 2; }
-  cat "$STASH/gguf.1" "$STAGE/gguf.2" >"$STASH/$GGUF_NAME"
+  stash_pieces
+  local count k
+  count=$(cat "$STAGE/gguf.count")
+  for k in $(seq 1 "$count"); do
+    [ -f "$STASH/gguf.$k" ] || { echo "error: $STASH/gguf.$k missing: the command that carries it has not run on this machine (a fresh start?); issue the commands back to back" >&2; exit 2; }
+  done
+  for k in $(seq 1 "$count"); do cat "$STASH/gguf.$k"; done >"$STASH/$GGUF_NAME"
   echo "$(cat "$STAGE/gguf.sha256")  $STASH/$GGUF_NAME" | sha256sum -c --quiet - \
     || { echo "error: the joined GGUF's sha256 differs from prepare's" >&2; exit 2; }
   export CLIP_SANDBOX_SMOLLM2_GGUF=$STASH/$GGUF_NAME
@@ -168,13 +219,14 @@ DEVICE=cuda
 XDIST="-n 8"
 BENCH_ARGS="--device cuda --model smollm2-135m --warmup 2 --steps 3"
 CLAIMS_ARGS="--profile gpu --device cuda --rungs llm"
-K8_PATHS=${GPU_LEND_K8_PATHS:-today,trl,ensemble}  # the peers first: a failure or a cut in the ensemble spares them
+K8_PATHS=${GPU_LEND_K8_PATHS:-ensemble,today,fast,trl}  # a failed path spares the rest
 K16=16       # the second ensemble's size (its output stays throughput_k16.txt)
 CLAIMS_S=${GPU_LEND_CLAIMS_S:-}  # a cap on the claims' budget (none: the time left; 0: no claims)
 CLAIMS_SLACK=30  # the claims' limit beyond its budget: imports, the stop's grace (20 s), tables
 case "${1:-}" in
   prepare) prepare ;;
   1) OUT=${OUT:?set OUT (the device tool sets it)}; command_1 ;;
+  stash) stash_pieces; ls "$STASH" ;;
   2) OUT=${OUT:?set OUT (the device tool sets it)}; command_2 ;;
   dry-run)
     DRY=1 DEVICE=cpu XDIST="" STASH=$(mktemp -d) STAGE=$(mktemp -d) OUT=${OUT:-$(mktemp -d)}
@@ -187,11 +239,18 @@ case "${1:-}" in
     # stop of the unit it cut), so the dry run ends within 5 minutes
     BENCH_ARGS="--smoke --threads 1" K8_PATHS=today K16=2 MARGIN=10 BENCH_S=${GPU_LEND_BENCH_S:-120}
     CLAIMS_ARGS="--quick --rungs llm --device cpu --workers 1" CLAIMS_S=15 CLAIMS_SLACK=60
-    prepare >/dev/null
+    # three pieces, each command holding only the one it carries (as the device tool's carry
+    # does), so the middle piece's stash command runs too
+    GPU_LEND_PIECES=3 prepare >/dev/null
+    HOLD=$(mktemp -d)
+    mv "$STAGE"/gguf.[0-9]* "$HOLD/"
+    mv "$HOLD/gguf.1" "$STAGE/"
     START=$(date +%s) LIMIT=90; command_1
+    rm "$STAGE/gguf.1" && mv "$HOLD/gguf.2" "$STAGE/" && stash_pieces
+    rm "$STAGE/gguf.2" && mv "$HOLD/gguf.3" "$STAGE/"
     START=$(date +%s) LIMIT=${GPU_LEND_SECONDS:-$((BENCH_S + CLAIMS_S + MARGIN + 10))}; command_2
-    rm -rf "$STASH" "$STAGE"
+    rm -rf "$STASH" "$STAGE" "$HOLD"
     echo "dry run: results in $OUT"
     ;;
-  *) echo "usage: benchmarks/gpu_lend.sh prepare | 1 | 2 | dry-run" >&2; exit 2 ;;
+  *) echo "usage: benchmarks/gpu_lend.sh prepare | 1 | stash | 2 | dry-run" >&2; exit 2 ;;
 esac

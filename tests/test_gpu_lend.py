@@ -1,9 +1,11 @@
 """``benchmarks/gpu_lend.sh dry-run`` (issue 28 item 6): the prepared GPU lend run end to end on CPU
-with the tiny model, within its 5-minute bound: prepare's split of a stand-in GGUF, command 1
-(stash piece 1, the gpu-marked tests: skipped without CUDA), command 2 (join and sha256 check,
+with the tiny model, within its 5-minute bound: prepare's split of a stand-in GGUF in 3 pieces
+(each command holding only the piece it carries), command 1 (stash piece 1, the gpu-marked tests:
+skipped without CUDA), the middle piece's stash, command 2 (join and sha256 check,
 llm_throughput.py --smoke: today's path, then the ensemble (of 2 in the dry run), llm.claims
---quick --rungs llm under --time-budget), each command's provenance. A real subprocess; the
-figures of the benchmark are not asserted (CPU, loaded), its steps' exit codes are."""
+--quick --rungs llm under --time-budget, the study folder back as one archive), each command's
+provenance. A real subprocess; the figures of the benchmark are not asserted (CPU, loaded), its
+steps' exit codes are."""
 
 from __future__ import annotations
 
