@@ -192,10 +192,19 @@ command_2() { # join the GGUF, the throughput benchmark, then claims units in th
   timeout $((BENCH_S / 3)) "$PY" benchmarks/llm_throughput.py $BENCH_ARGS --paths ensemble \
     --ensemble "$K16" --json "$OUT/throughput_k16.json" >"$OUT/throughput_k16.txt" 2>&1 || k16=$?
   tail -n 4 "$OUT/throughput_k8.txt" "$OUT/throughput_k16.txt" || true
-  # the claims' first guess of an llm unit's time: today's seconds per step as measured just now
-  # (runs side by side, as the study's workers run them), else llm.claims' own guess
-  step_s=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["results"]["today"]["s_per_step"])' \
-    "$OUT/throughput_k8.json" 2>/dev/null) || step_s=""
+  # the claims' first guess of an llm unit's time, seconds per run-step of one run as measured
+  # just now: the fast run alone's (the gpu profile's calibration units are one compact run
+  # each), else the ensemble's step over its runs (its study units), else today's (runs side by
+  # side, as the study's workers run them); without any, llm.claims' own guess
+  step_s=$("$PY" - "$OUT/throughput_k8.json" 2>/dev/null <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"]
+for path in ("fast", "ensemble", "today"):
+    if path in r:
+        print(r[path]["s_per_step"] / (r[path]["runs"] if path == "ensemble" else 1))
+        break
+EOF
+) || step_s=""
   if [ -n "$step_s" ]; then export CLIP_SANDBOX_LLM_STEP_SECONDS=$step_s; fi
   if [ -d results/claims_gpu/parts ] && [ ! -d "$OUT/claims" ]; then # go on from earlier lends
     cp -r results/claims_gpu "$OUT/claims"

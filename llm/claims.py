@@ -54,6 +54,10 @@ from sandbox.study.settings import (
     text,
 )
 
+#: the samplers the llm rung can train with (llm.train's ``--rollout-backend``; vLLM is not
+#: carried to the project's GPU machine)
+SAMPLERS = ("hf", "compact")
+
 
 @dataclass(frozen=True)
 class LlmSettings:
@@ -77,6 +81,13 @@ class LlmSettings:
     eval_prompts: int = arg(512, "held-out problems (fixed by the seed)")
     eval_k: int = arg(1, "samples per held-out problem")
     seeds: int = arg(8, "paired seeds per rule (one llm.train run each)")
+    rollout_backend: str = arg(
+        "hf",
+        "llm.train's sampler: hf (transformers' generate) or compact (llm.decode: the K members of "
+        "an ensemble in one loop, noise fixed per seed, step, row and position, so rules that "
+        "share a seed share their draws); another sampler is another study",
+        choices=SAMPLERS,
+    )
     ensemble: int = arg(
         1,
         "up to K paired seeds of one rule per job, trained as one llm.ensemble (1: separate "
@@ -91,6 +102,11 @@ class LlmSettings:
         epochs = {} if self.epochs is None else {"epochs": mu_grid}
         checks = {"lrs": step_sizes, "task_knobs": knobs, **epochs, "model": text, "task": text}
         settle(self, "llm", low, **checks)
+        if self.rollout_backend not in SAMPLERS:
+            raise ValueError(
+                f"llm_rollout_backend must be one of {', '.join(SAMPLERS)}, got "
+                f"{self.rollout_backend!r}"
+            )
 
     def check(self) -> None:
         """The task and the model, before anything runs (the model offline: a Hub id must be in
@@ -126,6 +142,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
     train = {
         **probe_settings(config, job.rule),
         "model": s.model,
+        "rollout_backend": s.rollout_backend,
         "max_new_tokens": s.max_new_tokens,
         "eval_every": s.eval_every,
         "eval_prompts": s.eval_prompts,
@@ -217,7 +234,12 @@ register_rung(
 #: Named settings (``--profile``); a section's values under its name. Flags override them.
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {},
-    "gpu": {"rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"], "device": "cuda"},
+    # the llm rung as one compact ensemble of its 8 paired seeds per rule (issue 28's fast path)
+    "gpu": {
+        "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
+        "device": "cuda",
+        "llm": {"rollout_backend": "compact", "ensemble": 8},
+    },
     "quick": {
         "rules": ["dapo", "nsr_dapo", "grpo", "gspo"],
         "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 import llm.ensemble
 from llm.claims import PROFILES, main, parse_args
+from llm.claims import llm_spec as claims_llm_spec
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.study import StudyConfig
 from sandbox.study.plan import StudyJob, job_groups
@@ -193,3 +194,35 @@ def test_the_study_with_ensembles_writes_the_separate_runs_parts_and_ledger(
     for name in missing:
         assert_frames_close(c[name], a[name])
     assert_frames_close(pd.read_csv(mixed / "ledger.csv"), ledger_a)
+
+
+def test_the_compact_sampler_writes_the_same_parts_alone_and_as_one_ensemble(
+    tmp_path, ensembles, capsys
+):
+    """``--llm-rollout-backend compact`` (the gpu profile's llm sampler): its separate runs and its
+    ensemble write the same parts (the decoder's draws are fixed per seed, step, row and position,
+    whatever else shares the loop); a folder of the hf sampler refuses it, naming the setting."""
+    compact = [*ARGV, "--llm-rollout-backend", "compact"]
+    separate, together = tmp_path / "separate", tmp_path / "together"
+    assert main([*compact, "--out", str(separate)]) == 0
+    assert main([*compact, "--llm-ensemble", "3", "--out", str(together)]) == 0
+    assert ensembles == [3, 3]  # per rule, its 3 seeds as one ensemble
+    a, b = parts_of(separate), parts_of(together)
+    assert sorted(a) == sorted(b) and len(a) == 1 + 2 * 3
+    for name in a:
+        assert_frames_close(b[name], a[name])
+    hf = tmp_path / "hf"
+    assert main([*ARGV, "--out", str(hf)]) == 0
+    capsys.readouterr()
+    assert main([*compact, "--out", str(hf)]) == 2
+    assert "rollout_backend" in capsys.readouterr().err
+
+
+def test_the_gpu_profile_trains_the_llm_rung_as_compact_ensembles():
+    config, _ = parse_args(["--profile", "gpu"])
+    settings = config.section("llm")
+    assert (settings.rollout_backend, settings.ensemble, settings.seeds) == ("compact", 8, 8)
+    jobs = [StudyJob("study", "llm", "dapo", 1e-5, 2, s) for s in range(8)]
+    assert [len(g) for g in job_groups(config, jobs)] == [8]
+    spec = claims_llm_spec(config, jobs[0], seeds=1, steps=100)
+    assert dict(spec.train)["rollout_backend"] == "compact"
