@@ -62,10 +62,10 @@ def _weights(args: argparse.Namespace) -> int:
 def _interrupted(err: KeyboardInterrupt, where: str) -> int:
     """The resume hint after Ctrl-C or SIGTERM; exit status 128 + signal number."""
     from sandbox.experiments.planner import interrupted_line
-    from sandbox.experiments.pool import Terminated
+    from sandbox.experiments.pool import Terminated, answer_interrupt
 
     signum = err.signum if isinstance(err, Terminated) else 2
-    print("\n" + interrupted_line(signum, where), file=sys.stderr)
+    answer_interrupt("\n" + interrupted_line(signum, where))
     return 128 + signum
 
 
@@ -379,7 +379,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sandbox.experiments.pool import signals_deferred
+    """The command line's exit status (``argv``: the process's own when None)."""
+    from sandbox.experiments.pool import own_command
+
+    with own_command(argv is None):
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    from sandbox.experiments.pool import answer_interrupt, signals_deferred
 
     try:
         with signals_deferred():  # imports torch and sympy: a Ctrl-C acts once they are done
@@ -392,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clip-sandbox: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before a command's own handler (e.g. during imports)
-        print("\ninterrupted (SIGINT) before any run finished", file=sys.stderr)
+        answer_interrupt("\ninterrupted (SIGINT) before any run finished")
         return 130
 
 

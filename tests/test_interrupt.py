@@ -372,6 +372,41 @@ def test_an_early_ctrl_c_is_one_message_from_the_driver(tmp_path, delay):
     assert not left, f"left behind: {[(p.pid, p.cmdline()) for p in left]}"
 
 
+@pytest.mark.parametrize("delay", [1.0, 5.0])
+def test_a_second_ctrl_c_after_the_drivers_answer_changes_nothing(tmp_path, delay):
+    """A second Ctrl-C the moment the driver's line appears (while it prints it, or exits): the
+    status stays 130 and the line stays the only output. Before, it landed in the print or the
+    exit's clean-up (a KeyboardInterrupt traceback, "Exception ignored in atexit callback") or,
+    after finalization reset the handler, killed the driver (-2), as a fresh-clone CI run saw."""
+    argv = _argv(tmp_path, "twice")
+    argv[argv.index("40")] = "400"
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("interrupted (SIGINT)"):
+                os.kill(proc.pid, signal.SIGINT)  # the driver alone: its pool is gone or going
+                break
+        err = "".join(lines) + proc.stderr.read()
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGINT)"), err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
 def _session(process: psutil.Process) -> int | None:
     """The session of a live process (None once it is gone, or a zombie: dead, not yet reaped,
     which a container's init may leave for a while)."""

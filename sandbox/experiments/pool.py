@@ -144,6 +144,33 @@ def start_forkserver() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+#: True while a command runs on its process's own command line (:func:`own_command`)
+_own_command = False
+
+
+@contextlib.contextmanager
+def own_command(own: bool) -> Iterator[None]:
+    """Within the block the command is the process's own (``own``; False where ``main(argv)`` is
+    called in-process, e.g. by the tests): :func:`answer_interrupt` may change its signals."""
+    global _own_command
+    before, _own_command = _own_command, own
+    try:
+        yield
+    finally:
+        _own_command = before
+
+
+def answer_interrupt(line: str) -> None:
+    """Print the driver's one line about an interrupt, having first set SIGINT to ignored where
+    the command is its process's own (:func:`own_command`): the interrupt is answered and the
+    process exits, so a second Ctrl-C changes nothing. Else it would land in the line's print or
+    the exit's clean-up (a ``KeyboardInterrupt`` traceback) or, once finalization has reset the
+    handler to the default, kill the process (-2 for the 130 it reports)."""
+    if _own_command and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print(line, file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def terminate_raises() -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (as

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sandbox.configs import add_arguments, add_study_arguments, flag, key_values, profile_settings
 from sandbox.experiments.planner import interrupted_line
-from sandbox.experiments.pool import terminate_raises
+from sandbox.experiments.pool import answer_interrupt, own_command, terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
 from .config import StudyConfig, used_sections
@@ -195,7 +195,7 @@ def interrupted(signum: int, out: Path, folder: Path | None = None) -> int:
     kept = f"finished runs are parts in {out / 'parts'}"
     if folder is not None and folder.is_dir():
         kept += f", cut runs' checkpoints in {folder}"
-    print("\n" + interrupted_line(signum, kept), file=sys.stderr)
+    answer_interrupt("\n" + interrupted_line(signum, kept))
     return 128 + signum
 
 
@@ -207,7 +207,20 @@ def main(
     profiles: Mapping[str, Any],
     prepare: Prepare | None = None,
 ) -> int:
-    """Run (or with ``--tables-only`` rebuild) the study of a command line; the exit status."""
+    """Run (or with ``--tables-only`` rebuild) the study of a command line (``argv``: the
+    process's own when None); the exit status."""
+    with own_command(argv is None):
+        return _main(argv, prog=prog, description=description, profiles=profiles, prepare=prepare)
+
+
+def _main(
+    argv: Sequence[str] | None,
+    *,
+    prog: str,
+    description: str,
+    profiles: Mapping[str, Any],
+    prepare: Prepare | None,
+) -> int:
     try:
         config, args = parse_study_args(argv, prog=prog, description=description, profiles=profiles)
         if not args.tables_only:
