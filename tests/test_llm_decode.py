@@ -398,3 +398,19 @@ def test_the_token_counter_offset_is_the_golden_ratio_word_in_int32_range():
     assert -(2**31) <= decode.TOKEN_OFFSET < 2**31
     ids = torch.arange(2**18)
     assert torch.equal(ids + decode.TOKEN_OFFSET & decode.M32, ids + 0x9E3779B9 & decode.M32)
+
+
+@pytest.mark.gpu
+def test_compact_ensemble_trains_on_cuda_under_bf16_autocast(tmp_path):
+    """The benchmark's ensemble path on CUDA with the tiny Llama (bf16 autocast, llm.train's CUDA
+    default): decoding, the batched old log-probs and the vmapped update run, every loss finite.
+    It failed on an H200 three times on what CPU tests missed; this runs first in a lend."""
+    from llm.config import TrainConfig
+    from llm.ensemble import train_ensemble
+
+    run = {**RUN, "device": "cuda", "lm_head": "chunked"}
+    cfgs = [TrainConfig(**run, seed=s, out=str(tmp_path / f"ens{s}")) for s in (0, 1)]
+    rows = train_ensemble(cfgs)
+    for member in rows:
+        assert [r["step"] for r in member] == [0, 1, 2]
+        assert all(math.isfinite(r["loss"]) for r in member if r["step"] > 0), member

@@ -169,3 +169,28 @@ def test_micro_batches_of_other_widths_share_one_graph():
             torch.testing.assert_close(gc, ge, atol=1e-12, rtol=1e-10)
     assert sum(counters["graph_break"].values()) == 0
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.gpu
+def test_compiled_update_on_cuda_with_inductor_runs_without_recompiles(tmp_path):
+    """``--compile-update on`` as a lend would run it: CUDA, bf16 autocast, inductor (never run
+    before a lend): 3 steps with no graph break and one graph, every loss finite (its equality
+    with the eager ensemble is the float64 CPU test's above; bf16 rounds both differently)."""
+    run = {**RUN, "device": "cuda", "save_model": False}
+
+    def cfgs(tag, compile_update):
+        return [
+            TrainConfig(
+                **run, seed=s, compile_update=compile_update, out=str(tmp_path / f"{tag}{s}")
+            )
+            for s in (0, 1)
+        ]
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = train_ensemble(cfgs("comp", "on"))
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 1
+    for rows in compiled:
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows), rows
