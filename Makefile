@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: demo test test-gpu test-vllm lint format install install-test bench notebooks clean \
-	gpu-lend gpu-lend-dry-run
+	gpu-lend gpu-lend-dry-run test-gpu-image
 
 # `pip install "$(TORCH_SPEC)" ...` in every call: a later requirement on torch (trl, tensordict,
 # ...) must not swap the CPU build for another release, the multi-GB CUDA build from PyPI.
@@ -58,6 +58,17 @@ test: install-test
 # The CUDA paths (tests marked gpu; they skip without CUDA). Install a CUDA build of torch first.
 test-gpu: install-test
 	$(PY) -m pytest -q -m gpu
+
+# The llm tests on CPU with the GPU machine's transformers (shared/gpu.md: 5.17; this venv has
+# a later one): its static cache failed there where the venv's passed. Installed beside the venv
+# (--target .gpu_image, ignored by git), shadowing the venv's transformers on PYTHONPATH.
+GPU_IMAGE_TRANSFORMERS ?= transformers==5.17.0
+test-gpu-image: install-test
+	test -d .gpu_image || $(PY) -m pip install -q --target .gpu_image "$(GPU_IMAGE_TRANSFORMERS)"
+	PYTHONPATH=.gpu_image $(PY) -c "import transformers; print('transformers', transformers.__version__)"
+	PYTHONPATH=.gpu_image $(PY) -m pytest -n 2 -q -p no:cacheprovider tests/test_llm_ensemble.py \
+		tests/test_llm_decode.py tests/test_llm_fast.py tests/test_llm_logprobs.py \
+		tests/test_llm_ensemble_compile.py
 
 # A lent GPU (README, "GPUs and several machines"): the pieces that travel and the device
 # commands to issue (gpu-lend), or the same script end to end on CPU with the tiny model.

@@ -16,9 +16,9 @@ today  ``llm.train`` with ``--generate-cache dynamic --generate-compile off --lm
        (the path before issue 20: eager ``generate`` with a dynamic cache);
 fast   ``llm.train`` with ``--rollout-backend compact`` (llm.decode's static-cache decoder, one
        prefill per prompt; compiled with ``--decode-compile on``), ``--lm-head trl``
-       (``--fast-head``). HF ``generate`` with a static cache is not a path here: under CUDA bf16
-       autocast it failed in transformers 5.17 (the cache took the float32 keys' dtype for the
-       bf16 values; H200, 2026-11-26);
+       (``--fast-head``). HF ``generate`` with a static cache is not a path here (it failed
+       under CUDA bf16 autocast in transformers 5.17 on an H200, 2026-11-26; fixed since in
+       llm.rollout, unmeasured);
 ensemble  the fast path's flags for ``--ensemble`` runs in one ``llm.ensemble`` process: every
        member decoded in one loop, the training forward one ``vmap`` over stacked parameters;
 trl    ``trl.GRPOTrainer``: ``generation_batch_size`` = the step's rows, ``num_iterations`` = epochs,

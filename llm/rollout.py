@@ -30,6 +30,8 @@ float32, ``tests/test_llm_fast.py``).
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -143,6 +145,9 @@ def generate(
     gen_config = generation_config(
         tokenizer, temperature, max_new_tokens, return_logp, cache, compile_decode
     )
+    casting = cache == "static" and torch.is_autocast_enabled(device.type)
+    if casting:  # the static cache is passed per call (autocast_static_cache)
+        gen_config.cache_implementation = None
     pad = tokenizer.pad_token_id
     prompts, masks, completions, logps = [], [], [], []
     for start in range(0, len(prompt_ids), prompts_per_call):
@@ -151,11 +156,17 @@ def generate(
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(derive_seed(*seed_keys, first_index + start))
+            cached = (
+                {cache_kwarg(model): autocast_static_cache(model, ids.shape[1] + max_new_tokens)}
+                if casting
+                else {}
+            )
             out = model.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
                 generation_config=gen_config,
                 synced_gpus=synced_gpus,
+                **cached,
             )
         seqs = out.sequences if return_logp else out
         new = seqs[:, ids.shape[1] :]
@@ -177,6 +188,35 @@ def generate(
         tokenizer,
         torch.cat([pad_right(x, Tc, 0.0) for x in logps]) if return_logp else None,
     )
+
+
+@functools.cache
+def _casting_static_cache() -> type:
+    """transformers' ``StaticCache`` whose values take the keys' dtype (one class, so a compiled
+    decoding forward guards on one type)."""
+    from transformers import StaticCache
+
+    class CastingStaticCache(StaticCache):
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            value_states = value_states.to(key_states.dtype)
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return CastingStaticCache
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name ``generate`` takes a KV cache by: ``cache`` where the model's forward has it
+    (transformers 5.24: ``past_key_values`` is deprecated), else ``past_key_values`` (5.17)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def autocast_static_cache(model: Any, length: int) -> Any:
+    """A static KV cache of ``length`` positions for ``generate`` under autocast. There the rotary
+    embedding's float32 cos/sin leave the keys float32 while the values are bf16, and transformers
+    5.17's static layer, which takes one dtype (the keys'), refused the values (``index_copy_``:
+    an H200, 2026-11-26; transformers 5.24 keeps two). Here the values take the keys' dtype;
+    SDPA's autocast casts both to bf16 as it does on the dynamic path."""
+    return _casting_static_cache()(config=model.config, max_cache_len=length)
 
 
 def generation_config(

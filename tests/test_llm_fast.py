@@ -63,6 +63,31 @@ def test_static_cache_samples_the_same_tokens_and_logp(tok, dtype):
     assert ref["rollout_logp"].lt(0).all()  # log-probs of real samples (no EOS reached here)
 
 
+def test_static_cache_under_bf16_autocast_keeps_one_dtype_and_samples_the_dynamic_tokens(
+    tok, monkeypatch
+):
+    """Under bf16 autocast (CUDA's by default; the CPU's here) the rotary embedding leaves keys
+    float32 and values bf16; transformers 5.17's static layer took the keys' dtype for both and
+    failed on the values (an H200, 2026-11-26; 5.17 on this CPU too). The static cache passed to
+    ``generate`` stores the values in the keys' dtype, and samples the dynamic path's tokens."""
+    caches = []
+    real = rollout.autocast_static_cache
+    monkeypatch.setattr(
+        rollout, "autocast_static_cache", lambda *a: caches.append(real(*a)) or caches[-1]
+    )
+    model = tiny_model(len(tok), 0).eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = sample(model, tok)
+        assert caches == []  # the dynamic path keeps transformers' own cache
+        fast = sample(model, tok, cache="static")
+    assert len(caches) == 2  # one per generate call (2 prompts per call)
+    for cache in caches:
+        layer = cache.layers[0]
+        assert layer.keys.dtype == layer.values.dtype == torch.float32
+    assert torch.equal(ref["completion"], fast["completion"])
+    torch.testing.assert_close(fast["rollout_logp"], ref["rollout_logp"], atol=2e-2, rtol=0)
+
+
 def test_static_cache_greedy_equals_dynamic(tok):
     model = tiny_model(len(tok), 3).eval()
     ids, mask = rollout.stack_left_padded(prompt_ids(tok), tok.pad_token_id)
