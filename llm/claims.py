@@ -102,11 +102,6 @@ class LlmSettings:
         epochs = {} if self.epochs is None else {"epochs": mu_grid}
         checks = {"lrs": step_sizes, "task_knobs": knobs, **epochs, "model": text, "task": text}
         settle(self, "llm", low, **checks)
-        if self.rollout_backend not in SAMPLERS:
-            raise ValueError(
-                f"llm_rollout_backend must be one of {', '.join(SAMPLERS)}, got "
-                f"{self.rollout_backend!r}"
-            )
 
     def check(self) -> None:
         """The task and the model, before anything runs (the model offline: a Hub id must be in

@@ -226,3 +226,7 @@ def test_the_gpu_profile_trains_the_llm_rung_as_compact_ensembles():
     assert [len(g) for g in job_groups(config, jobs)] == [8]
     spec = claims_llm_spec(config, jobs[0], seeds=1, steps=100)
     assert dict(spec.train)["rollout_backend"] == "compact"
+    with pytest.raises(
+        ValueError, match="llm_rollout_backend must be one of hf, compact, got 'vllm'"
+    ):
+        parse_args(["--profile", "gpu", "--llm-rollout-backend", "vllm"])

@@ -147,12 +147,19 @@ def settle(
     settings: Any, section: str, low: Mapping[str, int] | None = None, **checks: Callable
 ) -> None:
     """Check a section's settings in ``__post_init__``: each field of ``checks`` replaced by
-    ``check("<section>_<field>", value)`` (in order), then every ``int`` field an integer >= its
-    bound in ``low`` (default 1)."""
+    ``check("<section>_<field>", value)`` (in order), then every field with ``choices`` (its
+    :func:`sandbox.configs.arg`) one of them, and every ``int`` field an integer >= its bound in
+    ``low`` (default 1)."""
     for field, check in checks.items():
         value = check(f"{section}_{field}", getattr(settings, field))
         object.__setattr__(settings, field, value)
     for f in dataclasses.fields(settings):
+        choices = f.metadata.get("choices")
+        if choices is not None and getattr(settings, f.name) not in choices:
+            raise ValueError(
+                f"{section}_{f.name} must be one of {', '.join(map(str, choices))}, got "
+                f"{getattr(settings, f.name)!r}"
+            )
         if f.type in (int, "int"):
             check_int(f"{section}_{f.name}", getattr(settings, f.name), (low or {}).get(f.name, 1))
 
