@@ -104,15 +104,16 @@ prepare() { # CPU machine: the pieces that travel (ignored by git: .gpu_lend/)
     gguf=$(PYTHONPATH=$ROOT "$PY" -c "from llm.model import gguf_path; print(gguf_path('smollm2-135m'))")
   fi
   rm -f "$STAGE"/gguf.*
-  local pieces k size
-  pieces=$(pieces_for "$gguf")
+  local pieces k size tree
+  tree=$(tree_bytes)
+  pieces=$(pieces_for "$gguf" "$tree")
   split -n "$pieces" -d -a 2 "$gguf" "$STAGE/gguf.piece"
   for k in $(seq 1 "$pieces"); do mv "$STAGE/gguf.piece$(printf %02d $((k - 1)))" "$STAGE/gguf.$k"; done
   echo "$pieces" >"$STAGE/gguf.count"
   (cd "$(dirname "$gguf")" && sha256sum "$(basename "$gguf")") | awk '{print $1}' >"$STAGE/gguf.sha256"
   [ "$DRY" = 1 ] && rm -f "$gguf"
   for k in $(seq 1 "$pieces"); do # what each command carries, against the tool's 64 MiB
-    size=$(($(tree_bytes) + $(bytes_of "$STAGE/gguf.$k" "$STAGE/whl")))
+    size=$((tree + $(bytes_of "$STAGE/gguf.$k" "$STAGE/whl")))
     echo "command carrying piece $k: $((size / 1048576)) MiB of 64 (the working tree included)"
     [ "$size" -le $((TRAVEL_MIB * 1048576)) ] || { echo "error: piece $k travels $size bytes, over the ${TRAVEL_MIB} MiB a command carries" >&2; exit 2; }
   done
@@ -142,10 +143,10 @@ bytes_of() { # the bytes of the paths given that exist (a folder: all it holds)
   echo "$n"
 }
 
-pieces_for() { # the fewest pieces of $1 that fit one command each beside the tree and the wheels
-  local room
+pieces_for() { # the fewest pieces of $1 that fit one command each beside the tree ($2 bytes)
+  local room # and the wheels
   [ -n "${GPU_LEND_PIECES:-}" ] && { echo "$GPU_LEND_PIECES"; return; }
-  room=$((TRAVEL_MIB * 1048576 - $(tree_bytes) - $(bytes_of "$STAGE/whl") - 1048576))
+  room=$((TRAVEL_MIB * 1048576 - $2 - $(bytes_of "$STAGE/whl") - 1048576))
   [ "$room" -gt 0 ] || { echo "error: the working tree and the wheels leave no room in a command's ${TRAVEL_MIB} MiB" >&2; exit 2; }
   local n=$((($(stat -c %s "$1") + room - 1) / room))
   echo $((n < 2 ? 2 : n))
