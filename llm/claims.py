@@ -7,9 +7,10 @@ project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the 
 full power), ``gpu`` (adds the llm rung on SmolLM2-135M, 8 paired seeds per rule).
 
 The llm rung trains one ``llm.train`` run per (rule, paired seed); ``--llm-ensemble K`` trains up
-to K seeds of one rule as one :func:`llm.ensemble.train_ensemble` (training batched over the K
-models; what that buys on a GPU is unmeasured), each seed still its own part with the rows its
-separate run gives (to float rounding). ``OUT/llm_scratch/`` holds the llm runs in progress
+to K seeds of one rule, and its calibration's step sizes at one mu, as one
+:func:`llm.ensemble.train_ensemble` (training batched over the K models; what that buys on a GPU
+is unmeasured), each run still its own part with the rows its separate run gives (to float
+rounding). ``OUT/llm_scratch/`` holds the llm runs in progress
 (checkpoints every ``checkpoint_every`` steps and on SIGTERM), so a command cut by a time limit
 continues each cut run mid-way when run again (the outputs: README, "The claims ledger")::
 
@@ -90,8 +91,8 @@ class LlmSettings:
     )
     ensemble: int = arg(
         1,
-        "up to K paired seeds of one rule per job, trained as one llm.ensemble (1: separate "
-        "runs; the parts are the same either way)",
+        "up to K runs of one rule per job (its paired seeds; in calibration, its step sizes), "
+        "trained as one llm.ensemble (1: separate runs; the parts are the same either way)",
     )
     # None: a temporary folder, a cut run restarts (llm.runs)
     scratch: str | None = arg(None, "resumable runs' folder (default: OUT/llm_scratch)")

@@ -30,8 +30,9 @@ Its traits (:class:`sandbox.experiments.runs.RunKind`): sampled, without replica
 spec, logged under the spec's ``seed``), logging step 0 (the evaluation before training), scored
 by ``pass_rate`` and ``reward``, no exact counterpart, and batched: the specs of one
 :func:`~sandbox.experiments.runs.run_specs` call that share a
-:meth:`~sandbox.experiments.runs.RunSpec.batch_key` (they differ only in ``rule``, ``params`` or
-``seed``, e.g. a study's paired seeds of one rule) train as one :func:`llm.ensemble.train_ensemble`
+:meth:`~sandbox.experiments.runs.RunSpec.batch_key` (they differ only in ``rule``, ``params``,
+``seed`` or ``lr``, e.g. a study's paired seeds of one rule, or its calibration's step sizes) train
+as one :func:`llm.ensemble.train_ensemble`
 (the training forward and backward batched over the runs), each spec still returning the frame its
 own :func:`llm.train.train` run gives (to float rounding: ``tests/test_llm_ensemble.py``,
 ``tests/test_claims_ensemble.py``). A single spec is one ordinary ``llm.train`` run. The caller
@@ -52,7 +53,7 @@ from typing import Any
 
 import pandas as pd
 
-from sandbox.experiments.runs import RunSpec, freeze, register_run, thaw, tidy
+from sandbox.experiments.runs import BATCH_VARIES, RunSpec, freeze, register_run, thaw, tidy
 
 #: Keys of a spec's ``train`` that choose where and how often a run saves, not what it computes
 #: (left out of :func:`scratch_name`, so changing them keeps a run's checkpoint).
@@ -160,11 +161,18 @@ TINY_SPEC = RunSpec.make(
 )
 
 
-@register_run("llm", batched=True, replicates=False, logs_step0=True, tiny_spec=TINY_SPEC)
+@register_run(
+    "llm",
+    batched=True,
+    batch_varies=(*BATCH_VARIES, "lr"),  # each member steps with its own AdamW
+    replicates=False,
+    logs_step0=True,
+    tiny_spec=TINY_SPEC,
+)
 def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     """One ``llm.train`` run per spec: one spec alone, several (one batch key) as one ensemble
     (:func:`llm.ensemble.train_ensemble`, whose ``check_members`` they satisfy: they differ only
-    in rule, parameters, seed and ``out``). A temporary ``out`` is removed before (an
+    in rule, parameters, seed, step size and ``out``). A temporary ``out`` is removed before (an
     interrupted run restarts from step 0) and after; a resumable scratch ``out`` (``scratch``
     in the spec's ``train``) resumes from its checkpoint and is kept, finished, for the caller to
     remove once it has stored the frame (:func:`remove_scratch`)."""

@@ -117,10 +117,16 @@ def test_jobs_group_one_rules_seeds_at_most_k_at_a_time():
     assert [{j.rule for j in g} for g in groups] == [{"dapo"}] * 2 + [{"nsr_dapo"}] * 2
     left = [j for j in jobs if j.seed != 1 or j.rule != "dapo"]
     assert [[j.seed for j in g] for g in job_groups(config, left)] == [[0, 2], [0, 1], [2]]
-    # calibration runs (one per step size) and K = 1 stay one job each
-    calib = [StudyJob("calib", "llm", "dapo", lr, 2, 0) for lr in (1e-3, 2e-3)]
-    assert job_groups(config, calib) == [(calib[0],), (calib[1],)]
-    assert job_groups(quick_config(1), jobs) == [(j,) for j in jobs]
+    # a calibration's step sizes at one mu group too (each member has its own AdamW lr), at
+    # most K; another mu is another group; K = 1 runs every job alone
+    calib = [StudyJob("calib", "llm", "dapo", lr, mu, 0) for mu in (2, 4) for lr in (1, 2, 3)]
+    assert [[(j.lr, j.epochs) for j in g] for g in job_groups(config, calib)] == [
+        [(1, 2), (2, 2)],
+        [(3, 2)],
+        [(1, 4), (2, 4)],
+        [(3, 4)],
+    ]
+    assert job_groups(quick_config(1), jobs + calib) == [(j,) for j in jobs + calib]
     # the setting is an execution choice: parts made with any K are the same parts
     assert config.fields_of_parts() == quick_config(1).fields_of_parts()
     assert "ensemble" not in str(config.fields_of_parts())
@@ -194,6 +200,30 @@ def test_the_study_with_ensembles_writes_the_separate_runs_parts_and_ledger(
     for name in missing:
         assert_frames_close(c[name], a[name])
     assert_frames_close(pd.read_csv(mixed / "ledger.csv"), ledger_a)
+
+
+def test_the_calibrations_step_sizes_train_as_one_ensemble_with_the_same_parts(
+    tmp_path, ensembles
+):
+    """The llm rung's calibration, two step sizes of seed 0, is one ensemble (each member with
+    its own step size) and writes the parts and curve of its separate runs."""
+    argv = [*ARGV, "--rules", "dapo", "--llm-lrs", "1e-3", "3e-2", "--llm-seeds", "1"]
+    # parity-2 with 8 tokens and G = 4: rewards, so the step sizes give other runs (checked)
+    argv += ["--llm-task", "parity", "--llm-task-knobs", "length=2", "--llm-max-new-tokens", "8"]
+    argv += ["--llm-group-size", "4", "--llm-prompts-per-step", "4"]
+    separate, together = tmp_path / "separate", tmp_path / "together"
+    assert main([*argv, "--out", str(separate)]) == 0
+    assert ensembles == []
+    assert main([*argv, "--llm-ensemble", "2", "--out", str(together)]) == 0
+    assert ensembles == [2]  # the calibration; the study is one run of one seed
+    a, b = parts_of(separate), parts_of(together)
+    calib = [a[n] for n in sorted(a) if n.startswith("calib")]
+    assert sorted(a) == sorted(b) and len(calib) == 2
+    assert calib[0]["clip_low_frac"].tolist() != calib[1]["clip_low_frac"].tolist()
+    for name in a:
+        assert_frames_close(b[name], a[name])
+    calibration = [pd.read_csv(out / "calibration.csv") for out in (separate, together)]
+    assert_frames_close(calibration[1], calibration[0])
 
 
 def test_the_compact_sampler_writes_the_same_parts_alone_and_as_one_ensemble(

@@ -305,6 +305,8 @@ RUN = dict(
             ),
             dict(seed=5, drop_zero_variance=True, entropy_coef=0.01, minibatches=2, grad_accum=2),
         ],
+        # a calibration's step sizes: one seed, each member stepping with its own AdamW lr
+        [dict(seed=0, lr=lr, minibatches=2, grad_accum=2) for lr in (1e-2, 3e-3)],
     ],
 )
 def test_train_ensemble_equals_separate_runs(tmp_path, monkeypatch, members):
@@ -327,7 +329,8 @@ def test_train_ensemble_equals_separate_runs(tmp_path, monkeypatch, members):
 
     def cfgs(tag):
         return [
-            TrainConfig(**RUN, **m, out=str(tmp_path / f"{tag}{k}")) for k, m in enumerate(members)
+            TrainConfig(**{**RUN, **m}, out=str(tmp_path / f"{tag}{k}"))
+            for k, m in enumerate(members)
         ]
 
     alone = [train(c) for c in cfgs("alone")]

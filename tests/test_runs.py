@@ -60,6 +60,14 @@ def check_kind(kind: RunKind) -> None:
     assert len(passed) > 0 and passed.between(0, 1).all()
     trained = frame.loc[frame["step"] >= 1, kind.column("train_reward")]
     assert len(trained) > 0 and np.isfinite(trained.astype(float)).all()
+    if kind.batched:  # specs that differ in what its batch varies in: their separate frames
+        other = {"rule": "dapo", "seed": spec.seed + 1, "lr": 2 * spec.lr}
+        specs = [spec, replace(spec, **{k: v for k, v in other.items() if k in kind.batch_varies})]
+        for together, alone in zip(run_specs(specs), [frame, run_specs(specs[1:])[0]], strict=True):
+            timing = [c for c in ("tokens_per_s", "step_time") if c in alone]
+            pd.testing.assert_frame_equal(
+                together.drop(columns=timing), alone.drop(columns=timing), rtol=1e-4, atol=1e-6
+            )
 
 
 @pytest.mark.parametrize("name", available_runs())
@@ -137,6 +145,9 @@ def test_traits_of_the_registered_kinds():
     assert llm_kind.seeds_of(spec) == {3} and llm_kind.first_step() == 0
     assert sampled.seeds_of(spec) == {0, 1} and exact.seeds_of(spec) == {-1}
     assert [k.name for k in run_kinds() if k.batched] == ["bandit_exact", "bandit_sampled", "llm"]
+    # an ensemble's members step with their own optimizers: a calibration's step sizes batch too
+    assert sampled.batch_varies == ("rule", "params", "seed")
+    assert llm_kind.batch_varies == ("rule", "params", "seed", "lr")
 
 
 def test_spec_label_and_part_name():
@@ -176,6 +187,9 @@ def test_registry_errors_name_the_kind():
         register_run("tiny_tf")(lambda spec: spec)
     with pytest.raises(ValueError, match=r"traits: unknown run-kind trait\(s\) \['exakt'\]"):
         register_run("x", exakt="bandit_exact")
+    with pytest.raises(ValueError, match=r"batch_varies: \['steep'\] are not RunSpec fields"):
+        register_run("x", batched=True, batch_varies=("rule", "steep"))(lambda specs: specs)
+    assert "x" not in available_runs()
     with pytest.raises(ValueError, match="unknown run kind 'nope'"):
         unregister_run("nope")
     with pytest.raises(ValueError, match="kind: run kind 'llm' has no trainer config"):

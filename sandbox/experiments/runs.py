@@ -30,6 +30,9 @@ SHARED_COLUMNS = ("kind", "setting", "rule", "seed", "step")
 MAX_SLUG = 80
 #: A kind's :attr:`RunKind.flow` (compare's ``kind`` column): sampled runs or the exact flow.
 SAMPLED, EXACT = "sampled", "exact"
+#: The :class:`RunSpec` fields the specs of one batched call may differ in, unless the kind says
+#: otherwise (:attr:`RunKind.batch_varies`).
+BATCH_VARIES = ("rule", "params", "seed")
 #: A study's score names and the kind's columns they read, unless the kind says otherwise.
 SCORE_COLUMNS = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
 
@@ -39,7 +42,9 @@ class RunKind:
     """A registered run kind: its function and its traits (as Gymnasium's ``EnvSpec``).
 
     ``fn(spec) -> DataFrame``, or (``batched``) ``fn(specs) -> list[DataFrame]`` for the specs
-    sharing a :meth:`RunSpec.batch_key`, run as one program. ``deterministic``: an exact flow,
+    sharing a :meth:`RunSpec.batch_key`, run as one program; ``batch_varies``: the
+    :class:`RunSpec` fields those specs may differ in (default rule, parameters and base seed;
+    ``llm`` adds ``lr``: each member has its own optimizer). ``deterministic``: an exact flow,
     one trajectory per spec logged as seed -1. ``replicates``: the spec's ``seeds`` replicates
     train at once, logged as seeds 0..seeds-1; False: one run logged under the spec's ``seed``.
     ``logs_step0``: a step-0 row (the evaluation before training, no training metrics);
@@ -54,6 +59,7 @@ class RunKind:
     name: str
     fn: Callable[..., Any]
     batched: bool = False
+    batch_varies: tuple[str, ...] = BATCH_VARIES
     deterministic: bool = False
     replicates: bool = True
     logs_step0: bool = False
@@ -64,6 +70,9 @@ class RunKind:
     tiny_spec: RunSpec | None = None
 
     def __post_init__(self) -> None:
+        spec_fields = [f.name for f in fields(RunSpec)]
+        if bad := sorted(set(self.batch_varies) - set(spec_fields)):
+            raise ValueError(f"batch_varies: {bad} are not RunSpec fields; valid: {spec_fields}")
         if self.deterministic and self.exact is None:  # an exact flow is its own counterpart
             object.__setattr__(self, "exact", self.name)
 
@@ -226,9 +235,10 @@ class RunSpec:
     def from_json(cls, text: str) -> RunSpec:
         return cls.make(**json.loads(text))
 
-    def batch_key(self) -> RunSpec:
-        """What specs that may run as one batched program share."""
-        return replace(self, rule="", params=(), seed=0)
+    def batch_key(self, varies: Iterable[str] = BATCH_VARIES) -> RunSpec:
+        """What specs that may run as one batched program share: the spec less the fields
+        ``varies`` (its kind's :attr:`RunKind.batch_varies`)."""
+        return replace(self, **dict.fromkeys(varies))
 
 
 @functools.cache
@@ -404,13 +414,13 @@ def tiny_tf(spec: RunSpec) -> pd.DataFrame:
 
 def run_specs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     """One frame per spec, in order (a batched kind gets the specs of one
-    :meth:`RunSpec.batch_key` in one call)."""
+    :meth:`RunSpec.batch_key` of its :attr:`~RunKind.batch_varies` in one call)."""
     out: dict[int, pd.DataFrame] = {}
     groups: dict[tuple[str, RunSpec], list[int]] = {}
     for i, spec in enumerate(specs):
         kind = run_kind(spec.kind)  # the ValueError listing the kinds
         if kind.batched:
-            groups.setdefault((spec.kind, spec.batch_key()), []).append(i)
+            groups.setdefault((spec.kind, spec.batch_key(kind.batch_varies)), []).append(i)
         else:
             out[i] = kind.fn(spec)
     for (name, _), index in groups.items():

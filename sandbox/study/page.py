@@ -38,10 +38,7 @@ TEMPLATE = Path(__file__).with_name("page.md")
 #: Where ``page.md``'s sentences start (the page ends before it).
 SENTENCES = "\n<!-- sentences"
 
-GPU_COMMAND = (
-    "python -m llm.claims --profile gpu --device cuda --llm-ensemble 8 --workers 1 "
-    "--out results/claims"
-)
+GPU_COMMAND = "python -m llm.claims --profile gpu --workers 1 --out results/claims"
 #: The exact flow's calibration over mu, a folder beside the study's (the page cites it).
 EXACT_MU = "claims_exact_mu"
 EXACT_MU_COMMAND = (

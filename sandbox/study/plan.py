@@ -17,7 +17,8 @@ of every rule starts from the same weights and sees the same prompts and first r
 ones from the same fixed noise, :mod:`sandbox.streams`; the study records the scheme as ``rng``);
 the exact flow is one deterministic "seed"; a kind that trains one seed per spec (``llm``) runs
 one spec per seed, up to :attr:`.rungs.Rung.members` of them per job, each seed its own part, so
-a resumed study reruns no finished seed.
+a resumed study reruns no finished seed (where the kind batches across step sizes, as ``llm``
+does, a calibration's step sizes at one mu are one such job too).
 """
 
 from __future__ import annotations
@@ -89,11 +90,13 @@ def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -
 
 
 def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[StudyJob, ...]]:
-    """``jobs`` in groups run as one: the seeds of one :attr:`StudyJob.point`, in order, at most
+    """``jobs`` in groups run as one: the jobs of one :meth:`StudyJob.group_key` (a rule's seeds;
+    a calibration's step sizes on a kind that batches across them), in order, at most
     :func:`members_per_job` per group. Pass the unfinished jobs only."""
     groups: dict[Any, list[StudyJob]] = {}
     for job in jobs:
-        key = job.point if members_per_job(config, job.rung) > 1 else job
+        varies = RUNGS[job.rung].traits.batch_varies
+        key = job.group_key(varies) if members_per_job(config, job.rung) > 1 else job
         groups.setdefault(key, []).append(job)
     out = []
     for members in groups.values():
@@ -146,8 +149,9 @@ def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
     """The planner's job (a unit) of one group; its cost class is the phase and rung."""
     first = group[0]
     guess = RUNGS[first.rung].unit_seconds
+    lrs, seeds = (",".join(dict.fromkeys(str(getattr(j, k)) for j in group)) for k in ("lr", "seed"))
     return Job(
-        "/".join(map(str, first.point[1:])) + "/" + ",".join(str(j.seed) for j in group),
+        f"{first.rung}/{first.rule}/{lrs}/{first.epochs}/{seeds}",
         tuple(j.part for j in group),
         (config, group),
         cost=f"{first.phase}/{first.rung}",

@@ -51,10 +51,11 @@ class StudyJob:
         lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
         return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
 
-    @property
-    def point(self) -> tuple[str, str, str, float, int]:
-        """Everything but the seed: the jobs of one point may run as one group."""
-        return self.phase, self.rung, self.rule, self.lr, self.epochs
+    def group_key(self, varies: Sequence[str]) -> StudyJob:
+        """What the jobs that may run as one group share: the job less its seed and, where its
+        kind's batch ``varies`` in the step size (:attr:`~.runs.RunKind.batch_varies`), its
+        ``lr`` (a calibration's step sizes as one ensemble). One rule's, one mu's."""
+        return replace(self, seed=0, **({"lr": 0.0} if "lr" in varies else {}))
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ class Rung:
       ``epochs`` is replaced by the job's);
     - ``grid``, ``steps``: its step-size grid and run length (default the section's ``lrs`` and
       ``steps``); ``epochs``: its mu grid (default the study's);
-    - ``members(config)``: on a kind without replicates, how many of one rule's seeds one job
+    - ``members(config)``: on a kind without replicates, how many of one rule's runs one job
       runs through :func:`~.runs.run_specs` together (``llm``: one ensemble; default 1), each
-      still its own part;
+      still its own part: paired seeds, or calibration step sizes where the kind's batch varies
+      in ``lr`` (:meth:`StudyJob.group_key`);
     - ``check(config)``: a ``ValueError`` naming a bad setting beyond its section's own checks;
     - ``written(spec)``: called once a run's part is written (``llm``: its scratch folder goes);
     - ``bounds(config)``: the ceiling and answer baseline of its pass metrics, for the headroom
@@ -249,8 +251,8 @@ def evaluation_only(rows: pd.DataFrame) -> pd.Series:
 
 
 def members_per_job(config: StudyConfig, rung: str) -> int:
-    """How many paired seeds of one rule one job of ``rung`` runs (:attr:`Rung.members`; 1 on a
-    kind with replicates)."""
+    """How many runs of one rule one job of ``rung`` runs, its paired seeds or its calibration's
+    step sizes (:attr:`Rung.members`; 1 on a kind with replicates)."""
     r = RUNGS[rung]
     if r.traits.replicates or r.members is None:
         return 1
