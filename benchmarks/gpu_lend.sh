@@ -194,13 +194,13 @@ command_2() { # join the GGUF, the throughput benchmark, then claims units in th
     --ensemble "$K16" --json "$OUT/throughput_k16.json" >"$OUT/throughput_k16.txt" 2>&1 || k16=$?
   tail -n 4 "$OUT/throughput_k8.txt" "$OUT/throughput_k16.txt" || true
   # the claims' first guess of an llm unit's time, seconds per run-step of one run as measured
-  # just now: the fast run alone's (the gpu profile's calibration units are one compact run
-  # each), else the ensemble's step over its runs (its study units), else today's (runs side by
-  # side, as the study's workers run them); without any, llm.claims' own guess
+  # just now: the ensemble's step over its runs (the gpu profile's units are compact ensembles:
+  # a calibration's 4 step sizes, a rule's 8 seeds), else the fast run alone's, else today's
+  # (runs side by side, as the study's workers run them); without any, llm.claims' own guess
   step_s=$("$PY" - "$OUT/throughput_k8.json" 2>/dev/null <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))["results"]
-for path in ("fast", "ensemble", "today"):
+for path in ("ensemble", "fast", "today"):
     if path in r:
         print(r[path]["s_per_step"] / (r[path]["runs"] if path == "ensemble" else 1))
         break
