@@ -48,7 +48,13 @@ from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 from .compare import SUITE_DEFAULTS, CompareConfig, check_name, run_spec, standard_settings
 from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
-from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
+from .results import (
+    changed_settings,
+    part_name,
+    recording_tables,
+    write_csv,
+    write_parquet_if_changed,
+)
 from .runs import (
     EXACT,
     SAMPLED,
@@ -579,14 +585,13 @@ def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[
     """What makes a folder's finished runs stale: a shared or ``[train]`` field added, removed or
     changed, or another definition of a setting both plans have (a sweep may add or drop
     settings, variants and base seeds and reuse what is finished)."""
-    changed = []
-    for group in ("shared", "train"):
-        before, after = previous.get(group, {}), now[group]
-        changed += [
-            f"{group}.{key}: {before.get(key)!r} -> {after.get(key)!r}"
-            for key in sorted(set(before) | set(after))
-            if before.get(key) != after.get(key)
-        ]
+    changed = [
+        line
+        for group in ("shared", "train")
+        for line in changed_settings(
+            previous.get(group, {}), now[group], removed=True, prefix=f"{group}."
+        )
+    ]
     old_defs = previous.get("setting_defs", {})
     changed += [
         f"setting {s}: {old_defs[s]} -> {d}"
