@@ -187,13 +187,9 @@ class CompareConfig:
         resolved = {}
         for name in self.objectives:
             params = {**given.get("*", {}), **given.get(name, {})}
-            if not params:
-                continue
-            try:
-                objective_of(name, freeze(params))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"objective_params: {name} with {params}: {exc}") from exc
-            resolved[name] = dict(sorted(params.items()))
+            if params:
+                check_params("objective_params", name, params)
+                resolved[name] = dict(sorted(params.items()))
         return resolved
 
     def params(self, objective: str) -> dict[str, Any]:
@@ -212,6 +208,20 @@ class CompareConfig:
         skip = ("objectives", "settings", "objective_params")
         fields = {k: v for k, v in asdict(self).items() if k not in skip}
         return json.loads(json.dumps(with_rng(fields)))
+
+
+def check_params(
+    where: str, name: str, params: Mapping[str, Any], *, name_key: bool = False
+) -> None:
+    """``ValueError`` ``WHERE: NAME with PARAMS: why`` unless the objective ``name`` takes
+    ``params`` (its own checks, :func:`~sandbox.objectives.get_objective`). ``name_key``: ``where``
+    gains ``.KEY``, the first key of ``params`` that the error names (else the first key)."""
+    try:
+        objective_of(name, freeze(params))
+    except (TypeError, ValueError) as exc:
+        if name_key and params:
+            where += "." + next((k for k in params if k in str(exc)), next(iter(params)))
+        raise ValueError(f"{where}: {name} with {dict(params)}: {exc}") from exc
 
 
 def standard_settings(suite: str) -> dict[str, dict[str, Any]]:

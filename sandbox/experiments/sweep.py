@@ -45,7 +45,14 @@ from sandbox.objectives import get_objective
 from sandbox.streams import with_rng
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
-from .compare import SUITE_DEFAULTS, CompareConfig, check_name, run_spec, standard_settings
+from .compare import (
+    SUITE_DEFAULTS,
+    CompareConfig,
+    check_name,
+    check_params,
+    run_spec,
+    standard_settings,
+)
 from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import (
@@ -377,13 +384,7 @@ def _parse_grid(grid: Any) -> list[Variant]:
                 raise ValueError(f"{where}.objective: {exc}") from exc
             for combo in itertools.product(*axes.values()):
                 combo_params = dict(zip(axes, combo, strict=True))
-                try:
-                    get_objective(name, **combo_params)
-                except (ValueError, TypeError) as exc:
-                    bad = [k for k in axes if k in str(exc)] or list(axes)
-                    raise ValueError(
-                        f"{where}.params.{bad[0]}: {name} with {combo_params}: {exc}"
-                    ) from exc
+                check_params(f"{where}.params", name, combo_params, name_key=True)
                 variants.append((name, freeze(combo_params)))
     labels = [variant_label(rule, dict(params)) for rule, params in variants]
     if twice := _duplicate(labels):
