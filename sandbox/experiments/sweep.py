@@ -25,7 +25,6 @@ tasks (the driver writes the parts: workers need no shared disk). At the end: ``
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 import json
 import os
@@ -53,7 +52,7 @@ from .compare import (
     run_spec,
     standard_settings,
 )
-from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
+from .planner import Job, RunFolder, check_backend
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import (
     changed_settings,
@@ -635,11 +634,7 @@ def run_sweep(
     (:class:`~.pool.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
     finished part is on disk, and the same call resumes with the missing ones.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    check_workers(workers)
-    if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
-        raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
+    check_backend(backend, workers)  # before anything is written
     folder = plan.layout.folder(plan, out_dir, force)
     parts = plan.parts()
     folder.run(
