@@ -275,7 +275,9 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
     np.testing.assert_array_equal(exact["step"], expected["step"] + 1)
     with pytest.raises(ValueError, match="objective_params: dapo with"):
         CompareConfig(**TINY, objective_params={"*": {"sigma": 0.1}})
-    with pytest.raises(ValueError, match=r"objective_params: \['nsr'\] not among"):
+    with pytest.raises(
+        ValueError, match=r"objective_params: unknown compared objective\(s\) \['nsr'\]"
+    ):
         CompareConfig(**TINY, objective_params={"nsr": {"sigma": 0.1}})
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_objective_params(["dapo:eps_high"])

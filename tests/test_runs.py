@@ -187,7 +187,7 @@ def test_registry_errors_name_the_kind():
         register_run("tiny_tf")(lambda spec: spec)
     with pytest.raises(ValueError, match=r"traits: unknown run-kind trait\(s\) \['exakt'\]"):
         register_run("x", exakt="bandit_exact")
-    with pytest.raises(ValueError, match=r"batch_varies: \['steep'\] are not RunSpec fields"):
+    with pytest.raises(ValueError, match=r"batch_varies: unknown RunSpec field\(s\) \['steep'\]"):
         register_run("x", batched=True, batch_varies=("rule", "steep"))(lambda specs: specs)
     assert "x" not in available_runs()
     with pytest.raises(ValueError, match="unknown run kind 'nope'"):

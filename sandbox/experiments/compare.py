@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from envs import make_bandit_suite
-from sandbox.configs import arg, literal
+from sandbox.configs import arg, check_keys, literal
 from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
 
@@ -179,11 +179,7 @@ class CompareConfig:
 
     def _resolve_params(self, given: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         """Expand ``"*"`` to every objective and check each set through ``get_objective``."""
-        unknown = sorted(set(given) - {"*", *self.objectives})
-        if unknown:
-            raise ValueError(
-                f"objective_params: {unknown} not among the compared objectives {self.objectives}"
-            )
+        check_keys("objective_params", given, ["*", *self.objectives], "compared objective")
         resolved = {}
         for name in self.objectives:
             params = {**given.get("*", {}), **given.get(name, {})}

@@ -39,7 +39,7 @@ import torch
 
 from envs.bandit import BanditSetting
 from envs.reasoning import make_task
-from sandbox.configs import check_int, read_mapping
+from sandbox.configs import check_int, check_keys, read_mapping
 from sandbox.objectives import get_objective
 from sandbox.streams import with_rng
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
@@ -351,12 +351,6 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return values
 
 
-def _check_keys(where: str, given: Iterable[str], valid: tuple[str, ...]) -> None:
-    unknown = sorted(set(given) - set(valid))
-    if unknown:
-        raise ValueError(f"{where}unknown key(s) {unknown}; valid keys: {list(valid)}")
-
-
 def _parse_grid(grid: Any) -> list[Variant]:
     if not isinstance(grid, list) or not grid:
         raise ValueError("grid: needs at least one [[grid]] entry (objective = ..., params = ...)")
@@ -366,7 +360,7 @@ def _parse_grid(grid: Any) -> list[Variant]:
         entry = {"objective": entry} if isinstance(entry, str) else entry
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: expected a table with objective and params, got {entry!r}")
-        _check_keys(f"{where}: ", entry, GRID_KEYS)
+        check_keys(where, entry, GRID_KEYS)
         if "objective" not in entry:
             raise ValueError(f"{where}.objective: missing (a registry name or preset)")
         names = _as_list(f"{where}.objective", entry["objective"])
@@ -456,7 +450,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     if not isinstance(spec, Mapping):
         raise ValueError(f"a sweep is a mapping of keys, got {type(spec).__name__}")
     spec = dict(spec)
-    _check_keys("", spec, TOP_LEVEL_KEYS)
+    check_keys("", spec, TOP_LEVEL_KEYS)
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name: missing (the sweep's name; results go to OUT/NAME)")
