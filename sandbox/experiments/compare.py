@@ -166,9 +166,7 @@ class CompareConfig:
             self.objectives = available_presets() + available_objectives()
         self.objectives = list(dict.fromkeys(self.objectives))  # dapo dapo -> one run
         self.settings = list(dict.fromkeys(self.settings))
-        valid = sorted(standard_settings(self.suite))
-        if unknown := [name for name in self.settings if name not in valid]:
-            raise ValueError(f"settings: unknown setting {unknown[0]!r}; valid: {valid}")
+        check_setting_names(self.settings, standard_settings(self.suite))
         if not self.objectives:
             raise ValueError("objectives must not be empty")
         for name in self.objectives:
@@ -218,6 +216,16 @@ def check_params(
         if name_key and params:
             where += "." + next((k for k in params if k in str(exc)), next(iter(params)))
         raise ValueError(f"{where}: {name} with {dict(params)}: {exc}") from exc
+
+
+def check_setting_names(
+    names: Iterable[str], valid: Iterable[str], where: str = "settings"
+) -> None:
+    """``ValueError`` ``WHERE: unknown setting 'x'; valid: [...]`` (sorted) for the first of
+    ``names`` not among ``valid`` (a suite's :func:`standard_settings`, a sweep's own too)."""
+    valid = sorted(valid)
+    if unknown := [name for name in names if name not in valid]:
+        raise ValueError(f"{where}: unknown setting {unknown[0]!r}; valid: {valid}")
 
 
 def standard_settings(suite: str) -> dict[str, dict[str, Any]]:

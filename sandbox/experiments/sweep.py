@@ -49,6 +49,7 @@ from .compare import (
     CompareConfig,
     check_name,
     check_params,
+    check_setting_names,
     run_spec,
     standard_settings,
 )
@@ -437,9 +438,7 @@ def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[s
         check(where, made_from, kwargs)
         defs[name] = {key: made_from, **kwargs}
     settings = _as_list("settings", spec.get("settings", SUITE_DEFAULTS[suite]["settings"]))
-    for name in settings:
-        if name not in defs:
-            raise ValueError(f"settings: unknown setting {name!r}; valid: {sorted(defs)}")
+    check_setting_names(settings, defs)
     if len(set(settings)) != len(settings):
         raise ValueError(f"settings: duplicates in {settings}")
     return list(settings), {s: defs[s] for s in settings}
