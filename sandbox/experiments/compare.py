@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from envs import make_bandit_suite
+from envs.reasoning import make_task
 from sandbox.configs import arg, check_keys, literal
 from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
@@ -226,6 +227,15 @@ def check_setting_names(
     valid = sorted(valid)
     if unknown := [name for name in names if name not in valid]:
         raise ValueError(f"{where}: unknown setting {unknown[0]!r}; valid: {valid}")
+
+
+def check_task(where: str, task: str, knobs: Mapping[str, Any]) -> None:
+    """``ValueError`` ``WHERE: why`` unless ``envs.reasoning`` makes the task ``task`` with
+    ``knobs`` (a reasoning setting's definition)."""
+    try:
+        make_task(task, **knobs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def standard_settings(suite: str) -> dict[str, dict[str, Any]]:

@@ -38,7 +38,6 @@ import pandas as pd
 import torch
 
 from envs.bandit import BanditSetting
-from envs.reasoning import make_task
 from sandbox.configs import check_int, check_keys, read_mapping
 from sandbox.objectives import get_objective
 from sandbox.streams import with_rng
@@ -50,6 +49,7 @@ from .compare import (
     check_name,
     check_params,
     check_setting_names,
+    check_task,
     run_spec,
     standard_settings,
 )
@@ -400,17 +400,10 @@ def _check_env(where: str, env_id: str, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"{where}.env: {env_id} is not a bandit with an exact model")
 
 
-def _check_task(where: str, task: str, knobs: dict[str, Any]) -> None:
-    try:
-        make_task(task, **knobs)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-
-
 #: A custom setting of each suite: its table, its key, what that key names, and its check.
 CUSTOM_SETTINGS = {
     "bandit": ("envs", "env", "a registered id such as sandbox/SoftmaxBandit-v0", _check_env),
-    "reasoning": ("tasks", "task", "one of envs.reasoning.available_tasks()", _check_task),
+    "reasoning": ("tasks", "task", "one of envs.reasoning.available_tasks()", check_task),
 }
 
 
