@@ -224,9 +224,13 @@ class RunSpec:
     @property
     def part(self) -> str:
         """A stable part file name: setting, rule slug, kind, base seed."""
-        return part_name(
-            self.setting, *variant_slug(self.rule, dict(self.params)), self.kind, f"seed{self.seed}"
-        )
+        return self.file_name()
+
+    def file_name(self, kind: bool = True) -> str:
+        """:attr:`part`; ``kind`` False: without the kind (a sweep's part, which holds the
+        sampled run and its exact flow)."""
+        fields = (*variant_slug(self.rule, dict(self.params)), *([self.kind] if kind else []))
+        return part_name(self.setting, *fields, f"seed{self.seed}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)

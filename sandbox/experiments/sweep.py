@@ -73,7 +73,6 @@ from .runs import (
     run_specs,
     trainer_config,
     variant_label,
-    variant_slug,
 )
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the ones the
@@ -107,9 +106,10 @@ Parts = list[tuple[str, list[RunSpec]]]  # (part file name, the specs whose fram
 
 @dataclass(frozen=True)
 class SweepLayout:
-    """A sweep's: a part per run (its sampled run and exact flow, :func:`run_part`), a job each
-    named by its run id, ``plan.json``, tables of the plan's runs with :data:`RUN_COLUMNS` and the
-    variants' parameters, the plan printed before the runs. The interface of every layout."""
+    """A sweep's: a part per run (its sampled run and exact flow, so named without the kind:
+    :meth:`~.runs.RunSpec.file_name`), a job each named by its run id, ``plan.json``, tables of
+    the plan's runs with :data:`RUN_COLUMNS` and the variants' parameters, the plan printed
+    before the runs. The interface of every layout."""
 
     rules_per_job = 1  # at most this many sampled parts per job (None: :func:`chunks`)
     title = "sweep {name}"  # the progress bar's description
@@ -119,7 +119,7 @@ class SweepLayout:
 
     def parts(self, runs: list[RunSpec]) -> Parts:
         """The part files of ``runs``, in their order."""
-        return [(run_part(run), with_exact_flow(run)) for run in runs]
+        return [(run.file_name(kind=False), with_exact_flow(run)) for run in runs]
 
     def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
         """The results folder, refused if its parts were made with other training fields."""
@@ -302,15 +302,9 @@ def _param_column(name: str, taken: Iterable[str] = ()) -> str:
     return f"param_{name}" if name in RESERVED_COLUMNS or name in set(taken) else name
 
 
-def run_part(spec: RunSpec) -> str:
-    """A run's part file name: setting, variant slug, base seed (:attr:`RunSpec.part` less the
-    kind: one part holds the sampled run and its exact flow)."""
-    return part_name(spec.setting, *variant_slug(spec.rule, dict(spec.params)), f"seed{spec.seed}")
-
-
 def run_id(spec: RunSpec) -> str:
-    """Stable across processes and restarts: the part name less ``.parquet``."""
-    return run_part(spec).removesuffix(".parquet")
+    """Stable across processes and restarts: the run's part name less ``.parquet``."""
+    return spec.file_name(kind=False).removesuffix(".parquet")
 
 
 def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
@@ -380,15 +374,20 @@ def _parse_grid(grid: Any) -> list[Variant]:
                 combo_params = dict(zip(axes, combo, strict=True))
                 check_params(f"{where}.params", name, combo_params, name_key=True)
                 variants.append((name, freeze(combo_params)))
-    labels = [variant_label(rule, dict(params)) for rule, params in variants]
-    if twice := _duplicate(labels):
-        raise ValueError(f"grid: variant {twice} appears twice")
+    check_unique(
+        "grid", [variant_label(rule, dict(params)) for rule, params in variants], "variant"
+    )
     return variants
 
 
-def _duplicate(values: list[Any]) -> Any:
-    """The first value that appears twice in ``values`` (None: none does)."""
-    return next((value for value in values if values.count(value) > 1), None)
+def check_unique(where: str, values: Iterable[Any], what: str, hint: str = "") -> None:
+    """``ValueError`` ``WHERE: WHAT x appears twice`` (then ``hint``) for the first value of
+    ``values`` seen before."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{where}: {what} {value} appears twice{hint}")
+        seen.add(value)
 
 
 def _check_env(where: str, env_id: str, kwargs: dict[str, Any]) -> None:
@@ -432,8 +431,7 @@ def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[s
         defs[name] = {key: made_from, **kwargs}
     settings = _as_list("settings", spec.get("settings", SUITE_DEFAULTS[suite]["settings"]))
     check_setting_names(settings, defs)
-    if len(set(settings)) != len(settings):
-        raise ValueError(f"settings: duplicates in {settings}")
+    check_unique("settings", settings, "setting")
     return list(settings), {s: defs[s] for s in settings}
 
 
@@ -454,8 +452,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed: base seeds are integers >= 0, got {seed!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seed: duplicates in {seeds}")
+    check_unique("seed", seeds, "base seed")
 
     variants = _parse_grid(spec.get("grid"))
     settings, setting_defs = _parse_settings(suite, spec)
@@ -497,8 +494,9 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
             trainer_config(run)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{run.label} on {run.setting}: {exc}") from exc
-    if twice := _duplicate([run_id(r) for r in plan.runs()]):
-        raise ValueError(f"grid: two runs map to the run id {twice!r}; rename a value")
+    check_unique(
+        "grid", map(run_id, plan.runs()), "run id", " (two runs map to it; rename a value)"
+    )
     return plan
 
 
