@@ -19,7 +19,6 @@ from sandbox.experiments.runs import (
     RunKind,
     RunSpec,
     available_runs,
-    get_run,
     has_exact_flow,
     register_run,
     run_kind,
@@ -182,7 +181,7 @@ def test_exact_flow_is_decided_once():
 
 def test_registry_errors_name_the_kind():
     with pytest.raises(ValueError, match=r"unknown run kind 'nope'; registered: \['bandit_exact'"):
-        get_run("nope")
+        run_kind("nope")
     with pytest.raises(ValueError, match="'tiny_tf' is already registered"):
         register_run("tiny_tf")(lambda spec: spec)
     with pytest.raises(ValueError, match=r"traits: unknown run-kind trait\(s\) \['exakt'\]"):

@@ -40,7 +40,7 @@ from sandbox.configs import arg, check_keys, literal
 from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
 
-from .runs import RunSpec, freeze, objective_of, trainer_config, variant_label
+from .runs import RunSpec, freeze, objective_of, trainer_config
 
 #: The reasoning suite: setting name -> (task, knobs). Tiny vocabularies, so that a model trained
 #: from scratch finds the answer format quickly and the rules differ in what they do next.
@@ -190,10 +190,6 @@ class CompareConfig:
     def params(self, objective: str) -> dict[str, Any]:
         """The keyword arguments given to ``objective`` (empty: the preset or paper defaults)."""
         return dict((self.objective_params or {}).get(objective, {}))
-
-    def label(self, objective: str) -> str:
-        """The name of ``objective`` in results and figures: ``dapo`` or ``dapo[eps_high=0.3]``."""
-        return variant_label(objective, self.params(objective))
 
     def training_fields(self) -> dict[str, Any]:
         """What every finished part depends on besides its (setting, objective, parameters),

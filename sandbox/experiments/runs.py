@@ -145,11 +145,6 @@ def run_kind(name: str) -> RunKind:
     return _RUNS[name]
 
 
-def get_run(name: str) -> Callable[..., Any]:
-    """The function of a run kind, or a ``ValueError`` listing the registered kinds."""
-    return run_kind(name).fn
-
-
 def freeze(value: Any) -> Any:
     """Mappings -> sorted ``(key, value)`` tuples, lists -> tuples (hashable, JSON-able)."""
     if isinstance(value, Mapping):
