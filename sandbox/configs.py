@@ -329,3 +329,15 @@ def parse_config(
         if _base_type(hints[name]) is dict and isinstance(value, list):
             ns[name] = key_values(value, flag(name))
     return cls(**ns)
+
+
+def check_keys(
+    where: str, given: typing.Iterable[str], valid: typing.Iterable[str], what: str = "key"
+) -> None:
+    """A one-line ``ValueError`` if ``given`` holds names not in ``valid``:
+    ``WHERE: unknown key(s) ['x']; valid keys: [...]`` (``what`` replaces ``key``; an empty
+    ``where`` drops its prefix)."""
+    valid = list(valid)
+    if unknown := sorted(set(given) - set(valid)):
+        prefix = f"{where}: " if where else ""
+        raise ValueError(f"{prefix}unknown {what}(s) {unknown}; valid {what}s: {valid}")

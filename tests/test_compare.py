@@ -9,7 +9,7 @@ import pytest
 from sandbox.cli import main
 from sandbox.exact import exact_flow
 from sandbox.experiments import CompareConfig, load_results, run_compare
-from sandbox.experiments.compare import parse_objective_params
+from sandbox.experiments.compare import parse_objective_params, run_spec
 from sandbox.experiments.plots import mean_ci
 from sandbox.experiments.sweep import CompareLayout, compare_plan
 from sandbox.objectives import get_objective
@@ -258,7 +258,8 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
     config = CompareConfig(
         **{**TINY, "objectives": ["dapo", "gspo"]}, objective_params={"dapo": {"eps_high": 0.3}}
     )
-    assert config.label("dapo") == "dapo[eps_high=0.3]" and config.label("gspo") == "gspo"
+    labels = [run_spec(config, "needle", rule).label for rule in ("dapo", "gspo")]
+    assert labels == ["dapo[eps_high=0.3]", "gspo"]
     results, scores = run_compare(config, tmp_path / "p", workers=1, progress=False, figures=False)
     assert set(scores["objective"]) == {"dapo[eps_high=0.3]", "gspo"}
     exact = results[(results["kind"] == "exact") & (results["objective"] == "dapo[eps_high=0.3]")]
@@ -275,7 +276,9 @@ def test_objective_params_reach_the_runs_and_label_them(tmp_path, capsys):
     np.testing.assert_array_equal(exact["step"], expected["step"] + 1)
     with pytest.raises(ValueError, match="objective_params: dapo with"):
         CompareConfig(**TINY, objective_params={"*": {"sigma": 0.1}})
-    with pytest.raises(ValueError, match=r"objective_params: \['nsr'\] not among"):
+    with pytest.raises(
+        ValueError, match=r"objective_params: unknown compared objective\(s\) \['nsr'\]"
+    ):
         CompareConfig(**TINY, objective_params={"nsr": {"sigma": 0.1}})
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_objective_params(["dapo:eps_high"])

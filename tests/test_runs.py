@@ -19,7 +19,6 @@ from sandbox.experiments.runs import (
     RunKind,
     RunSpec,
     available_runs,
-    get_run,
     has_exact_flow,
     register_run,
     run_kind,
@@ -182,12 +181,12 @@ def test_exact_flow_is_decided_once():
 
 def test_registry_errors_name_the_kind():
     with pytest.raises(ValueError, match=r"unknown run kind 'nope'; registered: \['bandit_exact'"):
-        get_run("nope")
+        run_kind("nope")
     with pytest.raises(ValueError, match="'tiny_tf' is already registered"):
         register_run("tiny_tf")(lambda spec: spec)
     with pytest.raises(ValueError, match=r"traits: unknown run-kind trait\(s\) \['exakt'\]"):
         register_run("x", exakt="bandit_exact")
-    with pytest.raises(ValueError, match=r"batch_varies: \['steep'\] are not RunSpec fields"):
+    with pytest.raises(ValueError, match=r"batch_varies: unknown RunSpec field\(s\) \['steep'\]"):
         register_run("x", batched=True, batch_varies=("rule", "steep"))(lambda specs: specs)
     assert "x" not in available_runs()
     with pytest.raises(ValueError, match="unknown run kind 'nope'"):

@@ -169,6 +169,8 @@ BASE = {"name": "v", "settings": ["easy"], "grid": [{"objective": "dapo"}]}
         ({"settings": ["easy", "hard"]}, r"settings: unknown setting 'hard'"),
         ({"steps": 0}, r"steps"),
         ({"seed": [0, -1]}, r"^seed: base seeds are integers >= 0, got -1"),
+        ({"seed": [0, 1, 0]}, r"^seed: base seed 0 appears twice$"),
+        ({"settings": ["easy", "mixed", "easy"]}, r"^settings: setting easy appears twice$"),
         ({"grid": []}, r"^grid: needs at least one"),
         (
             {"grid": [{"objective": "dapo"}, {"objective": "ppo"}]},

@@ -35,11 +35,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from envs import make_bandit_suite
-from sandbox.configs import arg, literal
+from envs.reasoning import make_task
+from sandbox.configs import arg, check_keys, literal
 from sandbox.objectives import available_objectives, available_presets
 from sandbox.streams import with_rng
 
-from .runs import RunSpec, freeze, objective_of, trainer_config, variant_label
+from .runs import RunSpec, freeze, objective_of, trainer_config
 
 #: The reasoning suite: setting name -> (task, knobs). Tiny vocabularies, so that a model trained
 #: from scratch finds the answer format quickly and the rules differ in what they do next.
@@ -166,9 +167,7 @@ class CompareConfig:
             self.objectives = available_presets() + available_objectives()
         self.objectives = list(dict.fromkeys(self.objectives))  # dapo dapo -> one run
         self.settings = list(dict.fromkeys(self.settings))
-        valid = sorted(standard_settings(self.suite))
-        if unknown := [name for name in self.settings if name not in valid]:
-            raise ValueError(f"settings: unknown setting {unknown[0]!r}; valid: {valid}")
+        check_setting_names(self.settings, standard_settings(self.suite))
         if not self.objectives:
             raise ValueError("objectives must not be empty")
         for name in self.objectives:
@@ -179,30 +178,18 @@ class CompareConfig:
 
     def _resolve_params(self, given: Mapping[str, Mapping[str, Any]]) -> dict[str, dict]:
         """Expand ``"*"`` to every objective and check each set through ``get_objective``."""
-        unknown = sorted(set(given) - {"*", *self.objectives})
-        if unknown:
-            raise ValueError(
-                f"objective_params: {unknown} not among the compared objectives {self.objectives}"
-            )
+        check_keys("objective_params", given, ["*", *self.objectives], "compared objective")
         resolved = {}
         for name in self.objectives:
             params = {**given.get("*", {}), **given.get(name, {})}
-            if not params:
-                continue
-            try:
-                objective_of(name, freeze(params))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"objective_params: {name} with {params}: {exc}") from exc
-            resolved[name] = dict(sorted(params.items()))
+            if params:
+                check_params("objective_params", name, params)
+                resolved[name] = dict(sorted(params.items()))
         return resolved
 
     def params(self, objective: str) -> dict[str, Any]:
         """The keyword arguments given to ``objective`` (empty: the preset or paper defaults)."""
         return dict((self.objective_params or {}).get(objective, {}))
-
-    def label(self, objective: str) -> str:
-        """The name of ``objective`` in results and figures: ``dapo`` or ``dapo[eps_high=0.3]``."""
-        return variant_label(objective, self.params(objective))
 
     def training_fields(self) -> dict[str, Any]:
         """What every finished part depends on besides its (setting, objective, parameters),
@@ -212,6 +199,39 @@ class CompareConfig:
         skip = ("objectives", "settings", "objective_params")
         fields = {k: v for k, v in asdict(self).items() if k not in skip}
         return json.loads(json.dumps(with_rng(fields)))
+
+
+def check_params(
+    where: str, name: str, params: Mapping[str, Any], *, name_key: bool = False
+) -> None:
+    """``ValueError`` ``WHERE: NAME with PARAMS: why`` unless the objective ``name`` takes
+    ``params`` (its own checks, :func:`~sandbox.objectives.get_objective`). ``name_key``: ``where``
+    gains ``.KEY``, the first key of ``params`` that the error names (else the first key)."""
+    try:
+        objective_of(name, freeze(params))
+    except (TypeError, ValueError) as exc:
+        if name_key and params:
+            where += "." + next((k for k in params if k in str(exc)), next(iter(params)))
+        raise ValueError(f"{where}: {name} with {dict(params)}: {exc}") from exc
+
+
+def check_setting_names(
+    names: Iterable[str], valid: Iterable[str], where: str = "settings"
+) -> None:
+    """``ValueError`` ``WHERE: unknown setting 'x'; valid: [...]`` (sorted) for the first of
+    ``names`` not among ``valid`` (a suite's :func:`standard_settings`, a sweep's own too)."""
+    valid = sorted(valid)
+    if unknown := [name for name in names if name not in valid]:
+        raise ValueError(f"{where}: unknown setting {unknown[0]!r}; valid: {valid}")
+
+
+def check_task(where: str, task: str, knobs: Mapping[str, Any]) -> None:
+    """``ValueError`` ``WHERE: why`` unless ``envs.reasoning`` makes the task ``task`` with
+    ``knobs`` (a reasoning setting's definition)."""
+    try:
+        make_task(task, **knobs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
 
 
 def standard_settings(suite: str) -> dict[str, dict[str, Any]]:

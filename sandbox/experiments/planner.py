@@ -10,6 +10,7 @@ runs :func:`~.runs.run_specs`, never a trainer.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -70,6 +71,16 @@ def check_workers(workers: Any) -> None:
     """``workers``: None (the default) or an integer >= 1."""
     if workers is not None:
         check_int("workers", workers)
+
+
+def check_backend(backend: str, workers: Any = None) -> None:
+    """Before any work: ``backend`` is one of :data:`BACKENDS`, and Ray is installed for
+    ``ray``; ``workers`` as :func:`check_workers` wants. Else a one-line ``ValueError``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_workers(workers)
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
 
 
 class RunFolder:
@@ -133,7 +144,7 @@ class RunFolder:
     ) -> list[Job]:
         """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
         ``written(job)`` runs once all of a job's parts are on disk (e.g. removing the checkpoint
-        a resumed run would read). ``backend``: one of :data:`BACKENDS` (else ``ValueError``,
+        a resumed run would read). ``backend``: one of :data:`BACKENDS` (:func:`check_backend`,
         before any run). ``threads``: torch's intra-op threads while jobs run in this process
         (:func:`_torch_threads`); pool workers always use 1.
 
@@ -146,8 +157,7 @@ class RunFolder:
         done); their parts are missing and a later call runs them."""
         from tqdm import tqdm
 
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_backend(backend)
         if deadline is not None and backend != "local":
             raise ValueError(f"deadline: the {backend} backend has none (use backend='local')")
 
@@ -250,10 +260,8 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def _ray(fn, jobs, workers, address, error) -> Iterator[tuple[Job, Any]]:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(f"the ray backend needs Ray: {RAY_HINT}") from exc
+    import ray  # there: check_backend
+
     started = False
     if not ray.is_initialized():
         if address:

@@ -77,6 +77,17 @@ def _save(fig, path: str | Path) -> Path:
     return Path(path)
 
 
+def t_half_width(sd: Any, n: int, level: float = 0.95) -> Any:
+    """Half-width of the Student-t ``level`` interval of a mean of ``n`` values with SD ``sd``
+    (a number or an array of them): ``t_{(1+level)/2, n-1} * sd / sqrt(n)``. ``level`` outside
+    (0, 1): ``ValueError``."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    from scipy import stats  # here, not at import: experiment workers never need it
+
+    return stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n)
+
+
 def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     """Mean and half-width of the Student-t confidence interval over seeds."""
     values = np.asarray(values, dtype=float)
@@ -85,10 +96,7 @@ def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:
         return float("nan"), float("nan")
     if len(values) < 2:
         return float(values.mean()), float("nan")
-    from scipy import stats  # here, not at import: experiment workers never need it
-
-    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return float(values.mean()), float(half)
+    return float(values.mean()), float(t_half_width(values.std(ddof=1), len(values), level))
 
 
 def final_scores(results: pd.DataFrame, threshold_frac: float = 0.9) -> pd.DataFrame:

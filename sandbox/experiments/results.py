@@ -154,12 +154,21 @@ def prepare_out_dir(out_dir: str | Path, flag: str = "--out", sub: str = "parts"
     return out_dir
 
 
-def changed_settings(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+def changed_settings(
+    previous: Mapping[str, Any], now: Mapping[str, Any], *, removed: bool = False, prefix: str = ""
+) -> list[str]:
     """``key: old -> new`` for every key of ``now`` whose JSON value differs from the one in the
     ``previous`` record (a key the record lacks counts as ``None``; keys only the record has, such
-    as which rules ran, are not settings of the parts)."""
+    as which rules ran, are not settings of the parts). ``removed``: keys only the record has
+    count too (``key: old -> None``), and the keys go in sorted order. ``prefix`` goes before each
+    key (``shared.``)."""
     now = json.loads(json.dumps(now, default=str))
-    return [f"{k}: {previous.get(k)!r} -> {v!r}" for k, v in now.items() if previous.get(k) != v]
+    keys = sorted(set(previous) | set(now)) if removed else list(now)
+    return [
+        f"{prefix}{k}: {previous.get(k)!r} -> {now.get(k)!r}"
+        for k in keys
+        if previous.get(k) != now.get(k)
+    ]
 
 
 def check_settings(

@@ -22,6 +22,8 @@ from typing import Any
 
 import pandas as pd
 
+from sandbox.configs import check_keys
+
 from .results import part_name
 
 #: Columns every run kind's frame starts with.
@@ -70,9 +72,9 @@ class RunKind:
     tiny_spec: RunSpec | None = None
 
     def __post_init__(self) -> None:
-        spec_fields = [f.name for f in fields(RunSpec)]
-        if bad := sorted(set(self.batch_varies) - set(spec_fields)):
-            raise ValueError(f"batch_varies: {bad} are not RunSpec fields; valid: {spec_fields}")
+        check_keys(
+            "batch_varies", self.batch_varies, [f.name for f in fields(RunSpec)], "RunSpec field"
+        )
         if self.deterministic and self.exact is None:  # an exact flow is its own counterpart
             object.__setattr__(self, "exact", self.name)
 
@@ -106,9 +108,7 @@ def register_run(
 ) -> Callable[[Callable], Callable]:
     """Register ``fn`` as the run kind ``name`` with ``traits`` (:class:`RunKind`'s fields;
     unknown ones: ``ValueError``)."""
-    unknown = sorted(set(traits) - set(TRAITS))
-    if unknown:
-        raise ValueError(f"traits: unknown run-kind trait(s) {unknown}; valid: {list(TRAITS)}")
+    check_keys("traits", traits, TRAITS, "run-kind trait")
 
     def decorate(fn: Callable) -> Callable:
         if name in _RUNS and _RUNS[name].fn is not fn:
@@ -143,11 +143,6 @@ def run_kind(name: str) -> RunKind:
             "outside sandbox exists once its module is imported: llm.runs for llm)"
         )
     return _RUNS[name]
-
-
-def get_run(name: str) -> Callable[..., Any]:
-    """The function of a run kind, or a ``ValueError`` listing the registered kinds."""
-    return run_kind(name).fn
 
 
 def freeze(value: Any) -> Any:
@@ -224,9 +219,13 @@ class RunSpec:
     @property
     def part(self) -> str:
         """A stable part file name: setting, rule slug, kind, base seed."""
-        return part_name(
-            self.setting, *variant_slug(self.rule, dict(self.params)), self.kind, f"seed{self.seed}"
-        )
+        return self.file_name()
+
+    def file_name(self, kind: bool = True) -> str:
+        """:attr:`part`; ``kind`` False: without the kind (a sweep's part, which holds the
+        sampled run and its exact flow)."""
+        fields = (*variant_slug(self.rule, dict(self.params)), *([self.kind] if kind else []))
+        return part_name(self.setting, *fields, f"seed{self.seed}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)

@@ -25,7 +25,6 @@ tasks (the driver writes the parts: workers need no shared disk). At the end: ``
 from __future__ import annotations
 
 import copy
-import importlib.util
 import itertools
 import json
 import os
@@ -39,16 +38,30 @@ import pandas as pd
 import torch
 
 from envs.bandit import BanditSetting
-from envs.reasoning import make_task
-from sandbox.configs import check_int, read_mapping
+from sandbox.configs import check_int, check_keys, read_mapping
 from sandbox.objectives import get_objective
 from sandbox.streams import with_rng
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
-from .compare import SUITE_DEFAULTS, CompareConfig, check_name, run_spec, standard_settings
-from .planner import BACKENDS, RAY_HINT, Job, RunFolder, check_workers
+from .compare import (
+    SUITE_DEFAULTS,
+    CompareConfig,
+    check_name,
+    check_params,
+    check_setting_names,
+    check_task,
+    run_spec,
+    standard_settings,
+)
+from .planner import Job, RunFolder, check_backend
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
-from .results import part_name, recording_tables, write_csv, write_parquet_if_changed
+from .results import (
+    changed_settings,
+    part_name,
+    recording_tables,
+    write_csv,
+    write_parquet_if_changed,
+)
 from .runs import (
     EXACT,
     SAMPLED,
@@ -60,7 +73,6 @@ from .runs import (
     run_specs,
     trainer_config,
     variant_label,
-    variant_slug,
 )
 
 #: Shared training fields a sweep file may set at top level (CompareConfig's, less the ones the
@@ -94,9 +106,10 @@ Parts = list[tuple[str, list[RunSpec]]]  # (part file name, the specs whose fram
 
 @dataclass(frozen=True)
 class SweepLayout:
-    """A sweep's: a part per run (its sampled run and exact flow, :func:`run_part`), a job each
-    named by its run id, ``plan.json``, tables of the plan's runs with :data:`RUN_COLUMNS` and the
-    variants' parameters, the plan printed before the runs. The interface of every layout."""
+    """A sweep's: a part per run (its sampled run and exact flow, so named without the kind:
+    :meth:`~.runs.RunSpec.file_name`), a job each named by its run id, ``plan.json``, tables of
+    the plan's runs with :data:`RUN_COLUMNS` and the variants' parameters, the plan printed
+    before the runs. The interface of every layout."""
 
     rules_per_job = 1  # at most this many sampled parts per job (None: :func:`chunks`)
     title = "sweep {name}"  # the progress bar's description
@@ -106,7 +119,7 @@ class SweepLayout:
 
     def parts(self, runs: list[RunSpec]) -> Parts:
         """The part files of ``runs``, in their order."""
-        return [(run_part(run), with_exact_flow(run)) for run in runs]
+        return [(run.file_name(kind=False), with_exact_flow(run)) for run in runs]
 
     def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
         """The results folder, refused if its parts were made with other training fields."""
@@ -289,15 +302,9 @@ def _param_column(name: str, taken: Iterable[str] = ()) -> str:
     return f"param_{name}" if name in RESERVED_COLUMNS or name in set(taken) else name
 
 
-def run_part(spec: RunSpec) -> str:
-    """A run's part file name: setting, variant slug, base seed (:attr:`RunSpec.part` less the
-    kind: one part holds the sampled run and its exact flow)."""
-    return part_name(spec.setting, *variant_slug(spec.rule, dict(spec.params)), f"seed{spec.seed}")
-
-
 def run_id(spec: RunSpec) -> str:
-    """Stable across processes and restarts: the part name less ``.parquet``."""
-    return run_part(spec).removesuffix(".parquet")
+    """Stable across processes and restarts: the run's part name less ``.parquet``."""
+    return spec.file_name(kind=False).removesuffix(".parquet")
 
 
 def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
@@ -339,12 +346,6 @@ def _as_list(key: str, value: Any) -> list[Any]:
     return values
 
 
-def _check_keys(where: str, given: Iterable[str], valid: tuple[str, ...]) -> None:
-    unknown = sorted(set(given) - set(valid))
-    if unknown:
-        raise ValueError(f"{where}unknown key(s) {unknown}; valid keys: {list(valid)}")
-
-
 def _parse_grid(grid: Any) -> list[Variant]:
     if not isinstance(grid, list) or not grid:
         raise ValueError("grid: needs at least one [[grid]] entry (objective = ..., params = ...)")
@@ -354,7 +355,7 @@ def _parse_grid(grid: Any) -> list[Variant]:
         entry = {"objective": entry} if isinstance(entry, str) else entry
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: expected a table with objective and params, got {entry!r}")
-        _check_keys(f"{where}: ", entry, GRID_KEYS)
+        check_keys(where, entry, GRID_KEYS)
         if "objective" not in entry:
             raise ValueError(f"{where}.objective: missing (a registry name or preset)")
         names = _as_list(f"{where}.objective", entry["objective"])
@@ -371,23 +372,22 @@ def _parse_grid(grid: Any) -> list[Variant]:
                 raise ValueError(f"{where}.objective: {exc}") from exc
             for combo in itertools.product(*axes.values()):
                 combo_params = dict(zip(axes, combo, strict=True))
-                try:
-                    get_objective(name, **combo_params)
-                except (ValueError, TypeError) as exc:
-                    bad = [k for k in axes if k in str(exc)] or list(axes)
-                    raise ValueError(
-                        f"{where}.params.{bad[0]}: {name} with {combo_params}: {exc}"
-                    ) from exc
+                check_params(f"{where}.params", name, combo_params, name_key=True)
                 variants.append((name, freeze(combo_params)))
-    labels = [variant_label(rule, dict(params)) for rule, params in variants]
-    if twice := _duplicate(labels):
-        raise ValueError(f"grid: variant {twice} appears twice")
+    check_unique(
+        "grid", [variant_label(rule, dict(params)) for rule, params in variants], "variant"
+    )
     return variants
 
 
-def _duplicate(values: list[Any]) -> Any:
-    """The first value that appears twice in ``values`` (None: none does)."""
-    return next((value for value in values if values.count(value) > 1), None)
+def check_unique(where: str, values: Iterable[Any], what: str, hint: str = "") -> None:
+    """``ValueError`` ``WHERE: WHAT x appears twice`` (then ``hint``) for the first value of
+    ``values`` seen before."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{where}: {what} {value} appears twice{hint}")
+        seen.add(value)
 
 
 def _check_env(where: str, env_id: str, kwargs: dict[str, Any]) -> None:
@@ -399,17 +399,10 @@ def _check_env(where: str, env_id: str, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"{where}.env: {env_id} is not a bandit with an exact model")
 
 
-def _check_task(where: str, task: str, knobs: dict[str, Any]) -> None:
-    try:
-        make_task(task, **knobs)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-
-
 #: A custom setting of each suite: its table, its key, what that key names, and its check.
 CUSTOM_SETTINGS = {
     "bandit": ("envs", "env", "a registered id such as sandbox/SoftmaxBandit-v0", _check_env),
-    "reasoning": ("tasks", "task", "one of envs.reasoning.available_tasks()", _check_task),
+    "reasoning": ("tasks", "task", "one of envs.reasoning.available_tasks()", check_task),
 }
 
 
@@ -437,11 +430,8 @@ def _parse_settings(suite: str, spec: dict[str, Any]) -> tuple[list[str], dict[s
         check(where, made_from, kwargs)
         defs[name] = {key: made_from, **kwargs}
     settings = _as_list("settings", spec.get("settings", SUITE_DEFAULTS[suite]["settings"]))
-    for name in settings:
-        if name not in defs:
-            raise ValueError(f"settings: unknown setting {name!r}; valid: {sorted(defs)}")
-    if len(set(settings)) != len(settings):
-        raise ValueError(f"settings: duplicates in {settings}")
+    check_setting_names(settings, defs)
+    check_unique("settings", settings, "setting")
     return list(settings), {s: defs[s] for s in settings}
 
 
@@ -450,7 +440,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     if not isinstance(spec, Mapping):
         raise ValueError(f"a sweep is a mapping of keys, got {type(spec).__name__}")
     spec = dict(spec)
-    _check_keys("", spec, TOP_LEVEL_KEYS)
+    check_keys("", spec, TOP_LEVEL_KEYS)
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ValueError("name: missing (the sweep's name; results go to OUT/NAME)")
@@ -462,8 +452,7 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed: base seeds are integers >= 0, got {seed!r}")
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seed: duplicates in {seeds}")
+    check_unique("seed", seeds, "base seed")
 
     variants = _parse_grid(spec.get("grid"))
     settings, setting_defs = _parse_settings(suite, spec)
@@ -505,8 +494,9 @@ def parse_sweep(spec: Mapping[str, Any]) -> SweepPlan:
             trainer_config(run)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{run.label} on {run.setting}: {exc}") from exc
-    if twice := _duplicate([run_id(r) for r in plan.runs()]):
-        raise ValueError(f"grid: two runs map to the run id {twice!r}; rename a value")
+    check_unique(
+        "grid", map(run_id, plan.runs()), "run id", " (two runs map to it; rename a value)"
+    )
     return plan
 
 
@@ -579,14 +569,13 @@ def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[
     """What makes a folder's finished runs stale: a shared or ``[train]`` field added, removed or
     changed, or another definition of a setting both plans have (a sweep may add or drop
     settings, variants and base seeds and reuse what is finished)."""
-    changed = []
-    for group in ("shared", "train"):
-        before, after = previous.get(group, {}), now[group]
-        changed += [
-            f"{group}.{key}: {before.get(key)!r} -> {after.get(key)!r}"
-            for key in sorted(set(before) | set(after))
-            if before.get(key) != after.get(key)
-        ]
+    changed = [
+        line
+        for group in ("shared", "train")
+        for line in changed_settings(
+            previous.get(group, {}), now[group], removed=True, prefix=f"{group}."
+        )
+    ]
     old_defs = previous.get("setting_defs", {})
     changed += [
         f"setting {s}: {old_defs[s]} -> {d}"
@@ -629,11 +618,7 @@ def run_sweep(
     (:class:`~.pool.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
     finished part is on disk, and the same call resumes with the missing ones.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-    check_workers(workers)
-    if backend == "ray" and importlib.util.find_spec("ray") is None:  # before anything is written
-        raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
+    check_backend(backend, workers)  # before anything is written
     folder = plan.layout.folder(plan, out_dir, force)
     parts = plan.parts()
     folder.run(
