@@ -22,6 +22,7 @@ import argparse
 import ast
 import copy
 import dataclasses
+import math
 import numbers
 import os
 import pathlib
@@ -68,6 +69,30 @@ def check_int(name: str, value: Any, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
+
+
+def check_number(
+    name: str, value: Any, *, above: float | None = 0, what: str = "a number", text: bool = False
+) -> float:
+    """``value`` as a ``float`` if it is a finite real number (not a bool) > ``above`` (None: no
+    bound), else a one-line ``ValueError`` naming ``name``: ``{name} must be {what} > {above},
+    got {value!r}``. ``text``: a string is read as a number first (a flag, an environment
+    variable, an old record), and the message quotes the string as given."""
+    number = value
+    if text and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, numbers.Real)
+        or not math.isfinite(number)
+        or (above is not None and number <= above)
+    ):
+        bound = "" if above is None else f" > {above:g}"
+        raise ValueError(f"{name} must be {what}{bound}, got {value!r}")
+    return float(number)
 
 
 #: Advantages that compare a sample with the rest of its group: a group of one is an error.

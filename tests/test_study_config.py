@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.configs import check_number
 from sandbox.experiments.results import changed_settings
 from sandbox.study import StudyConfig, part_fields, read_record
+from sandbox.study.claims import Claim
+from sandbox.study.plan import check_time_budget
 from sandbox.study.settings import BanditSettings, TfSettings
 
 pytest.importorskip("transformers")
@@ -120,6 +123,38 @@ def test_a_new_record_holds_the_sections_and_reads_back(tmp_path):
 def test_a_bad_section_setting_is_named(sections, message):
     with pytest.raises(ValueError, match=message):
         StudyConfig(sections=sections)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: StudyConfig(target_low=True).validate(), "target_low must be a number, got True"),
+        (
+            lambda: StudyConfig(target_high=float("inf")).validate(),
+            "target_high must be a number, got inf",
+        ),
+        (lambda: StudyConfig(sections={"tf": {"lrs": ["x"]}}), "tf_lrs must be finite numbers > 0"),
+        (lambda: StudyConfig(sections={"tf": {"lrs": []}}), r"tf_lrs must be finite .* got \[\]"),
+        (lambda: check_time_budget(float("nan")), "time_budget must be a number of seconds > 0"),
+        (
+            lambda: Claim("c", "grpo", "dapo", "greater", "final_pass", margin=-0.1),
+            r"claim c: margin must be a number > 0, got -0\.1",
+        ),
+        (lambda: check_number("x", "2", text=False), "x must be a number > 0, got '2'"),
+        (lambda: check_number("x", "0", text=True), "x must be a number > 0, got '0'"),
+        (lambda: check_number("x", 1, above=1, what="big"), "x must be big > 1, got 1"),
+    ],
+)
+def test_a_number_setting_out_of_range_is_named(call, message):
+    """One check (``sandbox.configs.check_number``) behind every finite-number setting."""
+    with pytest.raises(ValueError, match=f"^{message}"):
+        call()
+
+
+def test_a_number_setting_in_range_reads_as_a_float():
+    assert check_number("x", "0.25", text=True) == 0.25
+    assert check_number("x", -3, above=None) == -3.0
+    assert StudyConfig(sections={"tf": {"lrs": ["1e-3", 2]}}).sections["tf"].lrs == [1e-3, 2.0]
 
 
 def test_the_committed_folders_tables_rebuild_from_their_old_records(tmp_path):

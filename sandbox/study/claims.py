@@ -17,7 +17,6 @@ Metrics (columns of the score table; a study that reports them fills them per ru
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from sandbox.configs import check_number
 
 from . import evidence
 
@@ -54,13 +55,8 @@ class Claim:
         for key in ("rule_a", "rule_b", "source", "where", "statement"):
             if not isinstance(getattr(self, key), str):
                 raise ValueError(f"claim {self.name}: {key} must be a string")
-        if self.margin is not None and (
-            isinstance(self.margin, bool)
-            or not isinstance(self.margin, int | float)
-            or not math.isfinite(self.margin)
-            or self.margin <= 0
-        ):
-            raise ValueError(f"claim {self.name}: margin must be a number > 0, got {self.margin!r}")
+        if self.margin is not None:
+            check_number(f"claim {self.name}: margin", self.margin)
         if self.direction not in ("greater", "less"):
             raise ValueError(f"direction must be 'greater' or 'less', got {self.direction!r}")
         if self.metric not in METRICS:

@@ -22,13 +22,20 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from sandbox.configs import add_arguments, add_study_arguments, flag, key_values, profile_settings
+from sandbox.configs import (
+    add_arguments,
+    add_study_arguments,
+    check_number,
+    flag,
+    key_values,
+    profile_settings,
+)
 from sandbox.experiments.planner import interrupted_line
 from sandbox.experiments.pool import answer_interrupt, own_command, terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
 from .config import StudyConfig, used_sections
-from .plan import BudgetSpent, check_time_budget, rebuild_tables, run_study
+from .plan import BudgetSpent, rebuild_tables, run_study
 from .rungs import RUNGS
 from .settings import SECTIONS
 
@@ -175,10 +182,9 @@ BUDGET_EXIT = 75
 
 def time_budget(text: str | None) -> float | None:
     """``--time-budget``'s seconds (None: no budget); a ``ValueError`` naming the flag."""
-    try:
-        return None if text is None else check_time_budget(float(text))
-    except ValueError:
-        raise ValueError(f"--time-budget must be a number of seconds > 0, got {text!r}") from None
+    if text is None:
+        return None
+    return check_number("--time-budget", text, what="a number of seconds", text=True)
 
 
 def budget_spent(exc: BudgetSpent, argv: Sequence[str] | None, prog: str) -> int:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from sandbox.configs import arg, check_device, check_int
+from sandbox.configs import arg, check_device, check_int, check_number
 from sandbox.experiments.results import changed_settings, write_text
 from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
@@ -113,9 +113,8 @@ class StudyConfig:
         low = {"minibatches": 1, "calib_seeds": 1, "group_size": 2, "calib_steps": 0}
         for name, bound in low.items():  # group_size 2: group-relative advantages
             check_int(name, getattr(self, name), bound)
-        for name, value in (("target_low", self.target_low), ("target_high", self.target_high)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, got {value!r}")
+        check_number("target_low", self.target_low, above=None)
+        check_number("target_high", self.target_high, above=None)
         if not 0 <= self.target_low < self.target_high <= 1:
             raise ValueError(
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "

@@ -23,7 +23,6 @@ does, a calibration's step sizes at one mu are one such job too).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sandbox.configs import check_number
 from sandbox.experiments.planner import Job, RunFolder
 from sandbox.experiments.results import read_parts
 from sandbox.experiments.runs import RunSpec, run_specs
@@ -149,7 +149,9 @@ def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
     """The planner's job (a unit) of one group; its cost class is the phase and rung."""
     first = group[0]
     guess = RUNGS[first.rung].unit_seconds
-    lrs, seeds = (",".join(dict.fromkeys(str(getattr(j, k)) for j in group)) for k in ("lr", "seed"))
+    lrs, seeds = (
+        ",".join(dict.fromkeys(str(getattr(j, k)) for j in group)) for k in ("lr", "seed")
+    )
     return Job(
         f"{first.rung}/{first.rule}/{lrs}/{first.epochs}/{seeds}",
         tuple(j.part for j in group),
@@ -218,10 +220,7 @@ class BudgetSpent(Exception):
 
 def check_time_budget(value: Any) -> float:
     """A time budget in seconds: a finite number > 0 (a ``ValueError`` saying so)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"time_budget must be a number of seconds > 0, got {value!r}")
-    return float(value)
+    return check_number("time_budget", value, what="a number of seconds")
 
 
 def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:

@@ -13,12 +13,11 @@ records them under ``sections``; an old flat record (``bandit_*``/``tf_*`` field
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.configs import arg, check_int
+from sandbox.configs import arg, check_int, check_number
 
 Legacy = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -107,13 +106,11 @@ def step_sizes(name: str, value: Any) -> list[float]:
     """A step-size grid: finite numbers > 0 (strings of numbers too: an old record)."""
     values = value if isinstance(value, list | tuple) else [value]
     try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be numbers, got {value!r}") from None
-    if not out or any(isinstance(v, bool) for v in values):
+        out = [check_number(name, v, text=True) for v in values]
+    except ValueError:
+        out = []
+    if not out:
         raise ValueError(f"{name} must be finite numbers > 0, got {value!r}")
-    if not all(math.isfinite(v) and v > 0 for v in out):
-        raise ValueError(f"{name} must be finite numbers > 0, got {out}")
     return out
 
 
