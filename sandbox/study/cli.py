@@ -14,7 +14,6 @@ import shutil
 import signal
 import sys
 import time
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,9 +24,10 @@ import pandas as pd
 from sandbox.configs import (
     add_arguments,
     add_study_arguments,
+    base_type,
     check_number,
     flag,
-    key_values,
+    flag_values,
     profile_settings,
 )
 from sandbox.experiments.planner import interrupted_line
@@ -52,18 +52,9 @@ class StudyParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def section_flags(name: str) -> list[tuple[dataclasses.Field, str, Any]]:
-    """(field, its flag ``--<section>-<field>``, its type hint without None) of each setting of
-    section ``name``."""
-    settings = SECTIONS[name].settings
-    hints = typing.get_type_hints(settings)
-    out = []
-    for f in dataclasses.fields(settings):
-        hint = hints[f.name]
-        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-            hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        out.append((f, flag(f"{name}_{f.name}"), hint))
-    return out
+def section_flags(name: str) -> list[str]:
+    """The flag ``--<section>-<field>`` of each setting of section ``name``."""
+    return [flag(f"{name}_{f.name}") for f in dataclasses.fields(SECTIONS[name].settings)]
 
 
 def removed_flags() -> dict[str, str]:
@@ -71,7 +62,7 @@ def removed_flags() -> dict[str, str]:
     seeds = ", ".join(flag(f"{name}_seeds") for name in SECTIONS)
     out = {"--seeds": f"--seeds is gone: paired seeds are set per rung ({seeds})"}
     for name in SECTIONS:
-        flags = [option for _, option, _ in section_flags(name)]
+        flags = section_flags(name)
         one = f"one flag per setting: {', '.join(flags)}"
         out[f"--{name}"] = f"--{name} KEY=VALUE is gone: {one}"
         out[f"--{name}-extra"] = f"--{name}-extra is gone: {one}"
@@ -119,22 +110,22 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
     add_arguments(parser, StudyConfig, unset=True, skip=("sections", "claims", "rng"))
     for name in SECTIONS:
         group = parser.add_argument_group(f"{name} settings", f"rungs: {_rungs_of(name)}")
-        for f, option, hint in section_flags(name):
-            default = (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            )
-            kw: dict[str, Any] = {"dest": f"{name}__{f.name}", "default": None}
-            kw["help"] = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
-            base = typing.get_origin(hint) or hint
-            if base is bool:
-                kw["action"] = argparse.BooleanOptionalAction
-            elif base is list:
-                kw.update(nargs="+", type=typing.get_args(hint)[0], metavar="X")
-            elif base is dict:
-                kw.update(nargs="+", metavar="KEY=VALUE")
-            else:
-                kw["type"] = base
-            group.add_argument(option, **kw)
+        settings, shown, metavars = SECTIONS[name].settings, {}, {}
+        defaults, hints = settings(), typing.get_type_hints(settings)
+        for f in dataclasses.fields(settings):
+            shown[f.name] = str(getattr(defaults, f.name))  # every default, None too
+            kind = base_type(hints[f.name])
+            if kind in (list, dict):
+                metavars[f.name] = "X" if kind is list else "KEY=VALUE"
+        add_arguments(
+            group,
+            settings,
+            unset=True,
+            shown=shown,
+            metavars=metavars,
+            prefix=f"{name}_",
+            check_choices=False,  # settle names the setting (llm_rollout_backend must be ...)
+        )
     return parser
 
 
@@ -154,18 +145,16 @@ def parse_study_args(
     sections = {name: dict(settings.pop(name, {})) for name in SECTIONS}
     used = used_sections(settings.get("rungs", StudyConfig().rungs))
     for name in SECTIONS:
-        for f, option, hint in section_flags(name):
-            value = getattr(args, f"{name}__{f.name}")
+        given = flag_values(args, SECTIONS[name].settings, f"{name}_")
+        for key, value in given.items():
             if value is None:
                 continue
             if not args.tables_only and name not in used:
                 raise ValueError(
-                    f"{option}: does not apply without a rung of its section "
+                    f"{flag(f'{name}_{key}')}: does not apply without a rung of its section "
                     f"(--rungs ... {_rungs_of(name).split(', ')[0]})"
                 )
-            if (typing.get_origin(hint) or hint) is dict:  # typed key=value pairs
-                value = key_values(value, option)
-            sections[name][f.name] = value
+            sections[name][key] = value
     claims = [parse_claim(text) for text in args.claim]
     claims += read_claims(args.claims) if args.claims else []
     if claims:  # their rules join the study's
