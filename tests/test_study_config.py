@@ -151,6 +151,27 @@ def test_a_number_setting_out_of_range_is_named(call, message):
         call()
 
 
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dtype": "float16"}, "dtype must be one of float32, float64, got 'float16'"),
+        ({"minibatches": 0}, "minibatches must be an integer >= 1, got 0"),
+        ({"group_size": 1}, "group_size must be an integer >= 2, got 1"),
+        ({"calib_steps": -1}, "calib_steps must be an integer >= 0, got -1"),
+        ({"calib_seeds": 2.0}, r"calib_seeds must be an integer >= 1, got 2\.0"),
+    ],
+)
+def test_the_study_checks_its_fields_as_a_section_does(changes, message):
+    """StudyConfig's int fields and dtype's choices go through settle's check (check_fields)."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        StudyConfig(**changes).validate()
+
+
+def test_a_study_without_a_dtype_or_with_one_of_its_choices_is_valid():
+    for dtype in (None, "float32", "float64"):
+        StudyConfig(dtype=dtype, calib_steps=0).validate()
+
+
 def test_a_number_setting_in_range_reads_as_a_float():
     assert check_number("x", "0.25", text=True) == 0.25
     assert check_number("x", -3, above=None) == -3.0

@@ -10,14 +10,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from sandbox.configs import arg, check_device, check_int, check_number
+from sandbox.configs import arg, check_device, check_number
 from sandbox.experiments.results import changed_settings, write_text
 from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
 
 from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
 from .rungs import RUNGS, members_per_job
-from .settings import SECTIONS, migrate, mu_grid, section_settings, unknown
+from .settings import SECTIONS, check_fields, migrate, mu_grid, section_settings, unknown
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -110,9 +110,8 @@ class StudyConfig:
             if rung not in RUNGS:
                 raise unknown("rung", rung, RUNGS)
             members_per_job(self, rung)  # ValueError naming the rung's setting
-        low = {"minibatches": 1, "calib_seeds": 1, "group_size": 2, "calib_steps": 0}
-        for name, bound in low.items():  # group_size 2: group-relative advantages
-            check_int(name, getattr(self, name), bound)
+        # the int fields (>= 1; group_size 2: group-relative advantages) and dtype's choices
+        check_fields(self, low={"group_size": 2, "calib_steps": 0})
         check_number("target_low", self.target_low, above=None)
         check_number("target_high", self.target_high, above=None)
         if not 0 <= self.target_low < self.target_high <= 1:
@@ -120,8 +119,6 @@ class StudyConfig:
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
                 f"{self.target_low}, {self.target_high}"
             )
-        if self.dtype not in (None, "float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         mus = [mu for rung in self.rungs for mu in RUNGS[rung].epochs(self)]
         if min(self.epochs + mus) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")

@@ -144,21 +144,26 @@ def settle(
     settings: Any, section: str, low: Mapping[str, int] | None = None, **checks: Callable
 ) -> None:
     """Check a section's settings in ``__post_init__``: each field of ``checks`` replaced by
-    ``check("<section>_<field>", value)`` (in order), then every field with ``choices`` (its
-    :func:`sandbox.configs.arg`) one of them, and every ``int`` field an integer >= its bound in
-    ``low`` (default 1)."""
+    ``check("<section>_<field>", value)`` (in order), then :func:`check_fields`."""
     for field, check in checks.items():
         value = check(f"{section}_{field}", getattr(settings, field))
         object.__setattr__(settings, field, value)
+    check_fields(settings, f"{section}_", low)
+
+
+def check_fields(settings: Any, prefix: str = "", low: Mapping[str, int] | None = None) -> None:
+    """Every field of dataclass ``settings`` with ``choices`` (its :func:`sandbox.configs.arg`)
+    one of them (or None where its type allows None), and every ``int`` field an integer >= its
+    bound in ``low`` (default 1); a ``ValueError`` naming ``<prefix><field>``."""
     for f in dataclasses.fields(settings):
-        choices = f.metadata.get("choices")
-        if choices is not None and getattr(settings, f.name) not in choices:
+        value, choices = getattr(settings, f.name), f.metadata.get("choices")
+        optional = value is None and "None" in str(f.type)
+        if choices is not None and value not in choices and not optional:
             raise ValueError(
-                f"{section}_{f.name} must be one of {', '.join(map(str, choices))}, got "
-                f"{getattr(settings, f.name)!r}"
+                f"{prefix}{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}"
             )
         if f.type in (int, "int"):
-            check_int(f"{section}_{f.name}", getattr(settings, f.name), (low or {}).get(f.name, 1))
+            check_int(f"{prefix}{f.name}", value, (low or {}).get(f.name, 1))
 
 
 def knob_text(value: Any) -> str:
