@@ -188,3 +188,29 @@ def test_the_committed_folders_tables_rebuild_from_their_old_records(tmp_path):
     rebuild_tables(out)
     for name in ("ledger.csv", "summary.csv", "calibration.csv", "config.json"):
         assert (out / name).read_bytes() == (ROOT / "results/claims_exact_mu" / name).read_bytes()
+
+
+def test_a_claim_of_a_recorded_name_that_says_otherwise_is_refused_on_both_paths(tmp_path):
+    """A run into a folder (with_folder) and --tables-only (rebuild_tables) join the claims given
+    with the folder's by one rule: a recorded claim is never replaced by another of its name."""
+    from sandbox.study import rebuild_tables
+    from sandbox.study.claims import claim_record, parse_claim
+    from sandbox.study.config import joined_claims, with_folder
+
+    out = tmp_path / "exact_mu"
+    shutil.copytree(ROOT / "results/claims_exact_mu", out)
+    values = json.loads((out / "config.json").read_text())
+    recorded = claim_record(parse_claim("mine:grpo>gspo"))
+    (out / "config.json").write_text(json.dumps({**values, "claims": [recorded]}))
+    other = StudyConfig(claims=[claim_record(parse_claim("mine:grpo<gspo"))])
+    message = f"^claim mine: {out} records another claim of that name; rename it, or use"
+    with pytest.raises(ValueError, match=message):
+        with_folder(other, out)
+    with pytest.raises(ValueError, match=message):
+        rebuild_tables(out, other)
+    # the same claim again, or a new name, joins: the folder's first, nothing replaced
+    again = claim_record(parse_claim("mine:grpo>gspo"))
+    new = claim_record(parse_claim("yours:dapo>grpo"))
+    assert joined_claims([recorded], [new, again], out) == [recorded, new]
+    grown = with_folder(StudyConfig(rules=["dapo"], claims=[again, new]), out)
+    assert [c["name"] for c in grown.claims] == ["mine", "yours"]

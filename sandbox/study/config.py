@@ -238,11 +238,28 @@ def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple
     write_text(json.dumps(record, indent=2, default=str), Path(out) / "config.json")
 
 
+def joined_claims(
+    recorded: Sequence[Mapping[str, Any]], given: Sequence[Mapping[str, Any]], out: str | Path
+) -> list[dict[str, Any]]:
+    """The claims a study folder ``out`` records, then those given now that it does not. A given
+    claim of a recorded name that says something else is a ``ValueError``: a folder's claim is
+    never replaced (its ledger rows would change meaning under the same name), on a run as on
+    ``--tables-only``."""
+    claims = {c["name"]: dict(c) for c in recorded}
+    for c in given:
+        if claims.setdefault(c["name"], dict(c)) != c:
+            raise ValueError(
+                f"claim {c['name']}: {out} records another claim of that name; rename it, or use "
+                "another --out"
+            )
+    return list(claims.values())
+
+
 def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> StudyConfig:
     """``config`` grown by what the study folder ``out`` already holds (unless ``force`` or a new
     folder): the union of its rules, rungs and own claims with the folder's, the folder's first,
     so a run of fewer or other rules adds to the folder's tables. A claim of a recorded name
-    that says something else is refused."""
+    that says something else is refused (:func:`joined_claims`)."""
     path = Path(out) / "config.json"
     if force or not path.is_file() or not any((Path(out) / "parts").glob("*.parquet")):
         return config
@@ -252,15 +269,9 @@ def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> St
         return config  # the planner refuses an unreadable record
     rules = list(dict.fromkeys([*previous.rules, *config.rules]))
     rungs = list(dict.fromkeys([*previous.rungs, *config.rungs]))
-    claims = {c["name"]: c for c in previous.claims}
-    for c in config.claims:
-        if claims.setdefault(c["name"], c) != c:
-            raise ValueError(
-                f"claim {c['name']}: {out} records another claim of that name; rename it, or use "
-                "another --out"
-            )
-    rules += [r for c in claims.values() for r in (c["rule_a"], c["rule_b"]) if r not in rules]
-    grown = replace(config, rules=rules, rungs=rungs, claims=list(claims.values()))
+    claims = joined_claims(previous.claims, config.claims, out)
+    rules += [r for c in claims for r in (c["rule_a"], c["rule_b"]) if r not in rules]
+    grown = replace(config, rules=rules, rungs=rungs, claims=claims)
     if (rules, rungs) != (config.rules, config.rungs):
         print(
             f"{out} holds a study of {len(previous.rules)} rules on {', '.join(previous.rungs)}: "

@@ -43,6 +43,7 @@ from .config import (
     REFERENCE,
     StudyConfig,
     changed_parts,
+    joined_claims,
     read_record,
     record_calibration,
     with_folder,
@@ -286,9 +287,7 @@ def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[s
     if (out / "config.json").exists():
         config, point = read_record(out)
         if given:  # claims given now join the recorded ones (and the record)
-            names = {c["name"] for c in given}
-            claims = [*(c for c in config.claims if c["name"] not in names), *given]
-            config = replace(config, claims=claims)
+            config = replace(config, claims=joined_claims(config.claims, given, out))
             config.check_claims()
     elif config is None:
         raise ValueError(f"--tables-only: no config.json in {out}")
