@@ -206,6 +206,12 @@ def agreement_table(agree: pd.DataFrame) -> str:
     return _table(agree.assign(without=_without(agree), tau=tau), cols, say("no_agreement"))
 
 
+def _transfer_cell(row: pd.Series) -> str:
+    """``+0.0217 [+0.0017, +0.0417] (supported)``: a claim on one rung in the page's table."""
+    verdict = f" ({row['verdict']})" if isinstance(row["verdict"], str) else ""
+    return fmt_interval(row["estimate"], row["lo"], row["hi"]) + verdict
+
+
 def transfer_section(out: Path) -> str:
     """The folder's ``transfer.csv`` (per claim, the paired effect on each rung side by side)
     and the sign agreement between rungs (``transfer_agreement.csv``)."""
@@ -214,10 +220,7 @@ def transfer_section(out: Path) -> str:
     t = pd.read_csv(out / "transfer.csv")
     if missing := [c for c in transfer.COLUMNS if c not in t.columns]:
         raise ValueError(f"{out / 'transfer.csv'} lacks the columns {missing}")
-    effect = map(fmt_interval, t["estimate"], t["lo"], t["hi"])
-    t = t.assign(cell=list(effect) + (" (" + t["verdict"] + ")").fillna(""))
-    cells = t.pivot_table("cell", ["claim", "metric"], "rung", "first", sort=False)
-    text = _table(cells.fillna("—").reset_index())
+    text = _table(transfer.transfer_wide(t, _transfer_cell, missing="—"))
     if not (out / "transfer_agreement.csv").exists():
         return text
     a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'verdicts'")

@@ -17,7 +17,7 @@ row with an interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import combinations
 from pathlib import Path
 
@@ -103,16 +103,21 @@ def _cell(row: pd.Series) -> str:
     return f"{row['estimate']:+.4f} [{row['lo']:+.4f}, {row['hi']:+.4f}] {row['verdict']}"
 
 
-def transfer_wide(table: pd.DataFrame) -> pd.DataFrame:
+def transfer_wide(
+    table: pd.DataFrame, cell: Callable[[pd.Series], str] = _cell, missing: str = ""
+) -> pd.DataFrame:
     """:func:`transfer_table`'s rows side by side: one row per (claim, metric), one column per
-    rung (in the table's order) holding ``"+0.0217 [+0.0017, +0.0417] supported"`` (``(exact)``
-    for a zero-width interval), empty where the claim has no row on that rung."""
+    rung (in the table's order) holding ``cell(row)`` (by default
+    ``"+0.0217 [+0.0017, +0.0417] supported"``, ``(exact)`` for a zero-width interval),
+    ``missing`` where the claim has no row on that rung (the page: its own cell and ``—``)."""
     rungs = list(dict.fromkeys(table["rung"]))
-    cells = table.assign(cell=table.apply(_cell, axis=1) if len(table) else "")
+    cells = table.assign(cell=table.apply(cell, axis=1) if len(table) else "")
     rows = []
     for (claim, metric), part in cells.groupby(["claim", "metric"], sort=False):
         by_rung = dict(zip(part["rung"], part["cell"], strict=True))
-        rows.append({"claim": claim, "metric": metric, **{r: by_rung.get(r, "") for r in rungs}})
+        rows.append(
+            {"claim": claim, "metric": metric, **{r: by_rung.get(r, missing) for r in rungs}}
+        )
     return pd.DataFrame(rows, columns=["claim", "metric", *rungs])
 
 
