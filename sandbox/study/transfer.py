@@ -27,6 +27,7 @@ from scipy.special import betaincinv
 
 from sandbox.experiments.results import write_csv
 
+from .analysis import fmt_interval
 from .evidence import NOT_VERDICTS
 
 #: The columns of :func:`transfer_table` (and of ``transfer.csv``), in order.
@@ -96,11 +97,10 @@ def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(row: pd.Series) -> str:
-    if row["lo"] == row["hi"] == row["estimate"]:
-        return f"{row['estimate']:+.4f} (exact) {row['verdict']}"
-    if not (np.isfinite(row["lo"]) and np.isfinite(row["hi"])):
-        return f"{row['estimate']:+.4f} (no interval) {row['verdict']}"
-    return f"{row['estimate']:+.4f} [{row['lo']:+.4f}, {row['hi']:+.4f}] {row['verdict']}"
+    estimate, lo, hi = row["estimate"], row["lo"], row["hi"]
+    if lo == hi == estimate:
+        return f"{estimate:+.4f} (exact) {row['verdict']}"
+    return f"{fmt_interval(estimate, lo, hi, alone=' (no interval)')} {row['verdict']}"
 
 
 def transfer_wide(
