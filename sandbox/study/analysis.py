@@ -271,6 +271,13 @@ def _finite_mean(x: np.ndarray) -> float:
     return float(x.mean()) if len(x) else float("nan")
 
 
+def calibrated_points(summary: pd.DataFrame) -> dict[str, tuple[float, int]]:
+    """Each rung's calibrated (step size, epochs) in a :func:`rule_summary`, as every rule ran
+    it."""
+    first = summary.groupby("rung", sort=False)[["lr", "epochs"]].first()
+    return {r: (row.lr, row.epochs) for r, row in first.iterrows()}
+
+
 def fmt_ci(lo: float, hi: float, spec: str = "+.4f") -> str:
     """``[-0.003, +0.027]``: an interval, each end formatted with ``spec``."""
     return f"[{lo:{spec}}, {hi:{spec}}]"

@@ -38,6 +38,7 @@ from .config import StudyConfig, used_sections
 from .plan import BudgetSpent, rebuild_tables, run_study
 from .rungs import RUNGS
 from .settings import SECTIONS
+from .transfer import read_ledger
 
 #: A hook run before the study: ``prepare(config, out) -> (config, folder or None)``; the folder
 #: (the llm rung's checkpoints) is named by the resume line and removed once every run is a part.
@@ -257,10 +258,7 @@ def _main(
 
 def _report(out: Path, doc: str | None, start: float) -> int:
     """Print the ledger, write the page with ``--doc``; the exit status."""
-    try:
-        ledger = pd.read_csv(out / "ledger.csv")
-    except pd.errors.EmptyDataError:  # rules that make no claim (e.g. --rules dapo)
-        ledger = pd.DataFrame()
+    ledger = read_ledger(out / "ledger.csv")  # no rows: rules that make no claim (--rules dapo)
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
         print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")

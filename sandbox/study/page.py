@@ -28,7 +28,13 @@ from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenanc
 from sandbox.streams import RNG
 
 from . import evidence, transfer
-from .analysis import fmt_ci, fmt_interval, ladder_order, same_on_exact_flow
+from .analysis import (
+    calibrated_points,
+    fmt_ci,
+    fmt_interval,
+    ladder_order,
+    same_on_exact_flow,
+)
 from .claims import BOUNDED, CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
@@ -149,7 +155,7 @@ def ledger_table(ledger: pd.DataFrame) -> str:
 
 def calibration_table(cal: pd.DataFrame, summ: pd.DataFrame) -> str:
     """The calibration curve as printed, the chosen (step size, epochs) of each rung marked."""
-    chosen = _chosen(summ)
+    chosen = calibrated_points(summ)
     rows = pd.concat([g.sort_values(["epochs", "lr"]) for _, g in cal.groupby("rung", sort=False)])
     marks = [
         "**←**" if chosen.get(r) == (lr, mu) else ""
@@ -359,12 +365,6 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     return read
 
 
-def _chosen(summ: pd.DataFrame) -> dict[str, tuple[float, int]]:
-    """Each rung's calibrated (step size, epochs), as every rule ran it."""
-    first = summ.groupby("rung", sort=False)[["lr", "epochs"]].first()
-    return {r: (row.lr, row.epochs) for r, row in first.iterrows()}
-
-
 def _band(config: dict) -> tuple[float, float, str]:
     low, high = config["target_low"], config["target_high"]
     return low, high, f"{100 * low:g}–{100 * high:g}%"
@@ -492,7 +492,7 @@ def calibration_band(
     """Which rungs' calibrated point is inside the band, and how close the others came."""
     low, high, band = _band(config)
     inside, outside = [], []
-    for rung, (lr, mu) in _chosen(summ).items():
+    for rung, (lr, mu) in calibrated_points(summ).items():
         row = cal[(cal["rung"] == rung) & (cal["lr"] == lr) & (cal["epochs"] == mu)]
         if row.empty:
             raise ValueError(

@@ -63,7 +63,7 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-def _read_ledger(path: Path) -> pd.DataFrame:
+def read_ledger(path: Path) -> pd.DataFrame:
     """A ledger as written; an empty one (a study whose rules make no claim) as no rows."""
     try:
         return pd.read_csv(path)
@@ -167,7 +167,7 @@ def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     found = [out / name for name in LEDGERS if (out / name).exists()]
     if not found:
         raise ValueError(f"out: no {' or '.join(LEDGERS)} in {out}")
-    table = transfer_table(*(_read_ledger(path) for path in found))
+    table = transfer_table(*(read_ledger(path) for path in found))
     agreement = transfer_agreement(table)
     write_csv(table, out / "transfer.csv")
     write_csv(agreement, out / "transfer_agreement.csv")
