@@ -117,11 +117,6 @@ def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
 
 
-def run_job(config: StudyConfig, job: StudyJob) -> list[pd.DataFrame]:
-    """One run as the study's tidy rows (:func:`job_rows`)."""
-    return run_jobs(config, (job,))
-
-
 def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame]:
     """The runs of a group of :func:`job_groups` in one :func:`~.runs.run_specs` call, as
     :func:`job_rows`."""
