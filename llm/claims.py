@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llm.runs  # registers the llm run kind, in workers too
-from sandbox.configs import arg
+from sandbox.configs import arg, check_number
 from sandbox.experiments.runs import RunSpec
 from sandbox.study import (
     Rung,
@@ -197,13 +196,7 @@ def llm_step_seconds() -> float:
     text = os.environ.get(STEP_SECONDS_ENV)
     if text is None:
         return LLM_STEP_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{STEP_SECONDS_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
+    return check_number(STEP_SECONDS_ENV, text, what="a number of seconds", text=True)
 
 
 def llm_unit_seconds(config: StudyConfig, group: Any) -> float:

@@ -22,6 +22,7 @@ import argparse
 import ast
 import copy
 import dataclasses
+import math
 import numbers
 import os
 import pathlib
@@ -68,6 +69,30 @@ def check_int(name: str, value: Any, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return int(value)
+
+
+def check_number(
+    name: str, value: Any, *, above: float | None = 0, what: str = "a number", text: bool = False
+) -> float:
+    """``value`` as a ``float`` if it is a finite real number (not a bool) > ``above`` (None: no
+    bound), else a one-line ``ValueError`` naming ``name``: ``{name} must be {what} > {above},
+    got {value!r}``. ``text``: a string is read as a number first (a flag, an environment
+    variable, an old record), and the message quotes the string as given."""
+    number = value
+    if text and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, numbers.Real)
+        or not math.isfinite(number)
+        or (above is not None and number <= above)
+    ):
+        bound = "" if above is None else f" > {above:g}"
+        raise ValueError(f"{name} must be {what}{bound}, got {value!r}")
+    return float(number)
 
 
 #: Advantages that compare a sample with the rest of its group: a group of one is an error.
@@ -128,10 +153,16 @@ def key_values(items: list[str], name: str) -> dict[str, Any]:
     return out
 
 
-def _base_type(kind: Any) -> Any:
-    """``int | None`` -> ``int``; ``list[str]`` -> ``list``."""
+def _without_none(kind: Any) -> Any:
+    """``list[int] | None`` -> ``list[int]``."""
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return kind
+
+
+def base_type(kind: Any) -> Any:
+    """``int | None`` -> ``int``; ``list[str]`` -> ``list``."""
+    kind = _without_none(kind)
     return typing.get_origin(kind) or kind
 
 
@@ -158,6 +189,8 @@ def add_arguments(
     metavars: dict[str, str] | None = None,
     choices: dict[str, tuple[Any, ...]] | None = None,
     skip: tuple[str, ...] = (),
+    prefix: str = "",
+    check_choices: bool = True,
 ) -> None:
     """One flag per field of dataclass ``cls`` (but ``skip``), each default shown once.
 
@@ -165,25 +198,47 @@ def add_arguments(
     what the command line gives is set and the caller fills in the rest (e.g. defaults that
     depend on another setting), lists then take one or more values; ``shown``: the default to
     print for a field instead of its own; ``metavars`` / ``choices`` per field (choices also come
-    from :func:`arg`)."""
+    from :func:`arg`; ``check_choices=False``: left to the caller's own check). A list's items
+    take the list's item type (``list[float]``: floats). ``prefix``: the flags are
+    ``--PREFIX-field`` (dest ``PREFIX_field``, read back by :func:`flag_values`)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind, default = _base_type(hints[f.name]), _default(f)
+        kind, default = base_type(hints[f.name]), _default(f)
         help_ = _help(f, default, (shown or {}).get(f.name)) + (extra_help or {}).get(f.name, "")
         kw: dict[str, Any] = {"help": help_, "default": None if unset else default}
         if metavars and f.name in metavars:
             kw["metavar"] = metavars[f.name]
+        option = flag(prefix + f.name)
         if kind is bool:
-            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kw)
+            parser.add_argument(option, action=argparse.BooleanOptionalAction, **kw)
         elif kind in (list, dict):
-            parser.add_argument(flag(f.name), nargs="+" if unset else "*", **kw)
+            item = typing.get_args(_without_none(hints[f.name]))[:1]
+            if kind is list and item and item[0] in (int, float, str):
+                kw["type"] = item[0]
+            parser.add_argument(option, nargs="+" if unset else "*", **kw)
         else:
             options = (choices or {}).get(f.name) or f.metadata.get("choices")
-            if options:
+            if options and check_choices:
+                kw.update(choices=options)
                 kw.pop("metavar", None)
-            parser.add_argument(flag(f.name), type=kind, choices=options, **kw)
+            parser.add_argument(option, type=kind, **kw)
+
+
+def flag_values(args: argparse.Namespace, cls: type, prefix: str = "") -> dict[str, Any]:
+    """The values of :func:`add_arguments`' flags for dataclass ``cls`` (with its ``prefix``) in
+    ``args``, by field name (a field without a flag left out); a ``dict`` field's ``key=value``
+    pairs read by :func:`key_values`."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if hasattr(args, prefix + f.name):
+            value = getattr(args, prefix + f.name)
+            if base_type(hints[f.name]) is dict and isinstance(value, list):
+                value = key_values(value, flag(prefix + f.name))
+            out[f.name] = value
+    return out
 
 
 _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
@@ -289,7 +344,7 @@ def check_types(values: dict[str, Any], cls: type, where: str) -> dict[str, Any]
     for key, value in values.items():
         if key not in names:
             raise ValueError(f"{where}: unknown setting {key!r}; settings: {', '.join(names)}")
-        kind = _base_type(hints[key])
+        kind = base_type(hints[key])
         ok = value is None or (
             isinstance(value, int | float) and not isinstance(value, bool)
             if kind is float
@@ -322,13 +377,7 @@ def parse_config(
     add_arguments(parser, cls, extra_help=extra_help)
     if known.config:
         parser.set_defaults(**load_file(known.config, cls))
-    ns = vars(parser.parse_args(argv))
-    ns.pop("config")
-    hints = typing.get_type_hints(cls)
-    for name, value in ns.items():
-        if _base_type(hints[name]) is dict and isinstance(value, list):
-            ns[name] = key_values(value, flag(name))
-    return cls(**ns)
+    return cls(**flag_values(parser.parse_args(argv), cls))
 
 
 def check_keys(

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.configs import check_number
 from sandbox.experiments.results import changed_settings
 from sandbox.study import StudyConfig, part_fields, read_record
+from sandbox.study.claims import Claim
+from sandbox.study.plan import check_time_budget
 from sandbox.study.settings import BanditSettings, TfSettings
 
 pytest.importorskip("transformers")
@@ -122,6 +125,59 @@ def test_a_bad_section_setting_is_named(sections, message):
         StudyConfig(sections=sections)
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: StudyConfig(target_low=True).validate(), "target_low must be a number, got True"),
+        (
+            lambda: StudyConfig(target_high=float("inf")).validate(),
+            "target_high must be a number, got inf",
+        ),
+        (lambda: StudyConfig(sections={"tf": {"lrs": ["x"]}}), "tf_lrs must be finite numbers > 0"),
+        (lambda: StudyConfig(sections={"tf": {"lrs": []}}), r"tf_lrs must be finite .* got \[\]"),
+        (lambda: check_time_budget(float("nan")), "time_budget must be a number of seconds > 0"),
+        (
+            lambda: Claim("c", "grpo", "dapo", "greater", "final_pass", margin=-0.1),
+            r"claim c: margin must be a number > 0, got -0\.1",
+        ),
+        (lambda: check_number("x", "2", text=False), "x must be a number > 0, got '2'"),
+        (lambda: check_number("x", "0", text=True), "x must be a number > 0, got '0'"),
+        (lambda: check_number("x", 1, above=1, what="big"), "x must be big > 1, got 1"),
+    ],
+)
+def test_a_number_setting_out_of_range_is_named(call, message):
+    """One check (``sandbox.configs.check_number``) behind every finite-number setting."""
+    with pytest.raises(ValueError, match=f"^{message}"):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dtype": "float16"}, "dtype must be one of float32, float64, got 'float16'"),
+        ({"minibatches": 0}, "minibatches must be an integer >= 1, got 0"),
+        ({"group_size": 1}, "group_size must be an integer >= 2, got 1"),
+        ({"calib_steps": -1}, "calib_steps must be an integer >= 0, got -1"),
+        ({"calib_seeds": 2.0}, r"calib_seeds must be an integer >= 1, got 2\.0"),
+    ],
+)
+def test_the_study_checks_its_fields_as_a_section_does(changes, message):
+    """StudyConfig's int fields and dtype's choices go through settle's check (check_fields)."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        StudyConfig(**changes).validate()
+
+
+def test_a_study_without_a_dtype_or_with_one_of_its_choices_is_valid():
+    for dtype in (None, "float32", "float64"):
+        StudyConfig(dtype=dtype, calib_steps=0).validate()
+
+
+def test_a_number_setting_in_range_reads_as_a_float():
+    assert check_number("x", "0.25", text=True) == 0.25
+    assert check_number("x", -3, above=None) == -3.0
+    assert StudyConfig(sections={"tf": {"lrs": ["1e-3", 2]}}).sections["tf"].lrs == [1e-3, 2.0]
+
+
 def test_the_committed_folders_tables_rebuild_from_their_old_records(tmp_path):
     """--tables-only on a copy of results/claims_exact_mu (an old flat record) gives the same
     ledger bytes."""
@@ -132,3 +188,29 @@ def test_the_committed_folders_tables_rebuild_from_their_old_records(tmp_path):
     rebuild_tables(out)
     for name in ("ledger.csv", "summary.csv", "calibration.csv", "config.json"):
         assert (out / name).read_bytes() == (ROOT / "results/claims_exact_mu" / name).read_bytes()
+
+
+def test_a_claim_of_a_recorded_name_that_says_otherwise_is_refused_on_both_paths(tmp_path):
+    """A run into a folder (with_folder) and --tables-only (rebuild_tables) join the claims given
+    with the folder's by one rule: a recorded claim is never replaced by another of its name."""
+    from sandbox.study import rebuild_tables
+    from sandbox.study.claims import claim_record, parse_claim
+    from sandbox.study.config import joined_claims, with_folder
+
+    out = tmp_path / "exact_mu"
+    shutil.copytree(ROOT / "results/claims_exact_mu", out)
+    values = json.loads((out / "config.json").read_text())
+    recorded = claim_record(parse_claim("mine:grpo>gspo"))
+    (out / "config.json").write_text(json.dumps({**values, "claims": [recorded]}))
+    other = StudyConfig(claims=[claim_record(parse_claim("mine:grpo<gspo"))])
+    message = f"^claim mine: {out} records another claim of that name; rename it, or use"
+    with pytest.raises(ValueError, match=message):
+        with_folder(other, out)
+    with pytest.raises(ValueError, match=message):
+        rebuild_tables(out, other)
+    # the same claim again, or a new name, joins: the folder's first, nothing replaced
+    again = claim_record(parse_claim("mine:grpo>gspo"))
+    new = claim_record(parse_claim("yours:dapo>grpo"))
+    assert joined_claims([recorded], [new, again], out) == [recorded, new]
+    grown = with_folder(StudyConfig(rules=["dapo"], claims=[again, new]), out)
+    assert [c["name"] for c in grown.claims] == ["mine", "yours"]

@@ -283,3 +283,17 @@ def test_the_provenance_list_says_what_each_entry_did_not_record(tmp_path):
     assert provenance_text(tmp_path) == no_file
     (tmp_path / "provenance.json").write_text('{"runs": []}')
     assert provenance_text(tmp_path) == "- not recorded (`provenance.json` lists no command)"
+
+
+def test_one_interval_format_serves_every_table():
+    """analysis.fmt_interval: the ledger's, the transfer table's, the noise table's and the
+    mechanism text's "estimate [lo, hi]", each at its precision; the estimate alone without both
+    ends."""
+    from sandbox.study.analysis import fmt_ci, fmt_interval
+
+    assert fmt_interval(0.0123, -0.003, 0.027) == "+0.0123 [-0.0030, +0.0270]"
+    assert fmt_interval(1.234, 0.5, 2.0, ".2f") == "1.23 [0.50, 2.00]"
+    nan = float("nan")
+    assert fmt_interval(1.234, nan, nan, ".2f", alone=" (no interval)") == "1.23 (no interval)"
+    assert fmt_interval(0.5, 0.1, nan) == "+0.5000"
+    assert fmt_ci(0.25, 0.75, ".2f") == "[0.25, 0.75]"

@@ -96,7 +96,7 @@ def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_
     # SGD on a bandit: a larger step moves the ratio further, so dapo clips more; with the grid
     # 0.25 / 2 / 16 only the middle one lands in a band around its own measured share
     from sandbox.study import calibration_curve, calibration_jobs
-    from sandbox.study.plan import run_job
+    from sandbox.study.plan import run_jobs
 
     config = StudyConfig(
         rungs=["bandit_sampled"],
@@ -104,7 +104,7 @@ def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_
         calib_steps=6,
         sections={"bandit": {"lrs": [0.25, 2.0, 16.0], "setting": "mixed"}},
     )
-    rows = pd.concat([run_job(config, j)[0] for j in calibration_jobs(config)])
+    rows = pd.concat([run_jobs(config, [j])[0] for j in calibration_jobs(config)])
     curve = calibration_curve(rows).sort_values("lr")
     share = curve["clip_share"].to_numpy()
     assert share[0] < share[1]  # a tiny step barely leaves the trust region

@@ -274,13 +274,13 @@ def test_the_tiny_tf_rung_logs_the_entropy_law_and_its_table_has_a_row():
     carry both columns at every (step, seed), and :func:`entropy_law` tabulates the rung."""
     from sandbox.study import RUNGS
     from sandbox.study.analysis import entropy_law
-    from sandbox.study.plan import StudyJob, run_job
+    from sandbox.study.plan import StudyJob, run_jobs
 
     tf = {"seeds": 2, "steps": 2, "task": "bits", "knobs": {"op": "reverse", "length": 3}}
     config = StudyConfig(rungs=["tiny_tf"], sections={"tf": {**tf, "eval_prompts": 4}})
     job = StudyJob("study", "tiny_tf", "dapo", 0.01, 4, 0)
     assert sequence_config(RUNGS["tiny_tf"].spec(config, job, seeds=2, steps=2)).entropy_law
-    rows = run_job(config, job)[0]
+    rows = run_jobs(config, [job])[0]
     law = rows[["entropy_change", "entropy_change_pred"]]
     assert len(rows) == 2 * 2 and law.notna().all().all() and (law != 0).any().all()
     table = entropy_law(rows)

@@ -271,8 +271,21 @@ def _finite_mean(x: np.ndarray) -> float:
     return float(x.mean()) if len(x) else float("nan")
 
 
-def fmt_interval(estimate: float, lo: float, hi: float) -> str:
-    """``+0.012 [-0.003, +0.027]`` (the estimate alone without an interval)."""
-    if not math.isfinite(lo):
-        return f"{estimate:+.4f}"
-    return f"{estimate:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+def calibrated_points(summary: pd.DataFrame) -> dict[str, tuple[float, int]]:
+    """Each rung's calibrated (step size, epochs) in a :func:`rule_summary`, as every rule ran
+    it."""
+    first = summary.groupby("rung", sort=False)[["lr", "epochs"]].first()
+    return {r: (row.lr, row.epochs) for r, row in first.iterrows()}
+
+
+def fmt_ci(lo: float, hi: float, spec: str = "+.4f") -> str:
+    """``[-0.003, +0.027]``: an interval, each end formatted with ``spec``."""
+    return f"[{lo:{spec}}, {hi:{spec}}]"
+
+
+def fmt_interval(estimate: float, lo: float, hi: float, spec: str = "+.4f", alone: str = "") -> str:
+    """``+0.012 [-0.003, +0.027]`` (each number formatted with ``spec``); without an interval
+    (an end not finite), the estimate alone followed by ``alone``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{estimate:{spec}}{alone}"
+    return f"{estimate:{spec}} {fmt_ci(lo, hi, spec)}"

@@ -17,7 +17,6 @@ Metrics (columns of the score table; a study that reports them fills them per ru
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -25,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from sandbox.configs import check_number
 
 from . import evidence
 
@@ -54,13 +55,8 @@ class Claim:
         for key in ("rule_a", "rule_b", "source", "where", "statement"):
             if not isinstance(getattr(self, key), str):
                 raise ValueError(f"claim {self.name}: {key} must be a string")
-        if self.margin is not None and (
-            isinstance(self.margin, bool)
-            or not isinstance(self.margin, int | float)
-            or not math.isfinite(self.margin)
-            or self.margin <= 0
-        ):
-            raise ValueError(f"claim {self.name}: margin must be a number > 0, got {self.margin!r}")
+        if self.margin is not None:
+            check_number(f"claim {self.name}: margin", self.margin)
         if self.direction not in ("greater", "less"):
             raise ValueError(f"direction must be 'greater' or 'less', got {self.direction!r}")
         if self.metric not in METRICS:
@@ -207,10 +203,10 @@ def claim_rules(claims: Iterable[Claim] = CLAIMS) -> list[str]:
     return list(dict.fromkeys(r for c in claims for r in c.rules))
 
 
-def _seeds_needed(sd: float, margin: float, power: float) -> float:
+def seeds_for(sd: float, margin: float, power: float, alpha: float = 0.05) -> float:
     """:func:`.evidence.seeds_needed` for ``margin``; NaN where the SD is not a positive number."""
     ok = np.isfinite(sd) and sd > 0
-    return evidence.seeds_needed(sd, margin, power=power) if ok else np.nan
+    return evidence.seeds_needed(sd, margin, power=power, alpha=alpha) if ok else np.nan
 
 
 def _seed_table(scores: pd.DataFrame, rung: str, metric: str, rules: list[str]) -> pd.DataFrame:
@@ -256,7 +252,7 @@ def ledger(
                 claim.margin if claim.margin is not None else margins.get(claim.metric, np.nan)
             )
             verdict, reason = evidence.verdict(diff, claim.direction, np.nan_to_num(margin))
-            needed = _seeds_needed(diff.sd, margin, power) if 0 < margin < np.inf else np.nan
+            needed = seeds_for(diff.sd, margin, power) if 0 < margin < np.inf else np.nan
             row = {
                 "claim": claim.name,
                 "rung": rung,
@@ -294,6 +290,14 @@ class Bounds:
 
 #: The metrics that :class:`Bounds` bound (entropy has no ceiling a rule is pushed against).
 BOUNDED = ("final_pass", "reward_auc")
+#: The headroom rule's room, in margins: an effect of the margin m needs 2 m between a mean and
+#: the bound it is pushed against (:func:`headroom`; the regime rule applies it too).
+ROOM = 2
+
+
+def near_ceiling(mean: float, ceiling: float, margin: float) -> bool:
+    """Whether ``mean`` is within :data:`ROOM` margins of ``ceiling`` (no room for a gain)."""
+    return mean > ceiling - ROOM * margin
 
 
 def headroom(
@@ -322,16 +326,16 @@ def headroom(
         ref = reference if reference in set(on_rung["rule"]) else row["rule_b"]
         ref_mean = on_rung.loc[on_rung["rule"] == ref, row["metric"]].mean()
         out.loc[i, ["comparator_mean", "ceiling", "floor"]] = mean, b.ceiling, b.floor
-        room = 2 * row["margin"]
-        near = f"{row['rule_b']}'s mean {mean:.3f} is within 2 margins of the"
-        if row["direction"] == "greater" and mean > b.ceiling - room:
+        room = ROOM * row["margin"]
+        near = f"{row['rule_b']}'s mean {mean:.3f} is within {ROOM} margins of the"
+        if row["direction"] == "greater" and near_ceiling(mean, b.ceiling, row["margin"]):
             why = f"{near} ceiling {b.ceiling:.3f}"
         elif row["direction"] == "less" and mean < b.floor + room:
             why = f"{near} floor {b.floor:.3f}"
         elif ref_mean < b.floor + room:
             why = (
                 f"{ref}'s mean {ref_mean:.3f} does not clear the answer baseline {b.floor:.3f} "
-                "by 2 margins"
+                f"by {ROOM} margins"
             )
         else:
             continue
@@ -367,7 +371,7 @@ def power_lines(
         table = part.pivot_table(index="seed", columns="rule", values=metric)
         res = evidence.residual_sd(table.to_numpy())
         sd = np.sqrt(2) * res
-        needed = _seeds_needed(sd, margin, power)
+        needed = seeds_for(sd, margin, power)
         rows.append((rung, metric, len(table), table.shape[1], res, sd, margin, needed))
     columns = ["rung", "metric", "seeds", "rules", "residual_sd"]
     columns += ["diff_sd", "margin", "seeds_needed"]

@@ -14,7 +14,6 @@ import shutil
 import signal
 import sys
 import time
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,15 +21,24 @@ from typing import Any, NoReturn
 
 import pandas as pd
 
-from sandbox.configs import add_arguments, add_study_arguments, flag, key_values, profile_settings
+from sandbox.configs import (
+    add_arguments,
+    add_study_arguments,
+    base_type,
+    check_number,
+    flag,
+    flag_values,
+    profile_settings,
+)
 from sandbox.experiments.planner import interrupted_line
 from sandbox.experiments.pool import answer_interrupt, own_command, terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
 from .config import StudyConfig, used_sections
-from .plan import BudgetSpent, check_time_budget, rebuild_tables, run_study
+from .plan import BudgetSpent, rebuild_tables, run_study
 from .rungs import RUNGS
 from .settings import SECTIONS
+from .transfer import read_ledger
 
 #: A hook run before the study: ``prepare(config, out) -> (config, folder or None)``; the folder
 #: (the llm rung's checkpoints) is named by the resume line and removed once every run is a part.
@@ -45,18 +53,9 @@ class StudyParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def section_flags(name: str) -> list[tuple[dataclasses.Field, str, Any]]:
-    """(field, its flag ``--<section>-<field>``, its type hint without None) of each setting of
-    section ``name``."""
-    settings = SECTIONS[name].settings
-    hints = typing.get_type_hints(settings)
-    out = []
-    for f in dataclasses.fields(settings):
-        hint = hints[f.name]
-        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-            hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        out.append((f, flag(f"{name}_{f.name}"), hint))
-    return out
+def section_flags(name: str) -> list[str]:
+    """The flag ``--<section>-<field>`` of each setting of section ``name``."""
+    return [flag(f"{name}_{f.name}") for f in dataclasses.fields(SECTIONS[name].settings)]
 
 
 def removed_flags() -> dict[str, str]:
@@ -64,7 +63,7 @@ def removed_flags() -> dict[str, str]:
     seeds = ", ".join(flag(f"{name}_seeds") for name in SECTIONS)
     out = {"--seeds": f"--seeds is gone: paired seeds are set per rung ({seeds})"}
     for name in SECTIONS:
-        flags = [option for _, option, _ in section_flags(name)]
+        flags = section_flags(name)
         one = f"one flag per setting: {', '.join(flags)}"
         out[f"--{name}"] = f"--{name} KEY=VALUE is gone: {one}"
         out[f"--{name}-extra"] = f"--{name}-extra is gone: {one}"
@@ -112,22 +111,22 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
     add_arguments(parser, StudyConfig, unset=True, skip=("sections", "claims", "rng"))
     for name in SECTIONS:
         group = parser.add_argument_group(f"{name} settings", f"rungs: {_rungs_of(name)}")
-        for f, option, hint in section_flags(name):
-            default = (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            )
-            kw: dict[str, Any] = {"dest": f"{name}__{f.name}", "default": None}
-            kw["help"] = f"{f.metadata.get('help', '')} (default: {default})".replace("%", "%%")
-            base = typing.get_origin(hint) or hint
-            if base is bool:
-                kw["action"] = argparse.BooleanOptionalAction
-            elif base is list:
-                kw.update(nargs="+", type=typing.get_args(hint)[0], metavar="X")
-            elif base is dict:
-                kw.update(nargs="+", metavar="KEY=VALUE")
-            else:
-                kw["type"] = base
-            group.add_argument(option, **kw)
+        settings, shown, metavars = SECTIONS[name].settings, {}, {}
+        defaults, hints = settings(), typing.get_type_hints(settings)
+        for f in dataclasses.fields(settings):
+            shown[f.name] = str(getattr(defaults, f.name))  # every default, None too
+            kind = base_type(hints[f.name])
+            if kind in (list, dict):
+                metavars[f.name] = "X" if kind is list else "KEY=VALUE"
+        add_arguments(
+            group,
+            settings,
+            unset=True,
+            shown=shown,
+            metavars=metavars,
+            prefix=f"{name}_",
+            check_choices=False,  # settle names the setting (llm_rollout_backend must be ...)
+        )
     return parser
 
 
@@ -147,18 +146,16 @@ def parse_study_args(
     sections = {name: dict(settings.pop(name, {})) for name in SECTIONS}
     used = used_sections(settings.get("rungs", StudyConfig().rungs))
     for name in SECTIONS:
-        for f, option, hint in section_flags(name):
-            value = getattr(args, f"{name}__{f.name}")
+        given = flag_values(args, SECTIONS[name].settings, f"{name}_")
+        for key, value in given.items():
             if value is None:
                 continue
             if not args.tables_only and name not in used:
                 raise ValueError(
-                    f"{option}: does not apply without a rung of its section "
+                    f"{flag(f'{name}_{key}')}: does not apply without a rung of its section "
                     f"(--rungs ... {_rungs_of(name).split(', ')[0]})"
                 )
-            if (typing.get_origin(hint) or hint) is dict:  # typed key=value pairs
-                value = key_values(value, option)
-            sections[name][f.name] = value
+            sections[name][key] = value
     claims = [parse_claim(text) for text in args.claim]
     claims += read_claims(args.claims) if args.claims else []
     if claims:  # their rules join the study's
@@ -175,10 +172,9 @@ BUDGET_EXIT = 75
 
 def time_budget(text: str | None) -> float | None:
     """``--time-budget``'s seconds (None: no budget); a ``ValueError`` naming the flag."""
-    try:
-        return None if text is None else check_time_budget(float(text))
-    except ValueError:
-        raise ValueError(f"--time-budget must be a number of seconds > 0, got {text!r}") from None
+    if text is None:
+        return None
+    return check_number("--time-budget", text, what="a number of seconds", text=True)
 
 
 def budget_spent(exc: BudgetSpent, argv: Sequence[str] | None, prog: str) -> int:
@@ -262,10 +258,7 @@ def _main(
 
 def _report(out: Path, doc: str | None, start: float) -> int:
     """Print the ledger, write the page with ``--doc``; the exit status."""
-    try:
-        ledger = pd.read_csv(out / "ledger.csv")
-    except pd.errors.EmptyDataError:  # rules that make no claim (e.g. --rules dapo)
-        ledger = pd.DataFrame()
+    ledger = read_ledger(out / "ledger.csv")  # no rows: rules that make no claim (--rules dapo)
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
         print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")

@@ -10,14 +10,14 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from sandbox.configs import arg, check_device, check_int
+from sandbox.configs import arg, check_device, check_number
 from sandbox.experiments.results import changed_settings, write_text
 from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
 
 from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
 from .rungs import RUNGS, members_per_job
-from .settings import SECTIONS, migrate, mu_grid, section_settings, unknown
+from .settings import SECTIONS, check_fields, migrate, mu_grid, section_settings, unknown
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -110,19 +110,15 @@ class StudyConfig:
             if rung not in RUNGS:
                 raise unknown("rung", rung, RUNGS)
             members_per_job(self, rung)  # ValueError naming the rung's setting
-        low = {"minibatches": 1, "calib_seeds": 1, "group_size": 2, "calib_steps": 0}
-        for name, bound in low.items():  # group_size 2: group-relative advantages
-            check_int(name, getattr(self, name), bound)
-        for name, value in (("target_low", self.target_low), ("target_high", self.target_high)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number, got {value!r}")
+        # the int fields (>= 1; group_size 2: group-relative advantages) and dtype's choices
+        check_fields(self, low={"group_size": 2, "calib_steps": 0})
+        check_number("target_low", self.target_low, above=None)
+        check_number("target_high", self.target_high, above=None)
         if not 0 <= self.target_low < self.target_high <= 1:
             raise ValueError(
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
                 f"{self.target_low}, {self.target_high}"
             )
-        if self.dtype not in (None, "float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
         mus = [mu for rung in self.rungs for mu in RUNGS[rung].epochs(self)]
         if min(self.epochs + mus) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
@@ -242,11 +238,28 @@ def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple
     write_text(json.dumps(record, indent=2, default=str), Path(out) / "config.json")
 
 
+def joined_claims(
+    recorded: Sequence[Mapping[str, Any]], given: Sequence[Mapping[str, Any]], out: str | Path
+) -> list[dict[str, Any]]:
+    """The claims a study folder ``out`` records, then those given now that it does not. A given
+    claim of a recorded name that says something else is a ``ValueError``: a folder's claim is
+    never replaced (its ledger rows would change meaning under the same name), on a run as on
+    ``--tables-only``."""
+    claims = {c["name"]: dict(c) for c in recorded}
+    for c in given:
+        if claims.setdefault(c["name"], dict(c)) != c:
+            raise ValueError(
+                f"claim {c['name']}: {out} records another claim of that name; rename it, or use "
+                "another --out"
+            )
+    return list(claims.values())
+
+
 def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> StudyConfig:
     """``config`` grown by what the study folder ``out`` already holds (unless ``force`` or a new
     folder): the union of its rules, rungs and own claims with the folder's, the folder's first,
     so a run of fewer or other rules adds to the folder's tables. A claim of a recorded name
-    that says something else is refused."""
+    that says something else is refused (:func:`joined_claims`)."""
     path = Path(out) / "config.json"
     if force or not path.is_file() or not any((Path(out) / "parts").glob("*.parquet")):
         return config
@@ -256,15 +269,9 @@ def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> St
         return config  # the planner refuses an unreadable record
     rules = list(dict.fromkeys([*previous.rules, *config.rules]))
     rungs = list(dict.fromkeys([*previous.rungs, *config.rungs]))
-    claims = {c["name"]: c for c in previous.claims}
-    for c in config.claims:
-        if claims.setdefault(c["name"], c) != c:
-            raise ValueError(
-                f"claim {c['name']}: {out} records another claim of that name; rename it, or use "
-                "another --out"
-            )
-    rules += [r for c in claims.values() for r in (c["rule_a"], c["rule_b"]) if r not in rules]
-    grown = replace(config, rules=rules, rungs=rungs, claims=list(claims.values()))
+    claims = joined_claims(previous.claims, config.claims, out)
+    rules += [r for c in claims for r in (c["rule_a"], c["rule_b"]) if r not in rules]
+    grown = replace(config, rules=rules, rungs=rungs, claims=claims)
     if (rules, rungs) != (config.rules, config.rungs):
         print(
             f"{out} holds a study of {len(previous.rules)} rules on {', '.join(previous.rungs)}: "

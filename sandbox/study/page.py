@@ -28,7 +28,13 @@ from sandbox.experiments.results import NOT_RECORDED, PROVENANCE, read_provenanc
 from sandbox.streams import RNG
 
 from . import evidence, transfer
-from .analysis import fmt_interval, ladder_order, same_on_exact_flow
+from .analysis import (
+    calibrated_points,
+    fmt_ci,
+    fmt_interval,
+    ladder_order,
+    same_on_exact_flow,
+)
 from .claims import BOUNDED, CLAIMS
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
@@ -86,10 +92,6 @@ _pct, _num, _num3, _count = _fmt(".1%"), _fmt(".4f"), _fmt(".3f"), _fmt(".0f")
 
 def _p(x: float) -> str:
     return "—" if not math.isfinite(x) else "<0.0001" if x < 1e-4 else f"{x:.4f}"
-
-
-def _ci(lo: float, hi: float, spec: str) -> str:
-    return f"[{lo:{spec}}, {hi:{spec}}]"
 
 
 def _span(values: Iterable[float], fmt: Callable[[float], str] = "{:.2f}".format) -> str:
@@ -153,7 +155,7 @@ def ledger_table(ledger: pd.DataFrame) -> str:
 
 def calibration_table(cal: pd.DataFrame, summ: pd.DataFrame) -> str:
     """The calibration curve as printed, the chosen (step size, epochs) of each rung marked."""
-    chosen = _chosen(summ)
+    chosen = calibrated_points(summ)
     rows = pd.concat([g.sort_values(["epochs", "lr"]) for _, g in cal.groupby("rung", sort=False)])
     marks = [
         "**←**" if chosen.get(r) == (lr, mu) else ""
@@ -181,7 +183,7 @@ def grad_noise_table(noise: pd.DataFrame) -> str:
     if noise.empty:
         return say("not_logged")
     ratio = [
-        f"{e:.4f} {_ci(lo, hi, '.4f')}" if math.isfinite(lo) and math.isfinite(hi) else _num(e)
+        fmt_interval(e, lo, hi, ".4f")
         for e, lo, hi in zip(noise["variance_ratio"], noise["lo"], noise["hi"], strict=True)
     ]
     cols = ["rung", "rule", "seeds", "points", "rescue_to_signal", "sampling_to_signal"]
@@ -199,11 +201,17 @@ def agreement_table(agree: pd.DataFrame) -> str:
     tau = [
         fmt_interval(t, lo, hi)
         if math.isfinite(t)
-        else UNDEFINED_TAU + (f"; bootstrap {_ci(lo, hi, '+.2f')}" if math.isfinite(lo) else "")
+        else UNDEFINED_TAU + (f"; bootstrap {fmt_ci(lo, hi, '+.2f')}" if math.isfinite(lo) else "")
         for t, lo, hi in zip(agree["tau_b"], agree["lo"], agree["hi"], strict=True)
     ]
     cols = ["metric", "rung_a", "rung_b", "without", "rules", "tau"]
     return _table(agree.assign(without=_without(agree), tau=tau), cols, say("no_agreement"))
+
+
+def _transfer_cell(row: pd.Series) -> str:
+    """``+0.0217 [+0.0017, +0.0417] (supported)``: a claim on one rung in the page's table."""
+    verdict = f" ({row['verdict']})" if isinstance(row["verdict"], str) else ""
+    return fmt_interval(row["estimate"], row["lo"], row["hi"]) + verdict
 
 
 def transfer_section(out: Path) -> str:
@@ -214,15 +222,13 @@ def transfer_section(out: Path) -> str:
     t = pd.read_csv(out / "transfer.csv")
     if missing := [c for c in transfer.COLUMNS if c not in t.columns]:
         raise ValueError(f"{out / 'transfer.csv'} lacks the columns {missing}")
-    effect = map(fmt_interval, t["estimate"], t["lo"], t["hi"])
-    t = t.assign(cell=list(effect) + (" (" + t["verdict"] + ")").fillna(""))
-    cells = t.pivot_table("cell", ["claim", "metric"], "rung", "first", sort=False)
-    text = _table(cells.fillna("—").reset_index())
+    text = _table(transfer.transfer_wide(t, _transfer_cell, missing="—"))
     if not (out / "transfer_agreement.csv").exists():
         return text
     a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'verdicts'")
     interval = [
-        "—" if pd.isna(lo) else _ci(lo, hi, ".2f") for lo, hi in zip(a["lo"], a["hi"], strict=True)
+        "—" if pd.isna(lo) else fmt_ci(lo, hi, ".2f")
+        for lo, hi in zip(a["lo"], a["hi"], strict=True)
     ]
     cols = ["metric", "rung_a", "rung_b", "claims", "resolved", "result", "interval"]
     signs = _table(a.assign(interval=interval), cols)
@@ -359,12 +365,6 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     return read
 
 
-def _chosen(summ: pd.DataFrame) -> dict[str, tuple[float, int]]:
-    """Each rung's calibrated (step size, epochs), as every rule ran it."""
-    first = summ.groupby("rung", sort=False)[["lr", "epochs"]].first()
-    return {r: (row.lr, row.epochs) for r, row in first.iterrows()}
-
-
 def _band(config: dict) -> tuple[float, float, str]:
     low, high = config["target_low"], config["target_high"]
     return low, high, f"{100 * low:g}–{100 * high:g}%"
@@ -492,7 +492,7 @@ def calibration_band(
     """Which rungs' calibrated point is inside the band, and how close the others came."""
     low, high, band = _band(config)
     inside, outside = [], []
-    for rung, (lr, mu) in _chosen(summ).items():
+    for rung, (lr, mu) in calibrated_points(summ).items():
         row = cal[(cal["rung"] == rung) & (cal["lr"] == lr) & (cal["epochs"] == mu)]
         if row.empty:
             raise ValueError(
@@ -550,7 +550,7 @@ def agreement_text(agree: pd.DataFrame) -> str:
         if not math.isfinite(r.tau_b):
             return f"{r.without}: {UNDEFINED_TAU}"
         said = "agree" if r.lo > 0 else "disagree" if r.hi < 0 else "not resolved"
-        return f"{r.without}: {said}, {r.tau_b:+.2f} {_ci(r.lo, r.hi, '+.2f')}"
+        return f"{r.without}: {said}, {r.tau_b:+.2f} {fmt_ci(r.lo, r.hi, '+.2f')}"
 
     said = []
     for metric, part in agree.assign(without=_without(agree)).groupby("metric", sort=False):
@@ -630,9 +630,7 @@ def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> st
     rule = noise["rule"].iloc[0]
     adds = _and(f"{100 * r.rescue_to_signal:.0f}% ({r.rung})" for r in noise.itertuples())
     ratio = _and(
-        f"{r.variance_ratio:.2f} "
-        + (_ci(r.lo, r.hi, ".2f") if math.isfinite(r.lo) else "(no interval)")
-        + f" ({r.rung})"
+        fmt_interval(r.variance_ratio, r.lo, r.hi, ".2f", alone=" (no interval)") + f" ({r.rung})"
         for r in noise.itertuples()
     )
     text = say("rescue_noise", rule=rule, adds=adds, ratio=ratio)

@@ -23,7 +23,6 @@ does, a calibration's step sizes at one mu are one such job too).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sandbox.configs import check_number
 from sandbox.experiments.planner import Job, RunFolder
 from sandbox.experiments.results import read_parts
 from sandbox.experiments.runs import RunSpec, run_specs
@@ -43,6 +43,7 @@ from .config import (
     REFERENCE,
     StudyConfig,
     changed_parts,
+    joined_claims,
     read_record,
     record_calibration,
     with_folder,
@@ -116,11 +117,6 @@ def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
 
 
-def run_job(config: StudyConfig, job: StudyJob) -> list[pd.DataFrame]:
-    """One run as the study's tidy rows (:func:`job_rows`)."""
-    return run_jobs(config, (job,))
-
-
 def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame]:
     """The runs of a group of :func:`job_groups` in one :func:`~.runs.run_specs` call, as
     :func:`job_rows`."""
@@ -149,7 +145,9 @@ def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
     """The planner's job (a unit) of one group; its cost class is the phase and rung."""
     first = group[0]
     guess = RUNGS[first.rung].unit_seconds
-    lrs, seeds = (",".join(dict.fromkeys(str(getattr(j, k)) for j in group)) for k in ("lr", "seed"))
+    lrs, seeds = (
+        ",".join(dict.fromkeys(str(getattr(j, k)) for j in group)) for k in ("lr", "seed")
+    )
     return Job(
         f"{first.rung}/{first.rule}/{lrs}/{first.epochs}/{seeds}",
         tuple(j.part for j in group),
@@ -218,10 +216,7 @@ class BudgetSpent(Exception):
 
 def check_time_budget(value: Any) -> float:
     """A time budget in seconds: a finite number > 0 (a ``ValueError`` saying so)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"time_budget must be a number of seconds > 0, got {value!r}")
-    return float(value)
+    return check_number("time_budget", value, what="a number of seconds")
 
 
 def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
@@ -287,9 +282,7 @@ def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[s
     if (out / "config.json").exists():
         config, point = read_record(out)
         if given:  # claims given now join the recorded ones (and the record)
-            names = {c["name"] for c in given}
-            claims = [*(c for c in config.claims if c["name"] not in names), *given]
-            config = replace(config, claims=claims)
+            config = replace(config, claims=joined_claims(config.claims, given, out))
             config.check_claims()
     elif config is None:
         raise ValueError(f"--tables-only: no config.json in {out}")

@@ -5,7 +5,7 @@ and steps). Each candidate runs as a pilot, the claims study on that rung alone 
 included) at :data:`PILOT_SEEDS` paired seeds, and the rule (docs/claims.md, "How the regimes
 were chosen", states it for readers, with its one revision before the study ran) reads it:
 
-1. headroom: every primary claim's comparator at least ``ROOM`` margins below the ceiling;
+1. headroom: every primary claim's comparator at least :data:`.claims.ROOM` margins below the ceiling;
 2. (tiny_tf) the reference rule's held-out pass@1 at least ``WIDE`` margins above the larger
    answer baseline (:func:`envs.reasoning.answer_baselines`): it learned the task, not the prior;
 3. among the candidates passing 1 and 2, the highest mean power over the primary claims
@@ -34,13 +34,12 @@ import pandas as pd
 
 from sandbox.experiments.results import record_run, write_csv
 
+from .claims import near_ceiling, seeds_for
 from .config import MARGINS, REFERENCE, StudyConfig
-from .evidence import paired_power, seeds_needed
+from .evidence import paired_power
 from .plan import run_study
 from .rungs import RUNGS
 
-#: Margins below the ceiling the comparator must stay (the headroom rule).
-ROOM = 2
 #: Margins above the answer baselines the reference rule must reach (tiny_tf).
 WIDE = 5
 POWER = 0.8
@@ -101,9 +100,11 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for _, row in ledger.iterrows():
         margin, sd = MARGINS[row["metric"]], float(row["diff_sd"])
-        gap = float(bounds["ceiling"]) - float(row["comparator_mean"])  # has a ceiling: final_pass
-        room = row["metric"] != "final_pass" or gap >= ROOM * margin - 1e-12
-        ok = np.isfinite(sd) and sd > 0
+        ceiling = float(bounds["ceiling"])  # has a ceiling: final_pass
+        room = row["metric"] != "final_pass" or not near_ceiling(
+            float(row["comparator_mean"]), ceiling, margin
+        )
+        needed = seeds_for(sd, margin, power=POWER, alpha=level)
         rows.append(
             {
                 "claim": row["claim"],
@@ -116,7 +117,7 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
                 "reference_pass": reference["final_pass"],
                 "headroom": room,
                 "diff_sd": sd,
-                "seeds_needed": seeds_needed(sd, margin, power=POWER, alpha=level) if ok else 2,
+                "seeds_needed": 2 if np.isnan(needed) else needed,
             }
         )
     table = pd.DataFrame(rows)

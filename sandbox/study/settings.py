@@ -13,12 +13,11 @@ records them under ``sections``; an old flat record (``bandit_*``/``tf_*`` field
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.configs import arg, check_int
+from sandbox.configs import arg, check_int, check_number
 
 Legacy = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -107,13 +106,11 @@ def step_sizes(name: str, value: Any) -> list[float]:
     """A step-size grid: finite numbers > 0 (strings of numbers too: an old record)."""
     values = value if isinstance(value, list | tuple) else [value]
     try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be numbers, got {value!r}") from None
-    if not out or any(isinstance(v, bool) for v in values):
+        out = [check_number(name, v, text=True) for v in values]
+    except ValueError:
+        out = []
+    if not out:
         raise ValueError(f"{name} must be finite numbers > 0, got {value!r}")
-    if not all(math.isfinite(v) and v > 0 for v in out):
-        raise ValueError(f"{name} must be finite numbers > 0, got {out}")
     return out
 
 
@@ -147,21 +144,26 @@ def settle(
     settings: Any, section: str, low: Mapping[str, int] | None = None, **checks: Callable
 ) -> None:
     """Check a section's settings in ``__post_init__``: each field of ``checks`` replaced by
-    ``check("<section>_<field>", value)`` (in order), then every field with ``choices`` (its
-    :func:`sandbox.configs.arg`) one of them, and every ``int`` field an integer >= its bound in
-    ``low`` (default 1)."""
+    ``check("<section>_<field>", value)`` (in order), then :func:`check_fields`."""
     for field, check in checks.items():
         value = check(f"{section}_{field}", getattr(settings, field))
         object.__setattr__(settings, field, value)
+    check_fields(settings, f"{section}_", low)
+
+
+def check_fields(settings: Any, prefix: str = "", low: Mapping[str, int] | None = None) -> None:
+    """Every field of dataclass ``settings`` with ``choices`` (its :func:`sandbox.configs.arg`)
+    one of them (or None where its type allows None), and every ``int`` field an integer >= its
+    bound in ``low`` (default 1); a ``ValueError`` naming ``<prefix><field>``."""
     for f in dataclasses.fields(settings):
-        choices = f.metadata.get("choices")
-        if choices is not None and getattr(settings, f.name) not in choices:
+        value, choices = getattr(settings, f.name), f.metadata.get("choices")
+        optional = value is None and "None" in str(f.type)
+        if choices is not None and value not in choices and not optional:
             raise ValueError(
-                f"{section}_{f.name} must be one of {', '.join(map(str, choices))}, got "
-                f"{getattr(settings, f.name)!r}"
+                f"{prefix}{f.name} must be one of {', '.join(map(str, choices))}, got {value!r}"
             )
         if f.type in (int, "int"):
-            check_int(f"{section}_{f.name}", getattr(settings, f.name), (low or {}).get(f.name, 1))
+            check_int(f"{prefix}{f.name}", value, (low or {}).get(f.name, 1))
 
 
 def knob_text(value: Any) -> str:

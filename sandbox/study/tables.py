@@ -19,6 +19,7 @@ from sandbox.experiments.results import (
 
 from .analysis import (
     auc_claims,
+    calibrated_points,
     calibration_curve,
     canonical_rows,
     entropy_law,
@@ -99,15 +100,15 @@ def plot_calibration(
     curve = ladder_order(curve, ["rung", "epochs", "lr"])
     rungs = list(dict.fromkeys(curve["rung"]))
     low, high = (config.target_low, config.target_high) if config else (0.05, 0.10)
+    chosen = calibrated_points(summary)
     with _panels(rungs, (4, 3.2), path) as axes:
         for ax, rung in zip(axes, rungs, strict=False):
             c = curve[curve["rung"] == rung].sort_values("lr", kind="stable")
             for mu, m in c.groupby("epochs"):
                 ax.plot(m["lr"], m["clip_share"], marker="o", label=f"{mu} epochs")
             ax.axhspan(low, high, color="tab:green", alpha=0.15)
-            chosen = summary.loc[summary["rung"] == rung, ["lr", "epochs"]]
-            if len(chosen):
-                lr, mu = chosen.iloc[0]
+            if rung in chosen:
+                lr, mu = chosen[rung]
                 pick = c[(c["lr"] == lr) & (c["epochs"] == mu)]
                 ax.plot(pick["lr"], pick["clip_share"], "k*", ms=12, label="chosen")
             ax.set(title=rung, xlabel="step size", ylabel="dapo clip share")

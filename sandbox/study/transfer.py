@@ -17,7 +17,7 @@ row with an interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import combinations
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from scipy.special import betaincinv
 
 from sandbox.experiments.results import write_csv
 
+from .analysis import fmt_interval
 from .evidence import NOT_VERDICTS
 
 #: The columns of :func:`transfer_table` (and of ``transfer.csv``), in order.
@@ -62,7 +63,7 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-def _read_ledger(path: Path) -> pd.DataFrame:
+def read_ledger(path: Path) -> pd.DataFrame:
     """A ledger as written; an empty one (a study whose rules make no claim) as no rows."""
     try:
         return pd.read_csv(path)
@@ -96,23 +97,27 @@ def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(row: pd.Series) -> str:
-    if row["lo"] == row["hi"] == row["estimate"]:
-        return f"{row['estimate']:+.4f} (exact) {row['verdict']}"
-    if not (np.isfinite(row["lo"]) and np.isfinite(row["hi"])):
-        return f"{row['estimate']:+.4f} (no interval) {row['verdict']}"
-    return f"{row['estimate']:+.4f} [{row['lo']:+.4f}, {row['hi']:+.4f}] {row['verdict']}"
+    estimate, lo, hi = row["estimate"], row["lo"], row["hi"]
+    if lo == hi == estimate:
+        return f"{estimate:+.4f} (exact) {row['verdict']}"
+    return f"{fmt_interval(estimate, lo, hi, alone=' (no interval)')} {row['verdict']}"
 
 
-def transfer_wide(table: pd.DataFrame) -> pd.DataFrame:
+def transfer_wide(
+    table: pd.DataFrame, cell: Callable[[pd.Series], str] = _cell, missing: str = ""
+) -> pd.DataFrame:
     """:func:`transfer_table`'s rows side by side: one row per (claim, metric), one column per
-    rung (in the table's order) holding ``"+0.0217 [+0.0017, +0.0417] supported"`` (``(exact)``
-    for a zero-width interval), empty where the claim has no row on that rung."""
+    rung (in the table's order) holding ``cell(row)`` (by default
+    ``"+0.0217 [+0.0017, +0.0417] supported"``, ``(exact)`` for a zero-width interval),
+    ``missing`` where the claim has no row on that rung (the page: its own cell and ``—``)."""
     rungs = list(dict.fromkeys(table["rung"]))
-    cells = table.assign(cell=table.apply(_cell, axis=1) if len(table) else "")
+    cells = table.assign(cell=table.apply(cell, axis=1) if len(table) else "")
     rows = []
     for (claim, metric), part in cells.groupby(["claim", "metric"], sort=False):
         by_rung = dict(zip(part["rung"], part["cell"], strict=True))
-        rows.append({"claim": claim, "metric": metric, **{r: by_rung.get(r, "") for r in rungs}})
+        rows.append(
+            {"claim": claim, "metric": metric, **{r: by_rung.get(r, missing) for r in rungs}}
+        )
     return pd.DataFrame(rows, columns=["claim", "metric", *rungs])
 
 
@@ -162,7 +167,7 @@ def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     found = [out / name for name in LEDGERS if (out / name).exists()]
     if not found:
         raise ValueError(f"out: no {' or '.join(LEDGERS)} in {out}")
-    table = transfer_table(*(_read_ledger(path) for path in found))
+    table = transfer_table(*(read_ledger(path) for path in found))
     agreement = transfer_agreement(table)
     write_csv(table, out / "transfer.csv")
     write_csv(agreement, out / "transfer_agreement.csv")
