@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sandbox.configs import check_number
+from sandbox.configs import check_keys, check_number
 
 from . import evidence
 
@@ -79,9 +79,7 @@ def claim_from_record(record: Mapping[str, Any], where: str = "claim") -> Claim:
     one-line ``ValueError`` naming ``where`` and the key at fault."""
     if not isinstance(record, Mapping):
         raise ValueError(f"{where}: a claim is a table of keys, got {record!r}")
-    unknown = sorted(set(record) - set(CLAIM_KEYS))
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; keys: {', '.join(CLAIM_KEYS)}")
+    check_keys(where, record, CLAIM_KEYS)
     missing = [k for k in ("name", "rule_a", "rule_b", "direction", "metric") if k not in record]
     if missing:
         raise ValueError(f"{where}: missing keys {missing}")

@@ -17,6 +17,8 @@ from typing import Literal
 
 import numpy as np
 
+from sandbox.experiments.plots import t_half_width
+
 Direction = Literal["greater", "less"]
 
 SUPPORTED = "supported"
@@ -37,13 +39,6 @@ def _check_level(level: float) -> float:
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     return float(level)
-
-
-def _t_half(sd, n: int, level: float):
-    """Half-width of the Student-t ``level`` interval of a mean of ``n`` values with SD ``sd``."""
-    from scipy import stats
-
-    return stats.t.ppf(0.5 + _check_level(level) / 2, n - 1) * sd / np.sqrt(n)
 
 
 @dataclass(frozen=True)
@@ -72,7 +67,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Pair
     if n < 2:
         return PairedDifference(float(d.mean()) if n else nan, nan, nan, nan, n)
     mean, sd = float(d.mean()), float(d.std(ddof=1))
-    half = _t_half(sd, n, level)
+    half = t_half_width(sd, n, level)
     return PairedDifference(mean, float(mean - half), float(mean + half), sd, n)
 
 
@@ -224,7 +219,7 @@ def pair_signs(table: np.ndarray, *, level: float = 0.95, tol: float = 0.0) -> n
     d = x[:, i] - x[:, j]
     d = d[np.all(np.isfinite(d), axis=1)]
     mean = d.mean(0) if len(d) else np.full(len(i), np.nan)
-    half = _t_half(d.std(0, ddof=1), len(d), level) if len(d) >= 2 else 0.0
+    half = t_half_width(d.std(0, ddof=1), len(d), level) if len(d) >= 2 else 0.0
     return np.where(np.abs(mean) > np.maximum(half, tol), np.sign(mean), 0.0)
 
 

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.configs import arg, check_int, check_number
+from sandbox.configs import arg, check_int, check_keys, check_number
+from sandbox.experiments.compare import check_setting_names, check_task
 
 Legacy = Callable[[Mapping[str, Any]], dict[str, Any]]
 
@@ -76,12 +77,7 @@ def section_settings(name: str, value: Any = None) -> Any:
         return cls() if value is None else value
     if not isinstance(value, Mapping):
         raise ValueError(f"{name}: settings must be a mapping of its fields, got {value!r}")
-    names = [f.name for f in dataclasses.fields(cls)]
-    if set(value) - set(names):
-        known = ", ".join(f"{name}_{n}" for n in names)
-        raise ValueError(
-            f"{name}: unknown setting(s) {sorted(set(value) - set(names))}; settings: {known}"
-        )
+    check_keys(name, value, [f.name for f in dataclasses.fields(cls)], "setting")
     try:
         return cls(**value)
     except TypeError as exc:
@@ -177,17 +173,6 @@ def task_setting(task: str, task_knobs: Mapping[str, Any]) -> str:
     return "-".join([task, *(f"{k}{knob_text(v)}" for k, v in sorted(task_knobs.items()))])
 
 
-def check_task(name: str, task: str, task_knobs: Mapping[str, Any]) -> None:
-    """``ValueError`` naming ``name`` if ``envs.reasoning`` has no task ``task`` with these
-    knobs."""
-    from envs.reasoning import make_task
-
-    try:
-        make_task(task, **task_knobs)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: {exc}") from None
-
-
 # -- the sandbox sections -----------------------------------------------------------------------
 
 
@@ -212,11 +197,7 @@ class BanditSettings:
         """The bandit setting exists."""
         from envs import make_bandit_suite
 
-        suite = make_bandit_suite()
-        if self.setting not in suite:
-            raise ValueError(
-                f"bandit_setting: unknown setting {self.setting!r}; settings: {', '.join(suite)}"
-            )
+        check_setting_names([self.setting], make_bandit_suite(), where="bandit_setting")
 
 
 @dataclass(frozen=True)
