@@ -61,12 +61,10 @@ def _weights(args: argparse.Namespace) -> int:
 
 def _interrupted(err: KeyboardInterrupt, where: str) -> int:
     """The resume hint after Ctrl-C or SIGTERM; exit status 128 + signal number."""
-    from sandbox.experiments.planner import interrupted_line
-    from sandbox.experiments.pool import Terminated, answer_interrupt
+    from sandbox.experiments.planner import answer_signal
+    from sandbox.experiments.pool import Terminated
 
-    signum = err.signum if isinstance(err, Terminated) else 2
-    answer_interrupt("\n" + interrupted_line(signum, where))
-    return 128 + signum
+    return answer_signal(err.signum if isinstance(err, Terminated) else 2, where)
 
 
 def _compare(args: argparse.Namespace) -> int:

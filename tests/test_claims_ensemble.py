@@ -202,9 +202,7 @@ def test_the_study_with_ensembles_writes_the_separate_runs_parts_and_ledger(
     assert_frames_close(pd.read_csv(mixed / "ledger.csv"), ledger_a)
 
 
-def test_the_calibrations_step_sizes_train_as_one_ensemble_with_the_same_parts(
-    tmp_path, ensembles
-):
+def test_the_calibrations_step_sizes_train_as_one_ensemble_with_the_same_parts(tmp_path, ensembles):
     """The llm rung's calibration, two step sizes of seed 0, is one ensemble (each member with
     its own step size) and writes the parts and curve of its separate runs."""
     argv = [*ARGV, "--rules", "dapo", "--llm-lrs", "1e-3", "3e-2", "--llm-seeds", "1"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from sandbox.configs import check_int
 
-from .pool import DeadlineReached, signals_deferred
+from .pool import DeadlineReached, answer_interrupt, signals_deferred
 from .results import (
     check_settings,
     prepare_out_dir,
@@ -65,6 +65,13 @@ def interrupted_line(signum: int, kept: str, resume: str = RESUME) -> str:
     except ValueError:
         name = f"signal {signum}"
     return f"interrupted ({name}): {kept}; {resume}"
+
+
+def answer_signal(signum: int, kept: str) -> int:
+    """A command's answer to the signal ``signum`` that stopped it: its :func:`interrupted_line`
+    printed once (:func:`~.pool.answer_interrupt`), and the exit status 128 + ``signum``."""
+    answer_interrupt("\n" + interrupted_line(signum, kept))
+    return 128 + signum
 
 
 def check_workers(workers: Any) -> None:

@@ -30,8 +30,8 @@ from sandbox.configs import (
     flag_values,
     profile_settings,
 )
-from sandbox.experiments.planner import interrupted_line
-from sandbox.experiments.pool import answer_interrupt, own_command, terminate_raises
+from sandbox.experiments.planner import answer_signal
+from sandbox.experiments.pool import own_command, terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
 from .config import StudyConfig, used_sections
@@ -191,8 +191,7 @@ def interrupted(signum: int, out: Path, folder: Path | None = None) -> int:
     kept = f"finished runs are parts in {out / 'parts'}"
     if folder is not None and folder.is_dir():
         kept += f", cut runs' checkpoints in {folder}"
-    answer_interrupt("\n" + interrupted_line(signum, kept))
-    return 128 + signum
+    return answer_signal(signum, kept)
 
 
 def main(
