@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sandbox.stats import t_half_width
+
 from .results import write_figure
 from .runs import EXACT, SAMPLED
 
@@ -75,17 +77,6 @@ def _save(fig, path: str | Path) -> Path:
     write_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
-
-
-def t_half_width(sd: Any, n: int, level: float = 0.95) -> Any:
-    """Half-width of the Student-t ``level`` interval of a mean of ``n`` values with SD ``sd``
-    (a number or an array of them): ``t_{(1+level)/2, n-1} * sd / sqrt(n)``. ``level`` outside
-    (0, 1): ``ValueError``."""
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    from scipy import stats  # here, not at import: experiment workers never need it
-
-    return stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n)
 
 
 def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float]:

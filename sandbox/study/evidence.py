@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from sandbox.experiments.plots import t_half_width
+from sandbox.stats import check_level, t_half_width
 
 Direction = Literal["greater", "less"]
 
@@ -33,12 +33,6 @@ VERDICTS = (SUPPORTED, REVERSED, NO_GAIN, EQUIVALENT, UNRESOLVED)
 NO_HEADROOM = "no headroom"
 IDENTICAL = "identical by construction"
 NOT_VERDICTS = (NO_HEADROOM, IDENTICAL)
-
-
-def _check_level(level: float) -> float:
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    return float(level)
 
 
 @dataclass(frozen=True)
@@ -61,7 +55,7 @@ def paired_difference(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> Pair
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"a and b must be 1-d arrays of one length, got {a.shape} and {b.shape}")
-    level = _check_level(level)
+    level = check_level(level)
     d = (a - b)[np.isfinite(a) & np.isfinite(b)]
     n, nan = len(d), float("nan")
     if n < 2:
@@ -194,8 +188,8 @@ def seeds_needed(
         raise ValueError(f"sd must be a positive finite number, got {sd!r}")
     if not effect:
         raise ValueError("effect must be nonzero")
-    _check_level(power)
-    _check_level(alpha)
+    check_level(power)
+    check_level(alpha)
     lo, hi = 2, 2
     while not paired_power(hi, sd, effect, alpha) >= power:  # doubling, then bisection (NaN: more)
         lo, hi = hi, hi * 2
