@@ -17,6 +17,7 @@ run) a checkpoint holds everything needed to resume.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -68,7 +69,12 @@ def save(
         return
     os.makedirs(out, exist_ok=True)
     path = path_in(out)
-    torch.save(state, path + ".tmp")
+    try:
+        torch.save(state, path + ".tmp")
+    except BaseException:  # a second Ctrl-C amid the write: the previous checkpoint stands
+        with contextlib.suppress(OSError):
+            os.unlink(path + ".tmp")
+        raise
     os.replace(path + ".tmp", path)
 
 

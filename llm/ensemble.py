@@ -93,6 +93,7 @@ from llm.rollout import COMPLETION_KEYS, pad_to_common
 from llm.train import (
     Run,
     UpdateFn,
+    aborted_exit,
     draw_prompts,
     grad_noise_update,
     mask_counts,
@@ -1233,6 +1234,8 @@ def main(argv: list[str] | None = None) -> None:
         except SystemExit as exc:
             signalled_exit(exc, base.out)
             raise
+        except KeyboardInterrupt:  # a second Ctrl-C: abort now
+            aborted_exit(base.out, own=argv is None)
     except ValueError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -176,6 +176,7 @@ def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
     interrupted run restarts from step 0) and after; a resumable scratch ``out`` (``scratch``
     in the spec's ``train``) resumes from its checkpoint and is kept, finished, for the caller to
     remove once it has stored the frame (:func:`remove_scratch`)."""
+    from llm import checkpoint
     from llm.ensemble import train_ensemble
     from llm.train import train
 
@@ -188,6 +189,8 @@ def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
         for out, step in zip(outs, steps, strict=True):
             if step is None:
                 shutil.rmtree(out, ignore_errors=True)  # nothing to resume from
+            else:  # a write cut by SIGKILL (a second Ctrl-C to a study) left its temp file
+                Path(checkpoint.path_in(str(out)) + ".tmp").unlink(missing_ok=True)
         if any(kept):
             configs = [
                 replace(c, resume=s is not None) for c, s in zip(configs, steps, strict=True)

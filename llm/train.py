@@ -962,11 +962,15 @@ class StopRequest:
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """Install :class:`StopRequest` for SIGTERM and SIGINT (main thread only)."""
+    """Install :class:`StopRequest` for SIGTERM and SIGINT (main thread only), but not for a signal
+    the process ignores: a pool worker ignores SIGINT, which is its driver's to answer (it stops
+    the worker with SIGTERM). Taking it there made a second Ctrl-C raise ``KeyboardInterrupt`` in
+    the worker, whose pool then waited on it for good (issue 39's hung claims study)."""
     request, previous = StopRequest(), {}
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(ValueError):  # not the main thread: no handler
-            previous[sig] = signal.signal(sig, request)
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, request)
     try:
         yield request
     finally:
@@ -1160,6 +1164,21 @@ def signalled_exit(exc: SystemExit, out: str) -> None:
         print(interrupted_line(exc.code - 128, f"checkpoint in {out}", RESUME), file=sys.stderr)
 
 
+def aborted_exit(out: str, own: bool) -> None:
+    """After a second Ctrl-C (the first asked for a stop after the step; this one aborts at
+    once): one line instead of a traceback, exit 130. The step in progress is lost; the last
+    checkpoint written (a write cut by this Ctrl-C leaves the one before it) resumes the run.
+    ``own``: the command line is the process's own, so a third Ctrl-C is ignored while it exits."""
+    from sandbox.experiments.planner import interrupted_line
+    from sandbox.experiments.pool import answer_interrupt, own_command
+
+    saved = os.path.exists(checkpoint.path_in(out))
+    kept = f"aborted; {'the last' if saved else 'no'} checkpoint in {out}"
+    with own_command(own):
+        answer_interrupt(interrupted_line(signal.SIGINT, kept, RESUME))
+    raise SystemExit(128 + signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = None
     try:
@@ -1172,6 +1191,10 @@ def main(argv: list[str] | None = None) -> None:
         if cfg is not None:
             signalled_exit(exc, cfg.out)
         raise
+    except KeyboardInterrupt:  # a second Ctrl-C: abort now
+        if cfg is None:
+            raise
+        aborted_exit(cfg.out, own=argv is None)
     finally:
         dist.shutdown()
 

@@ -223,7 +223,8 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
 
 
 def test_second_ctrl_c_aborts_at_once(tmp_path):
-    """Two Ctrl-C: the second raises KeyboardInterrupt in the middle of the step (no waiting)."""
+    """Two Ctrl-C: the second aborts in the middle of the step (no waiting), with the command's
+    one line and exit 130, not a KeyboardInterrupt traceback (issue 39: 35 lines)."""
     out = tmp_path / "int2"
     proc, _ = _start_and_wait_for_a_step(
         out, ["--prompts-per-step", "64", "--group-size", "8", "--max-new-tokens", "32"]
@@ -232,4 +233,43 @@ def test_second_ctrl_c_aborts_at_once(tmp_path):
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err.decode()
+    err = err.decode()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGINT): aborted;"), err
+
+
+def test_a_second_ctrl_c_amid_the_checkpoint_write_keeps_the_last_one(tmp_path):
+    """The second Ctrl-C while a checkpoint is written (``--checkpoint-every 1``: each step's
+    write is where the user's Ctrl-C most often lands): one line, exit 130, no temp file, and the
+    checkpoint left (the step before, or the new one whole) resumes."""
+    out = tmp_path / "int3"
+    proc, _ = _start_and_wait_for_a_step(out, ["--checkpoint-every", "1"])
+    tmp, deadline = out / "checkpoint.pt.tmp", time.time() + 60
+    while not tmp.exists() and time.time() < deadline:
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)  # two signals at once would be one: the kernel does not queue them
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    err = err.decode()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert not tmp.exists()
+    step = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    rows = train(
+        TrainConfig(
+            model="tiny",
+            steps=step + 1,
+            lr=1e-3,
+            prompts_per_step=2,
+            group_size=2,
+            max_new_tokens=4,
+            progress=False,
+            device="cpu",
+            save_model=False,
+            out=str(out),
+            resume=True,
+        )
+    )
+    assert [r["step"] for r in rows] == [step + 1]

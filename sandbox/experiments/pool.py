@@ -83,10 +83,19 @@ def _through_file(folder: str, fn: Callable[..., Any], *args: Any) -> str:
     ``folder``; its path is what goes down the pool's pipe. A message that short is written
     whole or not at all, so a worker stopped amid it (:func:`_stop`) cannot leave the pool's
     reader waiting for the rest of a large result: that hung the driver's shutdown."""
+    stopped = None  # the exit status of a run that ended on _stop's SIGTERM
     try:
         outcome = (True, fn(*args))
+    except SystemExit as exc:  # llm.train: SIGTERM finished its step and wrote a checkpoint
+        if exc.code == 128 + signal.SIGTERM:
+            stopped = exc.code
+        outcome = (False, (RuntimeError(f"the run exited: {exc.code}"), traceback.format_exc()))
     except Exception as exc:
         outcome = (False, (exc, traceback.format_exc()))
+    if stopped is not None:  # asked to end: end now, not back to the pool's queue for more work
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stopped)
     fd, path = tempfile.mkstemp(dir=folder, suffix=".pickle")
     with os.fdopen(fd, "wb") as f:
         try:
@@ -245,12 +254,19 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         if process.is_alive():
             process.terminate()
     deadline = time.monotonic() + STOP_GRACE_S
-    for process in processes:
-        process.join(timeout=max(deadline - time.monotonic(), 0.1))
-        if process.is_alive():  # pragma: no cover - a worker stuck in uninterruptible code
-            process.kill()
-            process.join(timeout=5)
-    pool.shutdown(wait=True, cancel_futures=True)
+    try:
+        for process in processes:
+            process.join(timeout=max(deadline - time.monotonic(), 0.1))
+    finally:
+        # after the grace, or at once on a second Ctrl-C / SIGTERM amid it ("again to abort
+        # now"), which propagates once this is done: a stop abandoned here left the pool's
+        # shutdown, at the driver's exit, waiting on a live worker for good (issue 39)
+        with signals_deferred():
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                    process.join(timeout=5)
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class DeadlineReached(Exception):
