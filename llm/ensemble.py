@@ -66,7 +66,6 @@ padded to fixed widths so that a run compiles once; ``tests/test_llm_ensemble_co
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import functools
@@ -108,6 +107,7 @@ from llm.train import (
     train_together,
     trim,
 )
+from sandbox.configs import CommandParser
 from sandbox.loss import LossOutput, PolicyLoss
 
 
@@ -1201,7 +1201,7 @@ def share_grads(ensemble: Ensemble, k: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     """``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``: one run per seed, in
     ``OUT/seed<S>``, trained as one ensemble."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m llm.ensemble",
         usage="%(prog)s --seeds SEEDS [llm.train flags]",
         description="K runs of llm.train, one per seed, trained as one ensemble in one process "
