@@ -155,6 +155,11 @@ BAD = [
     (["--rungs", "tiny_tf", "--tf-task", "nope"], "tf_task, tf_knobs: unknown task 'nope'"),
     (["--bandit-lrs", "abc"], "--bandit-lrs: invalid float value: 'abc'"),
     (["--rules", "dapo", "nope"], "nope"),
+    # issue 39: 0 and -3 were taken as the default pool size; a negative number in scientific
+    # notation was taken for a flag (argparse: "expected at least one argument")
+    (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
+    (["--workers", "-3"], "argument --workers: must be an integer >= 1, got '-3'"),
+    (["--llm-lrs", "-1e-3"], "llm_lrs must be finite numbers > 0"),
 ]
 
 

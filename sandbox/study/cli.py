@@ -29,6 +29,7 @@ from sandbox.configs import (
     check_number,
     flag,
     flag_values,
+    positive_int,
     profile_settings,
 )
 from sandbox.experiments.planner import answer_signal
@@ -83,7 +84,12 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
     section setting (default None: only what is given is set)."""
     parser = StudyParser(prog=prog, description=description)
     add_study_arguments(parser, dict(profiles), "claims", "results/claims")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,  # 0 and -3 were taken for the default, as compare's refuses
+        default=None,
+        help="processes (default: up to 4)",
+    )
     parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
     parser.add_argument(
         "--claim",
@@ -240,6 +246,7 @@ def _main(
                     force=args.force,
                     workers=args.workers,
                     time_budget=args.time_budget,
+                    note_rules=args.rules is not None,  # a profile's rules are its own choice
                 )
             if folder is not None and folder.parent == out:  # every run is a part now
                 shutil.rmtree(folder, ignore_errors=True)
