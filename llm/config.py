@@ -147,7 +147,7 @@ class TrainConfig:
     )
     report_to: list[str] = arg([], "tensorboard and/or wandb")
     wandb_project: str = arg("clip-sandbox", "W&B project")
-    progress: bool = arg(True, "progress bar")
+    progress: bool = arg(True, "progress bars and the closing 'done:' line")
     # -- where and how it runs --------------------------------------------------------------------
     seed: int = arg(0, "seed of the model (tiny), prompts, sampling")
     device: str = arg("auto", "auto (cuda if available), cpu or cuda")
