@@ -147,7 +147,7 @@ class TrainConfig:
     )
     report_to: list[str] = arg([], "tensorboard and/or wandb")
     wandb_project: str = arg("clip-sandbox", "W&B project")
-    progress: bool = arg(True, "progress bar")
+    progress: bool = arg(True, "progress bars and the closing 'done:' line")
     # -- where and how it runs --------------------------------------------------------------------
     seed: int = arg(0, "seed of the model (tiny), prompts, sampling")
     device: str = arg("auto", "auto (cuda if available), cpu or cuda")
@@ -170,6 +170,7 @@ class TrainConfig:
             "entropy_law_rows",
         ):
             _check(name, getattr(self, name), "an integer >= 1", _is_int, 1)
+        _check("seed", self.seed, "an integer >= 0", _is_int, 0)  # numpy's seeds are >= 0
         for name in ("prompts_per_call", "logp_chunk"):  # None: the default
             if getattr(self, name) is not None:
                 _check(name, getattr(self, name), "an integer >= 1", _is_int, 1)
@@ -274,6 +275,11 @@ class TrainConfig:
             )
         if self.eval_data is not None and not self.eval_every:
             raise ValueError("--eval-data is only read with --eval-every N > 0")
+        if self.eval_every and not self.eval_prompts:  # a cadence with nothing to evaluate
+            raise ValueError(
+                f"--eval-every {self.eval_every} evaluates on --eval-prompts 0 held-out problems: "
+                "give --eval-prompts >= 1, or --eval-every 0 for no evaluation"
+            )
         for name in self.report_to:
             if name not in ("tensorboard", "wandb"):
                 raise ValueError(f"--report-to accepts tensorboard and wandb, got {name!r}")

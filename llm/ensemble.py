@@ -66,12 +66,12 @@ padded to fixed widths so that a run compiles once; ``tests/test_llm_ensemble_co
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -109,6 +109,7 @@ from llm.train import (
     train_together,
     trim,
 )
+from sandbox.configs import CommandParser
 from sandbox.loss import LossOutput, PolicyLoss
 
 
@@ -890,7 +891,24 @@ def train_ensemble(
     if "WORLD_SIZE" in os.environ:
         raise ValueError("an ensemble runs in one process (not under torchrun)")
     phases = Phases(_compile_backend)
-    return train_together(cfgs, phases.update, stop_after=stop_after, rollout_fn=phases.rollout)
+    with warnings.catch_warnings():  # restores the filters after the run
+        quiet_sdpa_fallback()
+        return train_together(cfgs, phases.update, stop_after=stop_after, rollout_fn=phases.rollout)
+
+
+def quiet_sdpa_fallback() -> None:
+    """Ignore torch's "There is a performance drop because we have not yet implemented the
+    batching rule for aten::_scaled_dot_product_..." (a ``UserWarning``), and only it: ``vmap``
+    has no batching rule for the CPU kernel of SDPA, so :meth:`Ensemble.completion_logp` runs
+    it once per member (the same numbers; what the ensemble buys is measured in
+    ``benchmarks/``). It came once per step (``llm.train.log_step``'s ``catch_warnings`` resets
+    Python's once-per-place record): some 20 lines a run for nothing a user can act on."""
+    warnings.filterwarnings(
+        "ignore",
+        message="There is a performance drop because we have not yet implemented the batching "
+        "rule for aten::_scaled_dot_product_",
+        category=UserWarning,
+    )
 
 
 class Phases:
@@ -1199,10 +1217,21 @@ def share_grads(ensemble: Ensemble, k: int) -> None:
         p.grad = None if grad is None else grad[k]
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``' ``"0,1,2"`` -> ``[0, 1, 2]``: distinct integers >= 0 (a seed of
+    :class:`llm.config.TrainConfig`); anything else (an empty item, as in ``0,1,``, or ``-1``) is
+    a one-line ``ValueError`` naming the flag."""
+    words = [w.strip() for w in text.split(",")]
+    seeds = [int(w) for w in words if w.isascii() and w.isdigit()]
+    if len(seeds) < len(words) or len(set(seeds)) < len(seeds):
+        raise ValueError(f"--seeds must be distinct comma-separated integers >= 0, got {text!r}")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> None:
     """``python -m llm.ensemble --seeds 0,1,2 [llm.train flags]``: one run per seed, in
     ``OUT/seed<S>``, trained as one ensemble."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m llm.ensemble",
         usage="%(prog)s --seeds SEEDS [llm.train flags]",
         description="K runs of llm.train, one per seed, trained as one ensemble in one process "
@@ -1210,7 +1239,10 @@ def main(argv: list[str] | None = None) -> None:
         add_help=False,  # --help also lists llm.train's flags, which the rest of argv is parsed by
     )
     parser.add_argument("-h", "--help", action="store_true", help="show this help and exit")
-    parser.add_argument("--seeds", help="comma-separated seeds, one run each (required)")
+    parser.add_argument(
+        "--seeds",
+        help="distinct comma-separated seeds >= 0, one run each (required; each member's --seed)",
+    )
     known, rest = parser.parse_known_args(argv)
     if known.help:
         parser.print_help()
@@ -1219,12 +1251,11 @@ def main(argv: list[str] | None = None) -> None:
     if known.seeds is None:
         parser.error("the following arguments are required: --seeds")
     try:
-        words = [w for w in known.seeds.split(",") if w.strip()]
-        if not all(w.strip().lstrip("-").isdigit() for w in words) or len(set(words)) < len(words):
+        seeds = parse_seeds(known.seeds)
+        if any(word.split("=", 1)[0] == "--seed" for word in rest):  # llm.train's, replaced
             raise ValueError(
-                f"--seeds must be distinct comma-separated integers, got {known.seeds!r}"
+                "--seed does not apply to an ensemble: each member's seed is one of --seeds"
             )
-        seeds = [int(w) for w in words]
         base = parse_args(rest)
         cfgs = [
             dataclasses.replace(base, seed=s, out=os.path.join(base.out, f"seed{s}")) for s in seeds

@@ -128,6 +128,7 @@ def _dequantise(name: str, path: str) -> tuple[torch.nn.Module, Any]:
     """Model and tokenizer of the GGUF ``path``, the weights in a plain float32 LlamaForCausalLM."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _gguf_bar_follows_switch()
     folder, filename = os.path.split(os.path.abspath(path))
     try:
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
@@ -151,6 +152,18 @@ def _dequantise(name: str, path: str) -> tuple[torch.nn.Module, Any]:
         tok.pad_token = ALIASES[name].pad_token
     config.pad_token_id = tok.pad_token_id
     return model.to(torch.float32), tok
+
+
+def _gguf_bar_follows_switch() -> None:
+    """transformers' GGUF loader draws its "Converting and de-quantizing GGUF tensors" bar with
+    ``tqdm.auto.tqdm`` itself, past the switch that turns transformers' bars off
+    (:func:`hf_progress`, ``--no-progress``): point it at transformers' own ``tqdm``, which
+    follows that switch (and draws the same bar when it is on)."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    if hasattr(gguf_utils, "tqdm"):  # a later version may drop or rename it: nothing to do
+        gguf_utils.tqdm = hf_logging.tqdm
 
 
 def _check_alias_like(name: str) -> None:

@@ -50,7 +50,7 @@ from tqdm import tqdm
 
 from llm.config import TrainConfig
 from llm.streams import Stream
-from sandbox.configs import check_device, key_values
+from sandbox.configs import CommandParser, check_device, key_values
 from sandbox.experiments.results import prepare_out_dir
 from sandbox.study.config import MARGINS
 from sandbox.study.regimes import WIDE
@@ -177,7 +177,7 @@ def task_configs(base: TrainConfig, specs: list[str]) -> list[TrainConfig]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m llm.pilot", description=__doc__.split("\n")[0])
+    parser = CommandParser(prog="python -m llm.pilot", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="tiny, smollm2-135m, a folder, ...")
     parser.add_argument("--tasks", nargs="+", required=True, help="task[:knob=value,...] ...")
     parser.add_argument("--prompts", type=int, default=64, help="held-out problems per task")

@@ -324,6 +324,8 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
     run.encode(source.probe + source.eval_prompts)  # every prompt fits, before any compute
     if cfg.resume:
         run.start = checkpoint.load(cfg.out, policy, optimizer, scheduler, run.rng)
+        if info.main:
+            print(f"resuming from step {run.start} of {cfg.steps} in {cfg.out}", file=sys.stderr)
     if info.main:
         os.makedirs(cfg.out, exist_ok=True)
         with open(os.path.join(cfg.out, "config.json"), "w") as f:
@@ -1134,14 +1136,15 @@ def end_step(runs: list[Run], done: int, stop: StopRequest, stop_after: int | No
 
 
 def finish(runs: list[Run]) -> None:
-    """After the last step: each run's model saved (``--save-model``), and its closing line."""
+    """After the last step: each run's model saved (``--save-model``), and its closing line
+    (not with ``--no-progress``: a study's runs, ``llm.runs``, print none)."""
     for run in runs:
         if run.cfg.save_model:
             save_model(run)
     dist.barrier()
     for run in runs:
         cfg = run.cfg
-        if run.info.main:
+        if run.info.main and cfg.progress:
             saved = (
                 ", checkpoint.pt, model/" if cfg.save_model else ", no weights (--no-save-model)"
             )

@@ -9,8 +9,9 @@ two methods.
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from sandbox.configs import CommandParser
 
 MESSAGE = (
     "error: python -m llm.transfer was retired; run python -m llm.claims (--profile gpu adds "
@@ -19,7 +20,7 @@ MESSAGE = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llm.transfer", description=__doc__)
+    parser = CommandParser(prog="python -m llm.transfer", description=__doc__)
     parser.parse_known_args(argv)  # --help prints the above and exits 0
     print(MESSAGE, file=sys.stderr)
     return 2

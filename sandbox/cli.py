@@ -15,6 +15,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from sandbox.configs import CommandParser, positive_int
+
 #: Width of the text tables (``objectives``).
 WIDTH = 100
 
@@ -198,17 +200,6 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (``--workers 0`` is an error, not a silent default)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
 def _shown(value: object) -> str:
     if value is None:
         return "all objectives and presets"
@@ -277,7 +268,7 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clip-sandbox", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="clip-sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("objectives", help="list objectives and presets with their parameters")
     p.add_argument(

@@ -113,6 +113,36 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+#: A negative number as a command-line value: argparse's own pattern (``-1``, ``-.5``, ``-1.5``)
+#: and scientific notation (``-1e-3``, ``-2.5E+2``), which argparse takes for a flag.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every command line of the project (``python -m llm.train``, ``llm.claims``,
+    ``clip-sandbox``, ...): argparse's, with two defaults changed. No abbreviations
+    (``allow_abbrev=False``): a prefix of a flag is an unrecognized argument, not that flag
+    (``llm.ensemble --seed 3`` was taken for ``--seeds 3``). A negative number in scientific
+    notation is a value (:data:`NEGATIVE_NUMBER`): ``--lr -1e-3`` reaches the command's own
+    check ("--lr must be > 0") instead of argparse's "expected one argument". Sub-commands
+    (``add_subparsers``) are built with the same class."""
+
+    def __init__(self, *args: Any, allow_abbrev: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (``--workers 0`` is an error, not a silent default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
 def check_device(value: str, name: str = "device") -> str:
     """``value`` if torch can place tensors there on this machine (``cpu``, ``cuda``,
     ``cuda:N``), else a one-line ``ValueError`` naming the flag."""
@@ -365,10 +395,10 @@ def parse_config(
 ) -> Any:
     """An instance of dataclass ``cls`` from ``--config FILE`` and command-line flags (flags win).
     ``dict`` fields take ``key=value`` pairs on the command line."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = CommandParser(add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = CommandParser(prog=prog, description=description)
     parser.add_argument(
         "--config",
         metavar="FILE",

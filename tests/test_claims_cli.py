@@ -107,8 +107,41 @@ def test_pilot_writes_one_row_per_task_with_its_provenance(tmp_path, capsys):
     assert pilot(["--tasks", "x", "--prompts", "0", "--out", str(out)]) == 2
 
 
-def test_a_study_whose_rules_make_no_claim_ends_with_an_empty_ledger(tmp_path, capsys):
-    argv = ["--quick", "--rungs", "bandit_exact", "--rules", "dapo", "--no-progress"]
+#: The papers' claims (sandbox.study.claims.CLAIMS) and the rules each needs besides dapo.
+EVERY_CLAIM = (
+    "nsr_beats_dapo, nsr_beats_its_decay, dgpo_beats_hard_clip, atr_beats_grpo, "
+    "clip_cov_keeps_entropy, kl_cov_keeps_entropy, clip_beats_unclipped"
+)
+THEIR_RULES = (
+    "nsr_dapo, nsr_decay_dapo, dgpo_1p5b, grpo, atr_grpo, clip_cov_verl, kl_cov_verl, unclipped"
+)
+
+
+@pytest.mark.parametrize("rules", [["dapo"], ["gppo", "dapo"]], ids=["dapo", "gppo-dapo"])
+def test_a_study_whose_rules_make_no_claim_ends_with_an_empty_ledger(tmp_path, capsys, rules):
+    """Issue 39: ``--rules gppo dapo`` dropped every claim silently; a note says which and why
+    before anything runs (the study still calibrates and runs the rules)."""
+    argv = ["--quick", "--rungs", "bandit_exact", "--rules", *rules, "--no-progress"]
     # --workers 1: the runs in this process (a pool's start costs more than these tiny runs)
     assert main([*argv, "--workers", "1", "--out", str(tmp_path / "c")]) == 0
-    assert "empty ledger" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "empty ledger" in out
+    assert err.splitlines()[0] == (
+        f"note: --rules leaves out every claim ({EVERY_CLAIM}: they need the rules "
+        f"{THEIR_RULES}); the ledger will be empty (--claim NAME:A>B tests a claim of your own)"
+    )
+
+
+def test_rules_that_leave_out_some_claims_are_named_with_the_claims_kept():
+    from sandbox.study.config import rules_note
+
+    config, _ = parse_args(["--quick", "--rules", "dapo", "nsr_dapo"])
+    # nsr_beats_dapo (nsr_dapo vs dapo) is kept; the other six need a rule not given
+    assert rules_note(config) == (
+        "note: --rules leaves out the claims nsr_beats_its_decay, dgpo_beats_hard_clip, "
+        "atr_beats_grpo, clip_cov_keeps_entropy, kl_cov_keeps_entropy, clip_beats_unclipped "
+        "(they need the rules nsr_decay_dapo, dgpo_1p5b, grpo, atr_grpo, clip_cov_verl, "
+        "kl_cov_verl, unclipped); the ledger tests the other 1"
+    )
+    every, _ = parse_args(["--claim", "mine:grpo>gspo"])  # the default rules: every claim's
+    assert rules_note(every) is None

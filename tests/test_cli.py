@@ -60,3 +60,42 @@ def test_objectives_table_fits_100_columns(capsys):
     assert main(["objectives", "--kind", "preset"]) == 0
     out = capsys.readouterr().out
     assert "dapo" in out and "\ncispo " not in out  # objectives are not listed as presets
+
+
+def test_a_prefix_of_a_flag_is_not_taken_for_it(capsys):
+    """Issue 39: argparse's abbreviations took ``--ki`` for ``--kind`` (and ``llm.ensemble``'s
+    ``--seed`` for ``--seeds``); every project parser refuses them."""
+    with pytest.raises(SystemExit) as exc:
+        main(["objectives", "--ki", "preset"])
+    assert exc.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith("error: unrecognized arguments: --ki preset")
+    )
+
+
+def test_a_negative_number_in_scientific_notation_is_a_value(capsys):
+    """Issue 39: argparse read ``-1e-3`` as a flag (its negative numbers are ``-1`` and
+    ``-.5``); it now reaches the command's own check, as ``-1`` does."""
+    assert main(["weights", "--ratios", "0.5", "-1"]) == 2
+    plain = capsys.readouterr().err
+    assert main(["weights", "--ratios", "0.5", "-1e-3"]) == 2
+    assert capsys.readouterr().err == plain == "clip-sandbox: error: ratio must be positive\n"
+
+
+def test_every_command_line_parser_is_the_projects_one():
+    """One parser class (``sandbox.configs.CommandParser``: no abbreviations, negative numbers in
+    scientific notation as values) builds every command line of ``sandbox`` and ``llm``."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sources = [*(root / "sandbox").rglob("*.py"), *(root / "llm").rglob("*.py")]
+    built = re.compile(r"argparse\.ArgumentParser\(|\(argparse\.ArgumentParser\)")
+    own = [
+        str(path.relative_to(root))
+        for path in sources
+        if built.search(path.read_text()) and path != root / "sandbox" / "configs.py"
+    ]
+    assert own == []

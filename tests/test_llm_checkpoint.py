@@ -39,6 +39,16 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert [json.loads(line)["step"] for line in logged] == [1, 2, 3, 4]
 
 
+def test_resume_says_the_step_it_resumes_from(tmp_path, capsys):
+    """Issue 39: ``--resume`` went on silently; one line on stderr says from where."""
+    train(config(tmp_path, steps=3), stop_after=1)
+    capsys.readouterr()
+    rows = train(config(tmp_path, steps=3, resume=True))
+    assert [r["step"] for r in rows] == [2, 3]
+    out = tmp_path / "run"
+    assert capsys.readouterr().err == f"resuming from step 1 of 3 in {out}\n"
+
+
 def test_existing_checkpoint_needs_resume(tmp_path):
     train(config(tmp_path, steps=1))
     with pytest.raises(ValueError, match="--resume"):

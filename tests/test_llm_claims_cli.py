@@ -155,6 +155,11 @@ BAD = [
     (["--rungs", "tiny_tf", "--tf-task", "nope"], "tf_task, tf_knobs: unknown task 'nope'"),
     (["--bandit-lrs", "abc"], "--bandit-lrs: invalid float value: 'abc'"),
     (["--rules", "dapo", "nope"], "nope"),
+    # issue 39: 0 and -3 were taken as the default pool size; a negative number in scientific
+    # notation was taken for a flag (argparse: "expected at least one argument")
+    (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
+    (["--workers", "-3"], "argument --workers: must be an integer >= 1, got '-3'"),
+    (["--llm-lrs", "-1e-3"], "llm_lrs must be finite numbers > 0"),
 ]
 
 
@@ -202,6 +207,7 @@ def test_the_corrected_command_runs_in_the_folder_of_a_bad_one(tmp_path, run):
     one_line_error(run(*small, "many"), "--llm-steps")
     proc = run(*small, "1")  # and no warning (entropy_law of one llm seed printed numpy's)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done:" not in proc.stderr  # --no-progress: no closing line of each llm run either
     config = json.loads((out / "config.json").read_text())
     assert config["sections"]["llm"]["steps"] == 1 and config["sections"]["llm"]["seeds"] == 1
     assert sorted(pd.read_csv(out / "summary.csv").query("rung == 'llm'")["rule"]) == [

@@ -38,3 +38,31 @@ def test_help_prints_the_usage_and_exits_0(module, in_process):
     if module == "llm.ensemble":  # its own flag, then every flag of the run it repeats
         assert "--seeds SEEDS" in proc.stdout and "usage: python -m llm.train" in proc.stdout
         assert "--objective" in proc.stdout
+
+
+#: A real run's flags (the tiny model) of each command, so that a prefix taken for its flag runs
+#: into OUT and the test sees it.
+TINY = {
+    "llm.train": ["--model", "tiny", "--steps", "1", "--out", "{tmp}/out"],
+    "llm.ensemble": ["--seeds", "0,1", "--model", "tiny", "--steps", "1", "--out", "{tmp}/out"],
+    "llm.pilot": ["--model", "tiny", "--tasks", "parity", "--out", "{tmp}/out.csv"],
+    "llm.claims": ["--quick", "--rungs", "bandit_exact", "--out", "{tmp}/out"],
+}
+
+
+@pytest.mark.parametrize(
+    ("module", "prefix"),
+    [  # issue 39: argparse took a prefix for the flag it starts (--seed for the ensemble's --seeds)
+        ("llm.train", ["--step", "1"]),
+        ("llm.ensemble", ["--step", "1"]),
+        ("llm.pilot", ["--prompt", "2"]),
+        ("llm.claims", ["--work", "1"]),
+    ],
+)
+def test_a_prefix_of_a_flag_is_not_taken_for_it(module, prefix, tmp_path, in_process):
+    argv = [a.format(tmp=tmp_path) for a in TINY[module]]
+    proc = in_process(importlib.import_module(module).main, *argv, *prefix)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"error: unrecognized arguments: {' '.join(prefix)}"), last
+    assert not list(tmp_path.iterdir())  # nothing ran

@@ -178,6 +178,30 @@ def test_flags_that_would_be_ignored_are_refused(tmp_path, capsys, monkeypatch, 
     _bad(tmp_path, capsys, args, match)
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [  # issue 39: each was accepted silently, or refused without naming its flag
+        (
+            ["--eval-every", "1", "--eval-prompts", "0"],
+            "--eval-every 1 evaluates on --eval-prompts 0 held-out problems: give --eval-prompts "
+            ">= 1, or --eval-every 0 for no evaluation",
+        ),
+        (["--seed", "-5"], "--seed must be an integer >= 0, got -5"),
+        # argparse took -1e-3 for a flag ("expected one argument" under 62 lines of usage)
+        (["--lr", "-1e-3"], "--lr must be > 0, got -0.001"),
+        (["--kl-coef", "-2.5E-2"], "--kl-coef must be >= 0, got -0.025"),
+    ],
+    ids=["eval-without-prompts", "negative-seed", "negative-lr", "negative-kl-coef"],
+)
+def test_a_bad_value_is_one_line_naming_its_flag(tmp_path, in_process, args, message):
+    out = tmp_path / "bad"
+    argv = ["--model", "tiny", "--steps", "1", "--no-progress", "--out", str(out), *args]
+    proc = in_process(main, *argv)
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {message}\n"
+    assert not out.exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line(tmp_path, capsys):
     _bad(tmp_path, capsys, ["--device", "cuda"], r"--device cuda: CUDA is not available")

@@ -428,6 +428,50 @@ def test_cli_runs_one_ensemble_per_seed(tmp_path, capsys):
         assert err[-1].startswith("error: --seeds must be distinct comma-separated integers")
 
 
+#: The smallest ensemble command: the tiny Llama, one step of 2 prompts x 2 completions.
+TINY_CLI = [
+    *["--model", "tiny", "--task", "addition", "--task-knobs", "digits=1", "--steps", "1"],
+    *["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "3", "--no-progress"],
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [  # issue 39: the trailing comma was dropped, -1 failed in numpy without naming the flag,
+        # and argparse took --seed for an abbreviation of --seeds ("needs at least two runs")
+        (["--seeds", "0,1,"], "--seeds must be distinct comma-separated integers >= 0, got '0,1,'"),
+        (["--seeds=-1,2"], "--seeds must be distinct comma-separated integers >= 0, got '-1,2'"),
+        (
+            ["--seeds", "0,1", "--seed", "3"],
+            "--seed does not apply to an ensemble: each member's seed is one of --seeds",
+        ),
+    ],
+    ids=["trailing-comma", "negative", "seed-and-seeds"],
+)
+def test_bad_seeds_are_one_line_naming_the_flag(tmp_path, in_process, argv, message):
+    from llm.ensemble import main
+
+    proc = in_process(main, *argv, *TINY_CLI, "--out", str(tmp_path / "ens"))
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {message}\n"
+    assert not (tmp_path / "ens").exists()
+
+
+def test_a_tiny_ensemble_prints_no_warning(tmp_path, in_process):
+    """Issue 39: torch's "performance drop ... batching rule for
+    aten::_scaled_dot_product_flash_attention_for_cpu" came once per step (llm.train's
+    ``catch_warnings`` around the scheduler step resets Python's once-per-place record).
+    ``in_process`` fails on any warning the real command would print."""
+    from llm.ensemble import main
+
+    out = tmp_path / "ens"
+    proc = in_process(main, "--seeds", "0,1", *TINY_CLI, "--steps", "2", "--out", str(out))
+    assert not proc.returncode, proc.stderr
+    assert "Warning" not in proc.stderr
+    for seed in (0, 1):
+        assert len((out / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 def test_ctrl_c_checkpoints_every_member_and_resume_continues(tmp_path):
     """The ensemble command under Ctrl-C (a real SIGINT to a real process): the one loop
     finishes the step, writes every member's checkpoint at that step, says so in one line and

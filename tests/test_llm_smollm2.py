@@ -118,6 +118,17 @@ def test_one_grpo_step_on_cpu(tmp_path) -> None:
     assert os.path.isfile(saved / "model.safetensors")
 
 
+@pytest.mark.slow
+@needs_package
+def test_no_progress_means_no_dequantising_bar(capfd) -> None:
+    """Issue 39: transformers draws the GGUF loader's "de-quantizing" bar with tqdm itself, past
+    the switch ``--no-progress`` turns off (``hf_progress``); the bar now follows the switch."""
+    with models.hf_progress(False):
+        models._dequantise(ALIAS, models.gguf_path(ALIAS))  # the step the cache saves later
+    out, err = capfd.readouterr()
+    assert "de-quantizing" not in out + err and "it/s" not in out + err
+
+
 @needs_package
 def test_bf16_copy_matches_float32() -> None:
     m32 = models.load_model(ALIAS, vocab_size=0, seed=0, offline=True)

@@ -1,5 +1,6 @@
 """What ``python -m llm.train --no-progress`` prints: no progress bar of its own or of
-transformers (loading and writing shards)."""
+transformers (loading and writing shards), and no closing "done:" line (issue 39: a claims
+study printed one per llm run)."""
 
 import os
 import subprocess
@@ -36,3 +37,4 @@ def test_no_progress_means_no_bar_at_all(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "model").is_dir()  # the model was written, silently
     assert "it/s" not in proc.stderr + proc.stdout and "%|" not in proc.stderr + proc.stdout
+    assert "done:" not in proc.stderr

@@ -164,7 +164,7 @@ class RunFolder:
         done); their parts are missing and a later call runs them."""
         from tqdm import tqdm
 
-        check_backend(backend)
+        check_backend(backend, workers)  # workers=0 would be the default pool size
         if deadline is not None and backend != "local":
             raise ValueError(f"deadline: the {backend} backend has none (use backend='local')")
 

@@ -22,12 +22,14 @@ from typing import Any, NoReturn
 import pandas as pd
 
 from sandbox.configs import (
+    CommandParser,
     add_arguments,
     add_study_arguments,
     base_type,
     check_number,
     flag,
     flag_values,
+    positive_int,
     profile_settings,
 )
 from sandbox.experiments.planner import answer_signal
@@ -45,8 +47,9 @@ from .transfer import read_ledger
 Prepare = Callable[[StudyConfig, Path], tuple[StudyConfig, Path | None]]
 
 
-class StudyParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (``error: ...``, exit 2)."""
+class StudyParser(CommandParser):
+    """The project's argument parser (no abbreviations, ``-1e-3`` a value) whose errors are one
+    line (``error: ...``, exit 2)."""
 
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}", file=sys.stderr)
@@ -79,9 +82,14 @@ def _rungs_of(section: str) -> str:
 def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> StudyParser:
     """The study's parser: the shared study flags, the study's own settings, one flag per
     section setting (default None: only what is given is set)."""
-    parser = StudyParser(prog=prog, description=description, allow_abbrev=False)
+    parser = StudyParser(prog=prog, description=description)
     add_study_arguments(parser, dict(profiles), "claims", "results/claims")
-    parser.add_argument("--workers", type=int, default=None, help="processes (default: up to 4)")
+    parser.add_argument(
+        "--workers",
+        type=positive_int,  # 0 and -3 were taken for the default, as compare's refuses
+        default=None,
+        help="processes (default: up to 4)",
+    )
     parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
     parser.add_argument(
         "--claim",
@@ -238,6 +246,7 @@ def _main(
                     force=args.force,
                     workers=args.workers,
                     time_budget=args.time_budget,
+                    note_rules=args.rules is not None,  # a profile's rules are its own choice
                 )
             if folder is not None and folder.parent == out:  # every run is a part now
                 shutil.rmtree(folder, ignore_errors=True)

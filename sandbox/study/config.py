@@ -43,7 +43,11 @@ MECHANISM = (
 class StudyConfig:
     """Settings of the claims study; every field is a flag of ``python -m llm.claims``."""
 
-    rules: list[str] = arg([*claim_rules(), STEP_SIZE_RULE], "rules (default: every claim's)")
+    rules: list[str] = arg(
+        [*claim_rules(), STEP_SIZE_RULE],
+        "rules (default: every claim's); a claim whose two rules are not both given is left out "
+        "of the ledger, and a note on stderr names it",
+    )
     rungs: list[str] = arg(["bandit_exact", "bandit_sampled", "tiny_tf"], "rungs, cheapest first")
     epochs: list[int] = arg(
         [2], "mu grid: epochs (x minibatches) calibration tries on the bandit and llm rungs"
@@ -281,3 +285,23 @@ def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> St
             flush=True,
         )
     return grown
+
+
+def rules_note(config: StudyConfig) -> str | None:
+    """The line that names the claims the study's rules leave out (the ledger tests a claim
+    only where both its rules run) and the rules they need; None when every claim is in."""
+    claims = study_claims(config)
+    left = [c for c in claims if not set(c.rules) <= set(config.rules)]
+    if not left:
+        return None
+    names = ", ".join(c.name for c in left)
+    needed = ", ".join(dict.fromkeys(r for c in left for r in c.rules if r not in config.rules))
+    if len(left) < len(claims):
+        return (
+            f"note: --rules leaves out the claims {names} (they need the rules {needed}); the "
+            f"ledger tests the other {len(claims) - len(left)}"
+        )
+    return (
+        f"note: --rules leaves out every claim ({names}: they need the rules {needed}); the "
+        "ledger will be empty (--claim NAME:A>B tests a claim of your own)"
+    )

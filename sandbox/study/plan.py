@@ -23,6 +23,7 @@ does, a calibration's step sizes at one mu are one such job too).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -33,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from sandbox.configs import check_number
-from sandbox.experiments.planner import Job, RunFolder
+from sandbox.experiments.planner import Job, RunFolder, check_workers
 from sandbox.experiments.results import read_parts
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
@@ -46,6 +47,7 @@ from .config import (
     joined_claims,
     read_record,
     record_calibration,
+    rules_note,
     with_folder,
 )
 from .rungs import RUNGS, StudyJob, members_per_job, rung_rules
@@ -241,13 +243,17 @@ def run_study(
     force: bool = False,
     workers: int | None = None,
     time_budget: float | None = None,
+    note_rules: bool = False,
 ) -> pd.DataFrame:
     """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows.
 
     ``time_budget`` (seconds from this call's start): a unit starts only while it is expected to
     end in time (:meth:`RunFolder.expected`), units still running at the end are stopped as on
-    SIGTERM, and :class:`BudgetSpent` says what is left; the same call again goes on."""
+    SIGTERM, and :class:`BudgetSpent` says what is left; the same call again goes on.
+    ``note_rules`` (``--rules`` given): once the folder accepts the study, one line on stderr
+    names the claims its rules (the folder's too) leave out of the ledger (:func:`rules_note`)."""
     deadline = None if time_budget is None else time.monotonic() + check_time_budget(time_budget)
+    check_workers(workers)  # before config.json is written (0 would be the default pool size)
     config.validate()
     config = with_folder(config, out, force)
     config.validate()
@@ -259,6 +265,8 @@ def run_study(
         compare=changed_parts,
         device=config.device,
     )
+    if note_rules and (note := rules_note(config)) is not None:
+        print(note, file=sys.stderr, flush=True)
     kw = {"progress": progress, "workers": workers, "deadline": deadline}
     done = _run(folder, config, calibration_jobs(config), "calibration", 0, time_budget, **kw)
     point = calibrate(calibration_curve(read_parts(folder.parts)), config)

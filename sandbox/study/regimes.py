@@ -22,7 +22,6 @@ folder under ``pilots/``) and writes ``pilot.csv`` (per candidate and claim), ``
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sandbox.configs import CommandParser
 from sandbox.experiments.results import record_run, write_csv
 
 from .claims import near_ceiling, seeds_for
@@ -223,7 +223,7 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandbox.study.regimes", description=__doc__)
+    parser = CommandParser(prog="python -m sandbox.study.regimes", description=__doc__)
     parser.add_argument("--out", default="runs/regimes", help="output folder")
     parser.add_argument("--rungs", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     args = parser.parse_args(argv)
