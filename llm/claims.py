@@ -23,36 +23,39 @@ continues each cut run mid-way when run again (the outputs: README, "The claims 
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from sandbox.experiments.pool import command_imports  # light: no torch
 
-import llm.runs  # registers the llm run kind, in workers too
-from sandbox.configs import arg, check_number
-from sandbox.experiments.runs import RunSpec
-from sandbox.study import (
-    Rung,
-    StudyConfig,
-    StudyJob,
-    probe_settings,
-    register_rung,
-    task_bounds,
-)
-from sandbox.study.cli import main as study_main
-from sandbox.study.cli import parse_study_args
-from sandbox.study.settings import (
-    check_task,
-    knobs,
-    mu_grid,
-    register_section,
-    settle,
-    step_sizes,
-    task_setting,
-    text,
-)
+with command_imports(__name__):  # a Ctrl-C amid them: one line, exit 130
+    import argparse
+    import dataclasses
+    import os
+    from dataclasses import dataclass
+    from pathlib import Path
+    from typing import Any
+
+    import llm.runs  # registers the llm run kind, in workers too
+    from sandbox.configs import arg, check_number
+    from sandbox.experiments.runs import RunSpec
+    from sandbox.study import (
+        Rung,
+        StudyConfig,
+        StudyJob,
+        probe_settings,
+        register_rung,
+        task_bounds,
+    )
+    from sandbox.study.cli import main as study_main
+    from sandbox.study.cli import parse_study_args
+    from sandbox.study.settings import (
+        check_task,
+        knobs,
+        mu_grid,
+        register_section,
+        settle,
+        step_sizes,
+        task_setting,
+        text,
+    )
 
 #: the samplers the llm rung can train with (llm.train's ``--rollout-backend``; vLLM is not
 #: carried to the project's GPU machine)

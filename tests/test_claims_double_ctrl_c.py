@@ -134,3 +134,33 @@ def test_ctrl_c_exits_at_once_and_the_study_resumes_exactly(tmp_path, reference,
         pd.testing.assert_frame_equal(
             pd.read_csv(out / table), pd.read_csv(reference / table), obj=table
         )
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.0, 2.0])
+def test_ctrl_c_twice_during_start_up_is_one_line(tmp_path, delay):
+    """Ctrl-C twice while the command imports torch and the study (before: an import's
+    KeyboardInterrupt traceback and status -2): one line, status 130, nothing left running."""
+    proc = subprocess.Popen(
+        [sys.executable, *ARGV, "--out", str(tmp_path / "s"), "--workers", "2"],
+        cwd=ROOT,
+        env=_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=EXIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGINT)"), err[-3000:]
+    time.sleep(0.5)
+    assert not _session_left(proc.pid)

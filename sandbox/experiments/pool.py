@@ -181,6 +181,21 @@ def answer_interrupt(line: str) -> None:
 
 
 @contextlib.contextmanager
+def command_imports(name: str) -> Iterator[None]:
+    """Around a command module's own imports (torch and the study: seconds on a busy 2-core
+    machine): where the module runs as the process's command (``name`` is ``"__main__"``), a
+    Ctrl-C amid them ends it with the one line and status 130, not an import's traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if name != "__main__":
+            raise
+        with own_command(True):
+            answer_interrupt("\ninterrupted (SIGINT) before any run started")
+        raise SystemExit(128 + signal.SIGINT) from None
+
+
+@contextlib.contextmanager
 def terminate_raises() -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (as
     SIGINT raises KeyboardInterrupt), so ``finally`` blocks and the pool's clean-up run."""
