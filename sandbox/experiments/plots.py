@@ -218,7 +218,8 @@ def _line_panels(results, data, metric: str, title: str, styles: dict[str, str],
     total = results["objective"].nunique()
     if len(shown) < total:
         title += (
-            f"\n{len(shown)} of {total} objectives (clip-sandbox plot --highlight picks others)"
+            f"\n{len(shown)} of {total} objectives "
+            "(clip-sandbox plot --highlight picks others, or all)"
         )
     settings = list(dict.fromkeys(band["setting"]))
     objectives = list(dict.fromkeys(band["objective"]))
