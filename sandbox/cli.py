@@ -187,14 +187,17 @@ def _plot(args: argparse.Namespace) -> int:
             "folder) for the curves"
         )
         return 0
-    if args.highlight:
-        unknown = sorted(set(args.highlight) - set(results["objective"]))
+    highlight = args.highlight
+    if highlight == ["all"]:  # every objective, in the results' order
+        highlight = list(dict.fromkeys(results["objective"]))
+    elif highlight:
+        unknown = sorted(set(highlight) - set(results["objective"]))
         if unknown:
             raise ValueError(
                 f"highlight: unknown objective(s) {unknown}; in these results: "
                 f"{sorted(results['objective'].unique())}"
             )
-    paths = render_all(results, out, args.highlight)
+    paths = render_all(results, out, highlight)
     print(format_scores(final_scores(results)))
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
     return 0
@@ -354,7 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--highlight",
         nargs="+",
         default=None,
-        help="objectives (variant labels) drawn in the line plots (default: all)",
+        metavar="NAME",
+        help="objectives (variant labels) drawn in the line plots, or 'all' for every one "
+        "(default: every one when there are at most 12; else 12: compare's selection (grpo, "
+        "dapo, gspo, nsr_dapo, ...: sandbox.experiments.plots.HIGHLIGHT) where present, then the best by final "
+        "reward; the figure's title says '12 of N objectives')",
     )
     p.set_defaults(func=_plot)
     p = sub.add_parser("tour", help="the objectives tour (tables, autograd check, figure)")

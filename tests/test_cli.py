@@ -99,3 +99,50 @@ def test_every_command_line_parser_is_the_projects_one():
         if built.search(path.read_text()) and path != root / "sandbox" / "configs.py"
     ]
     assert own == []
+
+
+def test_plot_help_says_which_rules_the_line_plots_draw_by_default(capsys):
+    """Issue 39: the help said ``--highlight`` defaults to all rules, while the line plots draw
+    12 of compare's 37. It now says which ones are drawn, and how to draw every one."""
+    from sandbox.experiments.plots import HIGHLIGHT, MAX_LINES
+
+    text = " ".join(_help(capsys, "plot").split())
+    assert "(default: all)" not in text
+    assert f"at most {MAX_LINES}; else {MAX_LINES}:" in text and "or 'all' for every one" in text
+    assert ", ".join(HIGHLIGHT[:4]) in text and "sandbox.experiments.plots.HIGHLIGHT" in text
+
+
+def test_plot_highlight_all_draws_every_objective(tmp_path, monkeypatch, capsys):
+    """``--highlight all``: every objective of the results in the line plots (13 here, one more
+    than the default's 12, which the title then counts)."""
+    from sandbox.experiments import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    rows = [
+        dict(setting="easy", objective=f"rule{i:02d}", kind="sampled", seed=seed, step=step)
+        | dict(expected_reward=i / 13 * step / 3, entropy=1 - step / 10, clip_low_frac=0.01)
+        for i in range(13)
+        for seed in (0, 1)
+        for step in (1, 2, 3)
+    ]
+    path = tmp_path / "results.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+
+    def reward_lines(argv: list[str]) -> tuple[int, str]:
+        import matplotlib.pyplot as plt
+
+        figures.clear()
+        assert main(["plot", str(path), "--out", str(tmp_path), *argv]) == 0
+        (ax,) = figures[0].axes  # reward_vs_step: one setting
+        drawn = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        title = figures[0].get_suptitle()
+        for fig in figures:
+            plt.close(fig)
+        return len(drawn), title
+
+    lines, title = reward_lines([])
+    assert lines == 12 and "12 of 13 objectives" in title
+    lines, title = reward_lines(["--highlight", "all"])
+    assert lines == 13 and "of 13" not in title
+    capsys.readouterr()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -28,6 +30,7 @@ import pytest
 from conftest import run_main
 
 from llm.claims import main
+from sandbox.study.claims import parse_claim, read_claims
 
 ROOT = Path(__file__).resolve().parents[1]
 #: ``--workers 1``: the runs in the study's own process. A pool's start-up (a forkserver that
@@ -407,3 +410,51 @@ def test_sigterm_between_runs_prints_the_resume_line(tmp_path):
     )  # calibration, and the part cut amid its write
     again = claims(*SMALL, "--out", str(out))
     assert again.returncode == 0 and "runs already done" in again.stderr, again.stderr[-3000:]
+
+
+# -- issue 39: the README's worked example of a claim of your own ------------------------------
+
+NUMBER = r"[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|NaN|nan)"
+
+
+def readme_claim_example() -> tuple[list[str], list[str], str]:
+    """README § "A claim of your own, worked through": the command's argv (after
+    ``python -m llm.claims``), the stdout lines shown under it and the claims file shown."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### A claim of your own, worked through", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    command = next(body for lang, body in blocks if lang == "bash")
+    shown = next(body for lang, body in blocks if lang == "")
+    toml = next(body for lang, body in blocks if lang == "toml")
+    joined = re.sub(r"\\\n\s*", " ", command).strip()
+    assert joined.startswith("python -m llm.claims "), joined
+    return shlex.split(joined)[3:], shown.strip().splitlines(), toml
+
+
+def test_the_readmes_claim_example_runs_as_shown(tmp_path, run):
+    """The README's worked ``--claim`` example (issue 39: there was none) cannot rot: its command,
+    taken from the README's text, runs (into tmp_path), prints the lines the README shows (each
+    number a number, the other words the same), and the README's claims file holds the same
+    claim."""
+    argv, shown, toml = readme_claim_example()
+    claim = argv[argv.index("--claim") + 1]
+    out = argv.index("--out") + 1
+    assert argv[out] == "runs/my-claim"
+    argv[out] = str(tmp_path / "my-claim")
+    proc = run(*argv, "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = proc.stdout.strip().splitlines()
+    assert len(printed) == len(shown), proc.stdout
+    for line, expected in zip(printed, shown, strict=True):  # column widths may differ
+        words, wanted = line.split(), expected.split()
+        assert len(words) == len(wanted), (line, expected)
+        for word, want in zip(words, wanted, strict=True):
+            number = re.fullmatch(NUMBER, want)
+            assert re.fullmatch(NUMBER, word) if number else word == want, (line, expected)
+    assert proc.stderr.strip().endswith(f"wrote {tmp_path / 'my-claim'}")
+    path = tmp_path / "my_claims.toml"
+    path.write_text(toml)
+    (filed,) = read_claims(path)
+    given = parse_claim(claim)
+    fields = ("name", "rule_a", "rule_b", "direction", "metric", "margin")
+    assert [getattr(filed, f) for f in fields] == [getattr(given, f) for f in fields]

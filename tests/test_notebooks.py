@@ -24,6 +24,11 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 SMALL_ENV = {"SANDBOX_SMALL": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1"}
 
 
+#: The notebooks with a cell that runs for minutes in full mode, and the description of the tqdm
+#: bar that cell shows (issue 39: notebook 05's convergence cell ran 280 s without one).
+PROGRESS_BARS = {"05_bandit_dynamics": "sampled runs"}
+
+
 def _ids(paths: list[Path]) -> list[str]:
     return [p.stem for p in paths]
 
@@ -68,6 +73,15 @@ def test_notebook_runs_in_small_mode(path: Path, small_env):
         if out.get("output_type") == "error"
     ]
     assert not errors, errors
+    if path.stem in PROGRESS_BARS:  # the long cell's bar ran to its end
+        stderr = "".join(
+            out.get("text", "")
+            for cell in nb.cells
+            if cell.cell_type == "code"
+            for out in cell.get("outputs", [])
+            if out.get("output_type") == "stream" and out.get("name") == "stderr"
+        )
+        assert f"{PROGRESS_BARS[path.stem]}: 100%" in stderr, stderr[-2000:]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))

@@ -36,9 +36,14 @@ def _results(n_objectives: int, steps: int = 4, seeds: int = 3) -> pd.DataFrame:
 
 @pytest.fixture
 def captured(monkeypatch):
+    """The figures the plotting functions would save, kept open for the test (closed after)."""
+    import matplotlib.pyplot as plt
+
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
-    return figures
+    yield figures
+    for fig in figures:
+        plt.close(fig)
 
 
 def test_line_plots_cap_the_lines_with_distinct_colours_and_say_so(tmp_path, captured):
@@ -75,10 +80,23 @@ def test_bands_of_bounded_metrics_stay_within_their_bounds():
     assert plots.seed_band(unbounded, "expected_reward")["lo"].min() < -2
 
 
-def test_fractions_axis_is_labelled(tmp_path, captured):
-    results = _results(2).assign(clip_low_frac=0.1, clip_high_frac=0.2)
+def test_the_fraction_figure_has_one_x_label_clear_of_the_tick_labels(tmp_path, captured):
+    """Issue 39: each of the three fraction columns carried the long x label, and the three ran
+    into each other. The figure now has one x label, below every panel's tick labels."""
+    one = _results(2).assign(clip_low_frac=0.01, clip_high_frac=0.02, rescue_frac=0.7)
+    results = pd.concat([one, one.assign(setting="needle")], ignore_index=True)
     plots.plot_fractions(results, tmp_path / "f.png")
-    assert captured[0].axes[0].get_xlabel() == "share of tokens (mean over steps and seeds)"
+    fig = captured[0]
+    assert len(fig.axes) == 6  # 2 settings x 3 fractions
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    labels = [ax.xaxis.label for ax in fig.axes if ax.get_xlabel()]
+    assert labels == []  # no panel has an x label of its own
+    assert fig.get_supxlabel() == "share of tokens (mean over steps and seeds)"
+    box = fig._supxlabel.get_window_extent(renderer)
+    ticks = [t for ax in fig.axes for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and not any(box.overlaps(t.get_window_extent(renderer)) for t in ticks)
+    assert all(box.y1 < t.get_window_extent(renderer).y0 for t in ticks)  # below them all
 
 
 def test_small_clip_shares_get_their_own_axis_beside_large_rescue_shares(tmp_path, captured):
@@ -88,6 +106,27 @@ def test_small_clip_shares_get_their_own_axis_beside_large_rescue_shares(tmp_pat
     clip = [x for title, x in limits.items() if title.endswith("clip_low_frac")]
     rescue = [x for title, x in limits.items() if title.endswith("rescue_frac")]
     assert clip and rescue and max(clip) < 0.05 < 0.7 <= min(rescue)
+
+
+@pytest.mark.parametrize(
+    ("suite", "name"), [("bandit", "expected reward"), ("reasoning", "pass rate")]
+)
+def test_each_figures_title_names_the_quantity_on_its_axis(tmp_path, captured, suite, name):
+    """Issue 39: the reasoning figures were titled "pass rate" over a y axis labelled
+    ``expected_reward``. Every standard figure's title now names what its value axis shows: the
+    pass rate on the reasoning suite, the expected reward on bandits."""
+    results = _results(2).assign(suite=suite, clip_low_frac=0.1)
+    plots.render_all(results, tmp_path)
+    reward, entropy, _fractions, exact, final = captured
+    for fig in (reward, exact):
+        (ax,) = fig.axes
+        assert ax.get_ylabel() == name
+        assert fig.get_suptitle().startswith(name)
+    (ax,) = entropy.axes
+    assert ax.get_ylabel() == "entropy" and entropy.get_suptitle().startswith("entropy")
+    (ax,) = final.axes
+    assert ax.get_xlabel() == f"final {name}"
+    assert final.get_suptitle().startswith(f"Final {name}")
 
 
 def test_the_reasoning_suite_reports_pass_rates():

@@ -201,17 +201,25 @@ def pick_lines(results: pd.DataFrame, highlight=None, max_lines: int = MAX_LINES
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
+def metric_label(results: pd.DataFrame, metric: str) -> str:
+    """The axis label of ``metric`` in ``results``' figures: what ``expected_reward`` measures
+    (:func:`reward_name`: the pass rate on the reasoning suite), else the column's name. A
+    figure's title names the same quantity, so title and axis never disagree."""
+    return reward_name(results) if metric == "expected_reward" else metric
+
+
 def _line_panels(results, data, metric: str, title: str, styles: dict[str, str], highlight):
     """One panel per setting; a line (and band, :func:`seed_band`) per objective and kind of
-    ``data``, for the objectives :func:`pick_lines` picks there; the title says when these are
-    not all of ``results``."""
+    ``data``, for the objectives :func:`pick_lines` picks there, the y axis labelled
+    :func:`metric_label`; the title says when these are not all of ``results``."""
     plt, sns = _mpl()
     shown = pick_lines(data, highlight)
     band = seed_band(data[data["objective"].isin(shown)], metric)
     total = results["objective"].nunique()
     if len(shown) < total:
         title += (
-            f"\n{len(shown)} of {total} objectives (clip-sandbox plot --highlight picks others)"
+            f"\n{len(shown)} of {total} objectives "
+            "(clip-sandbox plot --highlight picks others, or all)"
         )
     settings = list(dict.fromkeys(band["setting"]))
     objectives = list(dict.fromkeys(band["objective"]))
@@ -243,7 +251,7 @@ def _line_panels(results, data, metric: str, title: str, styles: dict[str, str],
                 ax.fill_between(line["step"], line["lo"], line["hi"], color=color, alpha=0.12, lw=0)
         ax.set_title(setting)
         ax.set_xlabel("step")
-        ax.set_ylabel(metric)
+        ax.set_ylabel(metric_label(results, metric))
     axes[0][-1].legend(
         loc="center left",
         bbox_to_anchor=(1.02, 0.5),
@@ -261,8 +269,9 @@ def plot_curves(
     results: pd.DataFrame, metric: str, path: str | Path, objectives=None, title: str = ""
 ) -> Path:
     """Seed-mean ``metric`` against step (95% band), one panel per setting, sampled runs;
-    ``objectives`` (default :func:`pick_lines`) are the lines drawn."""
-    title = title or f"{metric} (mean over seeds, 95% band)"
+    ``objectives`` (default :func:`pick_lines`) are the lines drawn. The default title names
+    the quantity the y axis carries (:func:`metric_label`)."""
+    title = title or f"{metric_label(results, metric)} (mean over seeds, 95% band)"
     data = results[results["kind"] == SAMPLED]
     return _save(_line_panels(results, data, metric, title, {SAMPLED: "-"}, objectives), path)
 
@@ -292,7 +301,11 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
         legend=False,
     )
     grid.set_titles("{row_name}: {col_name}")
-    grid.set_axis_labels("share of tokens (mean over steps and seeds)", "objective")
+    # one x label for the figure: the long label under each of the three narrow columns ran
+    # into its neighbours
+    grid.set_axis_labels("", "objective")
+    grid.figure.supxlabel("share of tokens (mean over steps and seeds)")
+    grid.tight_layout()
     grid.figure.suptitle("Clip and rescue fractions (mean over steps and seeds)", y=1.01)
     return _save(grid.figure, path)
 
@@ -300,7 +313,8 @@ def plot_fractions(results: pd.DataFrame, path: str | Path) -> Path:
 @styled()
 def plot_exact_vs_sampled(results: pd.DataFrame, path: str | Path, objectives=None) -> Path:
     """Expected reward of the exact flow (dashed) against the sampled seed mean (solid, band)."""
-    title = "Exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
+    name = metric_label(results, "expected_reward")
+    title = f"{name}: exact expected-gradient flow (dashed) vs sampled runs (solid, 95% band)"
     styles = {SAMPLED: "-", EXACT: "--"}
     fig = _line_panels(results, results, "expected_reward", title, styles, objectives)
     return _save(fig, path)
@@ -358,7 +372,7 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
     if "exact_final_reward" in scores and scores["exact_final_reward"].notna().any():
         handles, labels = axes[0][0].get_legend_handles_labels()
         fig.legend(handles[:1], labels[:1], loc="upper right", frameon=False)  # off the panels
-    fig.suptitle("Final score (mean over seeds, 95% CI; x = exact flow)")
+    fig.suptitle(f"Final {reward_name(scores)} (mean over seeds, 95% CI; x = exact flow)")
     fig.tight_layout()
     return _save(fig, path)
 
@@ -381,12 +395,8 @@ def render_all(
     (:mod:`.pool`), one per :data:`FIGURE_GROUPS` group; the files are the same bytes."""
     out_dir = Path(out_dir)
     scores = final_scores(results) if scores is None else scores
-    title = f"{reward_name(results)} (mean over seeds, 95% band)"
     figures = [
-        (
-            plot_curves,
-            (results, "expected_reward", out_dir / "reward_vs_step.png", highlight, title),
-        ),
+        (plot_curves, (results, "expected_reward", out_dir / "reward_vs_step.png", highlight)),
         (plot_curves, (results, "entropy", out_dir / "entropy_vs_step.png", highlight)),
         (plot_fractions, (results, out_dir / "clip_fractions.png")),
         (plot_exact_vs_sampled, (results, out_dir / "exact_vs_sampled.png", highlight)),
