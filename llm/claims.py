@@ -9,8 +9,10 @@ full power), ``gpu`` (adds the llm rung on SmolLM2-135M, 8 paired seeds per rule
 The llm rung trains one ``llm.train`` run per (rule, paired seed); ``--llm-ensemble K`` trains up
 to K seeds of one rule, and its calibration's step sizes at one mu, as one
 :func:`llm.ensemble.train_ensemble` (training batched over the K models; what that buys on a GPU
-is unmeasured), each run still its own part with the rows its separate run gives (to float
-rounding). ``OUT/llm_scratch/`` holds the llm runs in progress
+is unmeasured), each run still its own part with the rows its separate run gives while their
+float rounding changes no sampled token: it can (a tiny member of two took another path at step
+15 of 20 in float32 on CPU, docs/llm.md), so a study trained with ensembles is not bit for bit one
+trained with separate runs. ``OUT/llm_scratch/`` holds the llm runs in progress
 (checkpoints every ``checkpoint_every`` steps and on SIGTERM), so a command cut by a time limit
 continues each cut run mid-way when run again (the outputs: README, "The claims ledger")::
 
@@ -18,7 +20,7 @@ continues each cut run mid-way when run again (the outputs: README, "The claims 
     python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
     python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md
-    python -m llm.claims --quick --claim mine:grpo>gspo:reward_auc   # a claim of your own
+    python -m llm.claims --quick --claim 'mine:grpo>gspo:reward_auc'   # a claim of your own
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ by ``pass_rate`` and ``reward``, no exact counterpart, and batched: the specs of
 as one :func:`llm.ensemble.train_ensemble`
 (the training forward and backward batched over the runs), each spec still returning the frame its
 own :func:`llm.train.train` run gives (to float rounding: ``tests/test_llm_ensemble.py``,
-``tests/test_claims_ensemble.py``). A single spec is one ordinary ``llm.train`` run. The caller
+``tests/test_claims_ensemble.py``) until that rounding changes a sampled token, after which the
+two runs differ (measured at the README's tiny settings: docs/llm.md). A single spec is one ordinary ``llm.train`` run. The caller
 bounds the ensemble by how many specs it passes at once (the claims study: its llm rung's
 ``ensemble`` setting, ``llm/claims.py``).
 """
