@@ -127,11 +127,23 @@ def verdict(diff: PairedDifference, direction: Direction, margin: float = 0.0) -
         return SUPPORTED, "interval on the claimed side of 0"
     if hi < 0:
         return REVERSED, "interval on the other side of 0"
-    if margin > 0 and hi < margin and lo > -margin:
+    if within_margin(diff, margin):
         return EQUIVALENT, f"interval within +-{margin:g}"
     if margin > 0 and hi < margin:
         return NO_GAIN, f"interval contains 0 and excludes a gain of {margin:g}"
     return UNRESOLVED, "interval contains 0 and a gain of the margin"
+
+
+def within_margin(diff: PairedDifference, margin: float) -> bool:
+    """The equivalence test of :func:`verdict`, on its own: the interval lies within
+    ``(-margin, +margin)`` (every effect it allows is smaller than ``margin`` either way), read
+    without the verdict's order of classes, so an interval on one side of 0 counts too (under
+    common random numbers a tiny gap has a tight interval that excludes 0: :func:`verdict` calls
+    it supported or reversed, yet no effect of the margin is left). False with ``margin`` 0 or
+    without an interval."""
+    if not margin >= 0:
+        raise ValueError(f"margin must be >= 0, got {margin!r}")
+    return bool(margin > 0 and -margin < diff.lo and diff.hi < margin)
 
 
 def residual_sd(table: np.ndarray) -> float:

@@ -390,7 +390,7 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> s
     """What a ledger says, rung by rung and class by class (:data:`CLASSES`: a reversal and a
     margin-only result are never listed under one word); a supported or reversed row says
     whether it survives Holm's adjustment. With ``summary``: the rules that never bind and
-    those whose realised effect cannot be told from ``unclipped``."""
+    those whose realised effect lies within the margin of ``unclipped``'s."""
     holm = {"survives": " (survives Holm)", "does not survive": " (not after Holm)"}
     named = ledger["claim"] + (ledger["holm"].map(holm).fillna("") if "holm" in ledger else "")
     lines = []
