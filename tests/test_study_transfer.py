@@ -335,3 +335,10 @@ def test_write_transfer_reads_the_primary_ledger_alone_and_refuses_a_folder_with
     assert set(table["metric"]) == {"final_pass", "final_entropy"}
     with pytest.raises(ValueError, match=r"out: no ledger.csv or ledger_auc.csv in .*empty"):
         write_transfer(tmp_path / "empty")
+
+
+def test_write_transfer_reads_an_empty_ledger_as_no_rows(tmp_path):
+    # a study whose rules make no claim writes an empty ledger.csv (no header)
+    (tmp_path / "ledger.csv").write_text("")
+    table, agreement = write_transfer(tmp_path)
+    assert list(table.columns) == COLUMNS and table.empty and agreement.empty

@@ -72,7 +72,8 @@ def read_ledger(path: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
-        return pd.DataFrame(columns=[*COLUMNS, *AT_MARGIN_COLUMNS])
+        read = dict.fromkeys([*COLUMNS, *AT_MARGIN_COLUMNS])  # once each; at_margin is computed
+        return pd.DataFrame(columns=[c for c in read if c != "at_margin"])
 
 
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
