@@ -115,6 +115,39 @@ def test_like_unclipped_reads_the_realised_effect():
     assert not like_unclipped(scores[scores["seed"] == 0], "r", "kl_cov_verl")  # one pair: no
 
 
+def _crn_pair(gap: float) -> pd.DataFrame:
+    """Four seeds of unclipped and kl_cov_verl whose paired reward_auc difference is ``gap``
+    +- 0.0001 (alternating): what common random numbers leave of a tiny effect."""
+    base = [0.5, 0.6, 0.7, 0.8]
+    rows = [
+        {"rung": "r", "rule": rule, "seed": seed, "reward_auc": b + shift}
+        for seed, b in enumerate(base)
+        for rule, shift in (("unclipped", 0.0), ("kl_cov_verl", gap + 0.0001 * (-1) ** seed))
+    ]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("gap", [-0.0012, 0.0012])
+def test_like_unclipped_flags_a_tiny_gap_whose_tight_interval_excludes_0(gap):
+    # kl_cov - unclipped = gap + 0.0001, gap - 0.0001, ... -> mean gap, sd 0.0001 * sqrt(4 / 3)
+    # = 0.000115, half-width t(0.975, 3) 3.1824 * 0.000115 / 2 = 0.000184: for gap -0.0012 the
+    # interval is [-0.00138, -0.00102]. It excludes 0 (the verdict on "kl_cov beats unclipped"
+    # is reversed; supported for +0.0012) and lies within +-0.02, the reward_auc margin: kl_cov
+    # acts like no clip whatever the sign of the gap
+    from sandbox.study.analysis import like_unclipped
+
+    scores = _crn_pair(gap)
+    table = scores.pivot_table(index="seed", columns="rule", values="reward_auc")
+    diff = evidence.paired_difference(table["kl_cov_verl"], table["unclipped"])
+    assert diff.estimate == pytest.approx(gap, abs=1e-12)
+    assert diff.hi - diff.lo == pytest.approx(2 * 3.182446 * 0.0001 * np.sqrt(4 / 3) / 2, abs=1e-8)
+    claimed = evidence.REVERSED if gap < 0 else evidence.SUPPORTED
+    assert evidence.verdict(diff, "greater", 0.02)[0] == claimed
+    assert evidence.within_margin(diff, 0.02) and not evidence.within_margin(diff, 0.001)
+    assert like_unclipped(scores, "r", "kl_cov_verl")
+    assert not like_unclipped(_crn_pair(-0.03), "r", "kl_cov_verl")  # beyond the margin
+
+
 def test_rank_agreement_with_and_without_the_step_size_rule():
     from sandbox.study import rank_agreement
 

@@ -151,6 +151,55 @@ def test_paired_power_stays_finite_at_large_effects(n, sd):
     assert needed == 2 or ev.paired_power(needed - 1, sd, 0.02) < 0.8
 
 
+def _simulated_power(n: int, sd: float, effect: float, alpha: float, studies: int) -> float:
+    """The share of ``studies`` simulated paired studies (``n`` normal differences each, numpy)
+    whose two-sided paired t-test at ``alpha`` rejects a mean of 0; drawn in chunks of studies
+    so that 20,000 studies of 3,000 seeds never hold more than 2.4e7 numbers at once."""
+    rng = np.random.default_rng(20261129)
+    crit, rejected = stats.t.ppf(1 - alpha / 2, n - 1), 0
+    for size in np.diff(np.r_[0:studies:1000, studies]):
+        d = rng.normal(effect, sd, (size, n))
+        t = d.mean(1) / (d.std(1, ddof=1) / np.sqrt(n))
+        rejected += int(np.count_nonzero(np.abs(t) > crit))
+    return rejected / studies
+
+
+@pytest.mark.parametrize(
+    ("effect", "sd", "n", "alpha"),
+    [
+        (0.8, 1.0, 10, 0.05),  # small n: nc 2.53, power ~0.62
+        (0.08, 0.5, 200, 0.01),  # nc 2.26, power ~0.37
+        (0.07, 1.0, 2000, 0.05 / 6),  # a Bonferroni level (regimes.claim_level): nc 3.13, ~0.69
+        (0.02, 0.25, 3000, 0.05 / 7),  # nc 4.38 at 3,000 seeds: power ~0.95
+        (0.03, 0.2, 3000, 0.05 / 7),  # nc 8.22, power 1 - 2e-8: nct.cdf NaN, the old code gave 0
+    ],
+)
+def test_paired_power_matches_a_simulated_paired_t_test(effect, sd, n, alpha):
+    # 20,000 simulated studies: the simulated share has SE sqrt(p (1 - p) / 20,000) <= 0.0036;
+    # 4 SEs (floored at 1 / 20,000 where p is ~1) bound the simulation's own error
+    studies = 20_000
+    power = ev.paired_power(n, sd, effect, alpha)
+    simulated = _simulated_power(n, sd, effect, alpha, studies)
+    se = max(np.sqrt(power * (1 - power) / studies), 1 / studies)
+    assert abs(power - simulated) <= 4 * se, (power, simulated, se)
+
+
+def test_paired_power_is_not_zero_where_scipy_loses_the_far_tail():
+    # a regime candidate's claim (results/regimes/pilot.csv, setting=needle, steps=15): SD of
+    # differences 0.2073 at 16,457 seeds, margin 0.02, level 0.05 / 7: nc = 0.02 / 0.2073 *
+    # sqrt(16457) = 12.38, the critical t ~2.69, so the power is Phi(12.38 - 2.69) ~ 1 - 2e-22;
+    # scipy's nct.cdf(-c, df, nc) is NaN there and the old code returned 0.0
+    assert np.isnan(stats.nct.cdf(-stats.t.ppf(1 - 0.05 / 14, 16456), 16456, 12.3786))
+    power = ev.paired_power(16457, 0.2072685497, 0.02, alpha=0.05 / 7)
+    assert power == pytest.approx(1.0, abs=1e-12)
+    # 1,999 pairs, dz 0.2 (nc 8.94) at 0.05: 1 - Phi(8.94 - 1.96) ~ 1 - 1.5e-12
+    assert ev.paired_power(2000, 1.0, 0.2) == pytest.approx(1.0, abs=1e-11)
+    # the far tail where scipy keeps it: the two tails sum as before (dz 0.5 at 34 pairs)
+    crit = stats.t.ppf(0.975, 33)
+    both = stats.nct.sf(crit, 33, 0.5 * np.sqrt(34)) + stats.nct.cdf(-crit, 33, 0.5 * np.sqrt(34))
+    assert ev.paired_power(34, 1.0, 0.5) == pytest.approx(both, abs=1e-12)
+
+
 def test_seeds_needed_agrees_with_a_simulated_paired_t_test():
     n = ev.seeds_needed(1.0, 0.8)  # 15
     rng = np.random.default_rng(1)

@@ -200,6 +200,8 @@ def test_the_transfer_table_is_printed_from_the_folder_when_present(folder):
         ("nsr_beats_dapo", "final_pass", "tiny_tf", -0.03, -0.05, -0.01, "reversed"),
     ]
     columns = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
+    rows = [(*r, False) for r in rows]  # at_margin: neither decides the claim at the margin
+    columns += ["at_margin"]
     pd.DataFrame(rows, columns=columns).to_csv(folder / "transfer.csv", index=False)
     text = section(page(folder), "## Transfer measured on claim effects")
     assert "| claim | metric | bandit_sampled | tiny_tf |" in text
@@ -214,6 +216,39 @@ def test_the_transfer_table_is_printed_from_the_folder_when_present(folder):
         ValueError, match=r"placeholder \$transfer: .*lacks the columns \['verdict'\]"
     ):
         page(folder)
+
+
+def test_the_same_reading_on_every_rung_lists_only_claims_decided_at_the_margin():
+    from sandbox.study.page import summary_text
+
+    # (claim, rung, verdict, estimate, lo, hi, holm, margin): "keeps" is reversed on both
+    # rungs, but on y its interval [-0.034, -0.007] lies inside +-0.05 (an effect under half
+    # its margin, as kl_cov_keeps_entropy on tiny_tf); "past" is supported on both, but Holm takes
+    # it back on y; "both" is supported past the margin and Holm on both rungs; "exact" is an
+    # exact difference (one run, no test) of +0.03 beyond the margin 0.02 on x and supported on y
+    rows = [
+        ("keeps", "x", "reversed", -0.33, -0.36, -0.30, "survives", 0.05, 99),
+        ("keeps", "y", "reversed", -0.021, -0.034, -0.007, "survives", 0.05, 119),
+        ("past", "x", "supported", 0.08, 0.07, 0.09, "survives", 0.02, 99),
+        ("past", "y", "supported", 0.04, 0.025, 0.055, "does not survive", 0.02, 119),
+        ("both", "x", "supported", 0.09, 0.08, 0.10, "survives", 0.02, 99),
+        ("both", "y", "supported", 0.12, 0.07, 0.16, "survives", 0.02, 119),
+        ("exact", "x", "supported", 0.03, None, None, "no decision", 0.02, 1),
+        ("exact", "y", "supported", 0.05, 0.03, 0.07, "survives", 0.02, 119),
+        ("flips", "x", "supported", 0.05, 0.04, 0.06, "survives", 0.02, 99),
+        ("flips", "y", "reversed", -0.05, -0.06, -0.04, "survives", 0.02, 119),
+    ]
+    columns = ["claim", "rung", "verdict", "estimate", "lo", "hi", "holm", "margin", "seeds"]
+    text = summary_text(pd.DataFrame(rows, columns=columns))
+    assert (
+        "decided at the margin on each (supported or reversed, surviving Holm, the whole "
+        "interval beyond ±m): both (supported), exact (supported)."
+    ) in " ".join(text.split())
+    assert (
+        "The same verdict on every rung, not decided at the margin on each: keeps (reversed), "
+        "past (supported)."
+    ) in " ".join(text.split())
+    assert "Readings that change between rungs: flips." in " ".join(text.split())
 
 
 def test_the_page_prints_the_gradient_noise_table_or_says_it_was_not_logged(folder):

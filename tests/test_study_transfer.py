@@ -25,12 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")
 
 
-def _ledger(rows: list[tuple]) -> pd.DataFrame:
+def _ledger(rows: list[tuple], margin: float = 0.05) -> pd.DataFrame:
     """Ledger rows (claim, rung, metric, estimate, lo, hi, seeds, verdict) with the extra
-    columns a real ledger has, which the transfer table drops."""
+    columns a real ledger has, which the transfer table drops: every sampled supported or
+    reversed row survives Holm (``holm``), at ``margin`` (below every interval here)."""
     names = ["claim", "rung", "metric", "estimate", "lo", "hi", "seeds", "verdict"]
     frame = pd.DataFrame(rows, columns=names)
-    return frame.assign(rule_a="a", rule_b="b", direction="greater", p=NAN)
+    strong = frame["verdict"].isin(["supported", "reversed"]) & (frame["seeds"] > 1)
+    holm = np.where(strong, "survives", "no decision")
+    return frame.assign(
+        rule_a="a", rule_b="b", direction="greater", p=NAN, margin=margin, holm=holm
+    )
 
 
 # -- Clopper-Pearson --------------------------------------------------------------------------
@@ -163,6 +168,9 @@ def test_the_agreement_counts_claims_resolved_on_both_rungs_by_hand():
     assert list(got.columns) == AGREEMENT_COLUMNS
     row = {(r.rung_a, r.rung_b, r.counted): r for r in got.itertuples()}
     assert list(row) == [
+        ("x", "y", "margin"),
+        ("x", "z", "margin"),
+        ("y", "z", "margin"),
         ("x", "y", "verdicts"),
         ("x", "z", "verdicts"),
         ("y", "z", "verdicts"),
@@ -191,6 +199,39 @@ def test_the_agreement_counts_claims_resolved_on_both_rungs_by_hand():
     yz = row["y", "z", "verdicts"]
     assert (yz.claims, yz.resolved, yz.same_sign, yz.share) == (2, 1, 0, 0.0)
     assert (yz.lo, yz.hi) == pytest.approx((0.0, 0.975), abs=1e-12)
+
+
+def test_the_margin_counting_signs_only_rows_decided_at_the_margin_past_holm():
+    # three claims, each resolved (interval excluding 0) on both rungs x and y, margin 0.05:
+    # c1 supported on both, but on y its interval [+0.01, +0.03] lies under the margin;
+    # c2 reversed on both and past the margin, but Holm takes y back;
+    # c3 supported past the margin and Holm on both, as is c4 the other way (exact on x: no test)
+    rows = [
+        ("c1", "x", "m", 0.2, 0.1, 0.3, 8, "supported"),
+        ("c1", "y", "m", 0.02, 0.01, 0.03, 8, "supported"),
+        ("c2", "x", "m", -0.2, -0.3, -0.1, 8, "reversed"),
+        ("c2", "y", "m", -0.2, -0.3, -0.1, 8, "reversed"),
+        ("c3", "x", "m", 0.2, 0.1, 0.3, 8, "supported"),
+        ("c3", "y", "m", 0.2, 0.1, 0.3, 8, "supported"),
+        ("c4", "x", "m", 0.2, NAN, NAN, 1, "supported"),
+        ("c4", "y", "m", -0.2, -0.3, -0.1, 8, "reversed"),
+    ]
+    ledger = _ledger(rows)
+    ledger.loc[(ledger["claim"] == "c2") & (ledger["rung"] == "y"), "holm"] = "does not survive"
+    table = transfer_table(ledger)
+    assert table["at_margin"].tolist() == [True, False, True, False, True, True, True, True]
+    row = {r.counted: r for r in transfer_agreement(table).itertuples()}
+    # by the intervals alone: 4 resolved on both, c1 c2 c3 the same sign, c4 not: 3 of 4
+    assert (row["verdicts"].claims, row["verdicts"].resolved, row["verdicts"].same_sign) == (
+        4,
+        4,
+        3,
+    )
+    # at the margin past Holm: c3 (same sign) and c4 (not): 1 of 2; c1 and c2 unresolved
+    margin = row["margin"]
+    assert (margin.claims, margin.resolved, margin.same_sign, margin.unresolved) == (4, 2, 1, 2)
+    assert margin.result == "1 of 2 same sign"
+    assert (margin.lo, margin.hi) == pytest.approx(clopper_pearson(1, 2), abs=1e-12)
 
 
 def test_no_claim_resolved_on_both_rungs_is_not_resolved_and_has_no_interval():
@@ -233,7 +274,7 @@ def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_
     write_transfer(out)
     with open(out / "transfer.csv", newline="") as f:
         written = list(csv.DictReader(f))
-    assert list(written[0]) == ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
+    assert list(written[0]) == COLUMNS
     ledger = []
     for name in ("ledger.csv", "ledger_auc.csv"):
         with open(out / name, newline="") as f:
@@ -255,7 +296,7 @@ def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_
         for r in ledger:
             if r["metric"] != a["metric"]:
                 continue
-            if a["counted"] == "verdicts" and r["verdict"] in (
+            if a["counted"] != "all" and r["verdict"] in (
                 "no headroom",
                 "identical by construction",
             ):
@@ -263,6 +304,11 @@ def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_
             lo = float(r["lo"] or r["estimate"])
             hi = float(r["hi"] or r["estimate"])
             signs[r["claim"], r["rung"]] = 1 if lo > 0 else -1 if hi < 0 else 0
+            # margin: supported/reversed, past Holm (an exact run has no test), beyond +-m
+            m, passed = float(r["margin"]), r["holm"] == "survives" or r["seeds"] == "1"
+            strong = r["verdict"] in ("supported", "reversed") and passed
+            if a["counted"] == "margin" and not (strong and (lo >= m or hi <= -m)):
+                signs[r["claim"], r["rung"]] = 0
         both = [c for (c, rung) in signs if rung == a["rung_a"] and (c, a["rung_b"]) in signs]
         resolved = [c for c in both if signs[c, a["rung_a"]] and signs[c, a["rung_b"]]]
         same = [c for c in resolved if signs[c, a["rung_a"]] == signs[c, a["rung_b"]]]
@@ -289,3 +335,10 @@ def test_write_transfer_reads_the_primary_ledger_alone_and_refuses_a_folder_with
     assert set(table["metric"]) == {"final_pass", "final_entropy"}
     with pytest.raises(ValueError, match=r"out: no ledger.csv or ledger_auc.csv in .*empty"):
         write_transfer(tmp_path / "empty")
+
+
+def test_write_transfer_reads_an_empty_ledger_as_no_rows(tmp_path):
+    # a study whose rules make no claim writes an empty ledger.csv (no header)
+    (tmp_path / "ledger.csv").write_text("")
+    table, agreement = write_transfer(tmp_path)
+    assert list(table.columns) == COLUMNS and table.empty and agreement.empty

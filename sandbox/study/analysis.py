@@ -187,8 +187,8 @@ def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:
     """Per (rung, rule): seeds, the metrics' means, the mechanism columns, and ``never_binds``:
     a rule that reports clip shares whose bounds (almost) never bound (below
     :data:`NEVER_BINDS`); NaN ``clip_frac``: the rule reports none (no bounds, e.g. unclipped,
-    KL-Cov's penalty); ``like_unclipped``: its realised effect cannot be told from the unclipped
-    rule's (:func:`like_unclipped`)."""
+    KL-Cov's penalty); ``like_unclipped``: its realised effect lies within the margin of the
+    unclipped rule's, whatever its sign (:func:`like_unclipped`)."""
     cols = ["final_pass", "reward_auc", "final_entropy", *MECHANISM]
     scores = ladder_order(scores, ["rung", "rule", "seed"])
     g = scores.groupby(["rung", "rule"], sort=False)
@@ -209,14 +209,16 @@ UNCLIPPED = "unclipped"
 def like_unclipped(scores: pd.DataFrame, rung: str, rule: str, metric: str = "reward_auc") -> bool:
     """Whether ``rule`` is indistinguishable from :data:`UNCLIPPED` on ``rung`` by its realised
     effect, whatever clip share it reports (or none, as KL-Cov's penalty): the paired interval of
-    its ``metric`` minus the unclipped rule's is :data:`.evidence.EQUIVALENT` at the metric's
-    margin. False without paired seeds of both."""
+    its ``metric`` minus the unclipped rule's lies within +- the metric's margin
+    (:func:`.evidence.within_margin`, the verdict's equivalence test), whatever its sign: under
+    common random numbers a tiny gap has an interval that excludes 0, which the verdict calls
+    supported or reversed before it asks about equivalence. False without paired seeds of both."""
     on = scores[(scores["rung"] == rung) & scores["rule"].isin([rule, UNCLIPPED])]
     table = on.pivot_table(index="seed", columns="rule", values=metric)
     if rule == UNCLIPPED or UNCLIPPED not in table or rule not in table or len(table) < 2:
         return False
     diff = evidence.paired_difference(table[rule].to_numpy(), table[UNCLIPPED].to_numpy())
-    return evidence.verdict(diff, "greater", MARGINS[metric])[0] == evidence.EQUIVALENT
+    return evidence.within_margin(diff, MARGINS[metric])
 
 
 def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:

@@ -359,6 +359,30 @@ def holm_by_rung(table: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     return out
 
 
+#: The columns of a ledger that :func:`decided_at_margin` reads.
+AT_MARGIN_COLUMNS = ["verdict", "holm", "estimate", "lo", "hi", "margin", "seeds"]
+
+
+def decided_at_margin(table: pd.DataFrame) -> pd.Series:
+    """Per ledger row (:data:`AT_MARGIN_COLUMNS`, as :func:`holm_by_rung` leaves them), whether
+    it decides its claim at the margin m: the verdict is supported or reversed, it survives
+    Holm's adjustment, and the whole interval lies beyond the margin on its side of 0
+    (``lo >= m`` or ``hi <= -m``: every effect it allows is at least m). An exact difference
+    (one run, no interval, no test: ``seeds == 1``) has no p to adjust; its gap is the interval.
+    What the page calls the same reading on every rung and counts as transfer rests on these
+    rows only: a supported row whose interval reaches no effect of the margin, or that Holm
+    takes back, is not evidence that a claim holds there."""
+    if missing := [c for c in AT_MARGIN_COLUMNS if c not in table.columns]:
+        raise ValueError(f"table lacks the columns {missing}")
+    exact = (table["seeds"] == 1) & table["lo"].isna() & table["hi"].isna()
+    lo = table["lo"].astype(float).where(~exact, table["estimate"])
+    hi = table["hi"].astype(float).where(~exact, table["estimate"])
+    margin = table["margin"].astype(float)
+    strong = table["verdict"].isin([evidence.SUPPORTED, evidence.REVERSED])
+    survives = (table["holm"] == "survives") | exact
+    return strong & survives & ((lo >= margin) | (hi <= -margin))
+
+
 def power_lines(
     scores: pd.DataFrame, metric: str, margin: float, *, power: float = 0.8
 ) -> pd.DataFrame:

@@ -35,7 +35,7 @@ from .analysis import (
     ladder_order,
     same_on_exact_flow,
 )
-from .claims import BOUNDED, CLAIMS
+from .claims import BOUNDED, CLAIMS, decided_at_margin
 from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
 from .settings import knob_text, migrate, section_settings
@@ -225,7 +225,7 @@ def transfer_section(out: Path) -> str:
     text = _table(transfer.transfer_wide(t, _transfer_cell, missing="—"))
     if not (out / "transfer_agreement.csv").exists():
         return text
-    a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'verdicts'")
+    a = pd.read_csv(out / "transfer_agreement.csv").query("counted == 'margin'")
     interval = [
         "—" if pd.isna(lo) else fmt_ci(lo, hi, ".2f")
         for lo, hi in zip(a["lo"], a["hi"], strict=True)
@@ -389,8 +389,11 @@ def _shares(summ: pd.DataFrame) -> pd.DataFrame:
 def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> str:
     """What a ledger says, rung by rung and class by class (:data:`CLASSES`: a reversal and a
     margin-only result are never listed under one word); a supported or reversed row says
-    whether it survives Holm's adjustment. With ``summary``: the rules that never bind and
-    those whose realised effect cannot be told from ``unclipped``."""
+    whether it survives Holm's adjustment. "The same reading on every rung" lists a claim only
+    where every rung that ran it decides it at the margin (:func:`.claims.decided_at_margin`:
+    supported or reversed, surviving Holm, the interval beyond +-m) with one verdict; one verdict
+    short of that on some rung is listed as such. With ``summary``: the rules that never bind and
+    those whose realised effect lies within the margin of ``unclipped``'s."""
     holm = {"survives": " (survives Holm)", "does not survive": " (not after Holm)"}
     named = ledger["claim"] + (ledger["holm"].map(holm).fillna("") if "holm" in ledger else "")
     lines = []
@@ -398,11 +401,22 @@ def summary_text(ledger: pd.DataFrame, summary: pd.DataFrame | None = None) -> s
         found = {v: part.loc[part["verdict"] == v, "named"] for v in CLASSES}
         classes = [f"{v}: {', '.join(names)}" for v, names in found.items() if len(names)]
         lines.append(f"- **{rung}** — " + "; ".join(classes) + ".")
-    across = ledger.groupby("claim")["verdict"].agg(["nunique", "count", "first"])
-    same = across[(across["nunique"] == 1) & (across["count"] > 1)]
-    same = ", ".join(f"{c} ({v})" for c, v in same["first"].items()) or "none"
+    at_margin = decided_at_margin(ledger)
+    across = ledger.assign(at_margin=at_margin).groupby("claim")
+    across = across.agg(
+        nunique=("verdict", "nunique"),
+        count=("verdict", "count"),
+        first=("verdict", "first"),
+        decided=("at_margin", "all"),
+    )
+    one = (across["nunique"] == 1) & (across["count"] > 1)
+
+    def listed(rows: pd.DataFrame) -> str:
+        return ", ".join(f"{c} ({v})" for c, v in rows["first"].items()) or "none"
+
+    same, weak = listed(across[one & across["decided"]]), listed(across[one & ~across["decided"]])
     differ = ", ".join(across.index[across["nunique"] > 1]) or "none"
-    said = ["\n".join(lines), say("same_reading", same=same, differ=differ)]
+    said = ["\n".join(lines), say("same_reading", same=same, weak=weak, differ=differ)]
     if summary is not None:
         idle = summary[summary["never_binds"]]
         like = summary.get("like_unclipped", pd.Series(False, summary.index)).astype(bool)

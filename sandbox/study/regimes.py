@@ -17,7 +17,8 @@ were chosen", states it for readers, with its one revision before the study ran)
 ``python -m sandbox.study.regimes --out results/regimes`` runs the pilots (each a resumable study
 folder under ``pilots/``) and writes ``pilot.csv`` (per candidate and claim), ``candidates.csv``
 (per candidate: the rule's figures), ``choice.csv`` (per rung: the choice, seeds and why) and
-``provenance.json``.
+``provenance.json``. ``--tables-only`` runs nothing: it rebuilds ``candidates.csv`` and
+``choice.csv`` from the folder's ``pilot.csv`` (:func:`rebuild`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sandbox.configs import CommandParser
-from sandbox.experiments.results import record_run, write_csv
+from sandbox.experiments.results import record_run, recording_tables, write_csv
 
 from .claims import near_ceiling, seeds_for
 from .config import MARGINS, REFERENCE, StudyConfig
@@ -222,12 +223,34 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pilots, choice
 
 
+def rebuild(out: Path) -> pd.DataFrame:
+    """``candidates.csv`` and ``choice.csv`` of the folder ``out`` again from its ``pilot.csv``,
+    without running a pilot (each file written only when its bytes change; the folder's
+    ``tables`` provenance then names this command); returns the choice."""
+    pilots = pd.read_csv(out / "pilot.csv")
+    with recording_tables(out):
+        write_csv(candidates(pilots), out / "candidates.csv")
+        choice = choose(pilots)
+        write_csv(choice, out / "choice.csv")
+    return choice
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="python -m sandbox.study.regimes", description=__doc__)
     parser.add_argument("--out", default="runs/regimes", help="output folder")
     parser.add_argument("--rungs", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="run no pilot: rebuild candidates.csv and choice.csv from OUT/pilot.csv",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if args.tables_only:
+        if not (out / "pilot.csv").exists():
+            parser.error(f"--tables-only: no pilot.csv in {out}")
+        print(rebuild(out).to_string(index=False))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     _, choice = run(args.rungs, out)
     record_run(out)

@@ -9,10 +9,13 @@ unresolved on either rung are counted, not guessed, and nothing is resampled, so
 never resolves more than the ledgers' intervals do (the seed bootstrap of the rule orders' tau-b
 did: it resolved 1.3-2.5x more pairs than the data).
 
-Two countings are written, one row each (column ``counted``): ``verdicts`` counts only rows that
-carry a verdict (a row with no headroom or identical by construction compares nothing: a rung at
-its ceiling cannot tell rules apart, so its sign says nothing about transfer); ``all`` counts every
-row with an interval.
+Three countings are written, one row each (column ``counted``): ``margin`` (the page's) signs only
+rows that decide their claim at the margin (``at_margin``, :func:`.claims.decided_at_margin`:
+supported or reversed, surviving Holm, the whole interval beyond +-m), among the rows that carry a
+verdict; ``verdicts`` counts every row that carries a verdict (a row with no headroom or identical
+by construction compares nothing: a rung at its ceiling cannot tell rules apart, so its sign says
+nothing about transfer) and signs it by its interval alone; ``all`` counts every row with an
+interval.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from scipy.special import betaincinv
 from sandbox.experiments.results import write_csv
 
 from .analysis import fmt_interval
+from .claims import AT_MARGIN_COLUMNS, decided_at_margin
 from .evidence import NOT_VERDICTS
 
 #: The columns of :func:`transfer_table` (and of ``transfer.csv``), in order.
-COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
+COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict", "at_margin"]
 
 #: The columns of :func:`transfer_agreement` (and of ``transfer_agreement.csv``), in order.
 AGREEMENT_COLUMNS = ["metric", "rung_a", "rung_b", "counted", "claims", "resolved", "same_sign"]
@@ -41,7 +45,7 @@ AGREEMENT_COLUMNS += ["share", "lo", "hi", "unresolved", "result"]
 LEDGERS = ("ledger.csv", "ledger_auc.csv")
 
 #: The two countings of :func:`transfer_agreement` (see the module docstring).
-COUNTINGS = ("verdicts", "all")
+COUNTINGS = ("margin", "verdicts", "all")
 
 
 def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -68,7 +72,8 @@ def read_ledger(path: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
-        return pd.DataFrame(columns=[*COLUMNS, "seeds"])
+        read = dict.fromkeys([*COLUMNS, *AT_MARGIN_COLUMNS])  # once each; at_margin is computed
+        return pd.DataFrame(columns=[c for c in read if c != "at_margin"])
 
 
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
@@ -76,11 +81,13 @@ def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
     ``ledger.csv`` and ``ledger_auc.csv`` as read): one row per (claim, metric, rung), claims,
     metrics and rungs in the order they first appear in the ledgers (the ledgers' own order:
     pre-registration, then the ladder). A row with ``seeds == 1`` and no interval is an exact
-    difference: ``lo = hi = estimate``. A (claim, metric, rung) twice is an error."""
+    difference: ``lo = hi = estimate``. ``at_margin``: the row decides its claim at the margin
+    (:func:`.claims.decided_at_margin`, from the ledger's ``holm`` and ``margin``). A (claim,
+    metric, rung) twice is an error."""
     if not ledgers:
         raise ValueError("ledgers: give at least one ledger table")
     for i, ledger in enumerate(ledgers):
-        missing = {*COLUMNS, "seeds"} - set(ledger.columns)
+        missing = {*COLUMNS, *AT_MARGIN_COLUMNS} - {"at_margin"} - set(ledger.columns)
         if missing:
             raise ValueError(f"ledgers[{i}] lacks the columns {sorted(missing)}")
     table = pd.concat(list(ledgers), ignore_index=True)
@@ -88,6 +95,7 @@ def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
     twice = table[table.duplicated(keys, keep=False)]
     if len(twice):
         raise ValueError(f"ledgers: {tuple(twice.iloc[0][keys])} appears more than once")
+    table["at_margin"] = decided_at_margin(table)
     exact = (table["seeds"] == 1) & table["lo"].isna() & table["hi"].isna()
     table["lo"] = table["lo"].astype(float).where(~exact, table["estimate"])
     table["hi"] = table["hi"].astype(float).where(~exact, table["estimate"])
@@ -141,7 +149,8 @@ def transfer_agreement(
     ``level`` Clopper-Pearson interval (``lo``, ``hi``; NaN with none resolved); ``unresolved``:
     claims on both rungs unresolved on either; ``result`` in words ("3 of 4 same sign" or
     "not resolved"). Under ``verdicts`` a claim counts on a pair only where both its rows carry a
-    verdict (not "no headroom", not "identical by construction")."""
+    verdict (not "no headroom", not "identical by construction"); under ``margin`` likewise, and
+    it is resolved only where both rows decide it at the margin (``at_margin``)."""
     missing = set(COLUMNS) - set(table.columns)
     if missing:
         raise ValueError(f"table lacks the columns {sorted(missing)}")
@@ -153,6 +162,8 @@ def transfer_agreement(
         present = [r for r in order if r in set(part["rung"])]
         for counted in COUNTINGS:
             keep = part if counted == "all" else part[~part["verdict"].isin(NOT_VERDICTS)]
+            if counted == "margin":
+                keep = keep.assign(sign=keep["sign"].where(keep["at_margin"].astype(bool), 0))
             by_rung = {r: keep[keep["rung"] == r].set_index("claim")[["sign"]] for r in present}
             for a, b in combinations(present, 2):
                 rows.append((metric, a, b, counted, *_pair(by_rung[a], by_rung[b], level)))
