@@ -100,3 +100,23 @@ def test_cpu_bf16_logprobs_are_within_bf16_tolerance_of_float32(tmp_path):
     mask = host["completion_mask"].bool()
     gap = (bf16 - f32).abs()[mask].max().item()
     assert 0 < gap < 0.02, gap
+
+
+@needs_native
+def test_the_bf16_check_script_compares_both_modes_on_one_batch():
+    """benchmarks/llm_cpu_bf16_check.py on the tiny Llama: both modes' clip shares are shares,
+    each the sum of its low and high parts, and the log-prob gap is that of the test above."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import llm_cpu_bf16_check
+
+    threads = str(torch.get_num_threads())  # the script sets it: leave this process's as it is
+    record = llm_cpu_bf16_check.main(["--model", "tiny", "--lr", "1e-2", "--threads", threads])
+    for mode in ("float32", "bf16"):
+        m = record[mode]
+        assert 0 <= m["clip_frac"] <= 1
+        assert m["clip_frac"] == m["clip_low_frac"] + m["clip_high_frac"]
+    assert record["tokens"] > 0
+    assert 0 < record["mean_abs_dlogp"] <= record["max_abs_dlogp"] < 0.02
