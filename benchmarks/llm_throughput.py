@@ -69,6 +69,11 @@ import time
 
 MB = 2**20
 PATHS = ("today", "fast", "ensemble", "trl")
+#: rows measured beside the paths on the CPU (``--cpu-bf16``, ``--threads-check``): the path each
+#: runs, with its llm.train flags added
+VARIANTS = {"fast_bf16": ("fast", ["--cpu-bf16"]), "fast_1thread": ("fast", [])}
+#: llm.train's phases timed in the llm.train paths' processes (:class:`PhaseClock`)
+PHASES = ("rollout", "old_logp", "update")
 HEADS = ("chunked", "trl")
 # GRPOConfig settings that only keep the run quiet: no logging backend, checkpoints or progress bar
 TRL_DEFAULTS = dict(
@@ -135,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of paths")
     p.add_argument("--threads", type=int, default=2, help="torch threads per process (CPU)")
+    p.add_argument(
+        "--cpu-bf16",
+        action="store_true",
+        help="CPU: also the fast path under bf16 autocast (llm.train --cpu-bf16), beside float32",
+    )
+    p.add_argument(
+        "--threads-check",
+        action="store_true",
+        help="CPU: also the fast path in one process of 1 thread, beside --threads",
+    )
     p.add_argument(
         "--smoke", action="store_true", help="CPU, the tiny Llama, tiny batch (flags given win)"
     )
@@ -249,6 +264,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise ValueError("--ensemble must be >= 2 (runs in one process)")
     if args.warmup < 0:
         raise ValueError("--warmup must be >= 0")
+    if args.threads < 1:
+        raise ValueError("--threads must be >= 1")
+    for name in ("cpu_bf16", "threads_check"):
+        if getattr(args, name) and args.device != "cpu":
+            raise ValueError(f"{flag(name)} measures CPU runs, got --device {args.device}")
+    if args.cpu_bf16 and not args.child:
+        from llm.config import check_cpu_bf16
+
+        check_cpu_bf16("cpu")
     if args.proxy:
         args.proxy_shape = proxy_shape(args, given)
     elif (args.prompts * args.group_size) % args.minibatches:
@@ -262,6 +286,9 @@ def path_flags(args: argparse.Namespace, path: str) -> list[str]:
     with ``--decode-compile on``)."""
     if path == "today":
         return ["--generate-cache", "dynamic", "--generate-compile", "off", "--lm-head", "chunked"]
+    if path in VARIANTS:
+        base, extra = VARIANTS[path]
+        return [*path_flags(args, base), *extra]
     return [
         "--rollout-backend",
         "compact",
@@ -315,14 +342,94 @@ def run_llm_train(args: argparse.Namespace, path: str, out: str) -> dict:
     ]
     cfg = train_args(argv)
     if path != "ensemble":
-        return {"times": [r["step_time"] for r in train(cfg) if r.get("step", 0) >= 1], "runs": 1}
+        with PhaseClock(args.device, 1) as clock:
+            times = [r["step_time"] for r in train(cfg) if r.get("step", 0) >= 1]
+        return {"times": times, "runs": 1, "phases": clock.split(times)}
     cfgs = [
         dataclasses.replace(cfg, seed=s, out=os.path.join(out, f"seed{s}"))
         for s in range(args.ensemble)
     ]
-    rows = train_ensemble(cfgs)  # every run's step_time runs from the ensemble step's start
+    with PhaseClock(args.device, args.ensemble) as clock:
+        rows = train_ensemble(cfgs)  # every run's step_time runs from the ensemble step's start
     per_run = [[r["step_time"] for r in run] for run in rows]
-    return {"times": [max(step) for step in zip(*per_run, strict=True)], "runs": args.ensemble}
+    times = [max(step) for step in zip(*per_run, strict=True)]
+    return {"times": times, "runs": args.ensemble, "phases": clock.split(times)}
+
+
+class PhaseClock:
+    """Seconds of llm.train's phases in each step, read by wrapping its module-level functions
+    while the context is open: the old log-probs (``llm.train.logprobs``, the run alone;
+    ``llm.ensemble.old_logp``, the ensemble's batched forward), the update
+    (``llm.train.update_each``; ``llm.ensemble.ensemble_update``), and the step's end
+    (``llm.train.log_step``, called once per run per step, ``runs`` per step). The rollout is the
+    rest of the step: sampling, rewards, advantages and logging (:meth:`split`). After a device
+    synchronisation on CUDA. llm.train logs no phase times of its own."""
+
+    WRAPPED = (
+        ("llm.train", "logprobs", "old_logp"),
+        ("llm.ensemble", "old_logp", "old_logp"),
+        ("llm.train", "update_each", "update"),
+        ("llm.ensemble", "ensemble_update", "update"),
+    )
+
+    def __init__(self, device: str, runs: int) -> None:
+        self.device, self.runs = device, runs
+        self.open = dict.fromkeys(("old_logp", "update"), 0.0)
+        self.steps: list[dict[str, float]] = []  # one per log_step call
+        self.saved: list[tuple[object, str, object]] = []
+
+    def _now(self) -> float:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _timed(self, fn, phase: str):
+        def timed(*a, **k):
+            t0 = self._now()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.open[phase] += self._now() - t0
+
+        return timed
+
+    def _at_step_end(self, fn):
+        def at_step_end(*a, **k):
+            self.steps.append(dict(self.open))
+            self.open = dict.fromkeys(self.open, 0.0)
+            return fn(*a, **k)
+
+        return at_step_end
+
+    def __enter__(self) -> PhaseClock:
+        import importlib
+
+        for module_name, name, phase in (*self.WRAPPED, ("llm.train", "log_step", None)):
+            module = importlib.import_module(module_name)
+            fn = getattr(module, name)
+            self.saved.append((module, name, fn))
+            wrapped = self._timed(fn, phase) if phase else self._at_step_end(fn)
+            setattr(module, name, wrapped)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for module, name, fn in reversed(self.saved):
+            setattr(module, name, fn)
+        self.saved.clear()
+
+    def split(self, times: list[float]) -> dict[str, list[float]]:
+        """Each step's seconds per phase (the ``runs`` log_step calls of a step summed); the
+        rollout is the step's time less the others."""
+        per_step = [
+            {p: sum(s[p] for s in self.steps[i : i + self.runs]) for p in self.open}
+            for i in range(0, len(self.steps), self.runs)
+        ]
+        return {
+            "rollout": [t - sum(s.values()) for t, s in zip(times, per_step, strict=True)],
+            **{p: [s[p] for s in per_step] for p in self.open},
+        }
 
 
 def trl_prompts(args: argparse.Namespace, tokenizer) -> tuple[list, list[str], object]:
@@ -412,10 +519,10 @@ def child(args: argparse.Namespace) -> dict:
     """One run of one path in this process: its step times and peak device memory."""
     import torch
 
-    torch.set_num_threads(args.threads)
+    path, model_dir = args.child.split(":", 1)
+    torch.set_num_threads(threads_of(args, path))
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    path, model_dir = args.child.split(":", 1)
     if path == "trl":
         result = {"times": run_trl(args, model_dir), "runs": 1}
     else:
@@ -425,13 +532,18 @@ def child(args: argparse.Namespace) -> dict:
     return {**result, "peak_mb": peak}
 
 
+def threads_of(args: argparse.Namespace, path: str) -> int:
+    """Torch threads of a process of ``path``: 1 for ``--threads-check``'s row, else ``--threads``."""
+    return 1 if path == "fast_1thread" else args.threads
+
+
 def launch(args: argparse.Namespace, argv: list[str], path: str, model_dir: str, runs: int):
     """``runs`` processes of ``path`` started together (seeds 0, 1, ...); their results."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": str(args.threads),
+        "OMP_NUM_THREADS": str(threads_of(args, path)),
         "WANDB_DISABLED": "true",
     }
     procs = [
@@ -471,13 +583,19 @@ def summarise(args: argparse.Namespace, results: list[dict]) -> dict[str, float]
         for r, s in zip(results, steady, strict=True)
     ]
     peaks = [r["peak_mb"] for r in results if r["peak_mb"] is not None]
-    return {
+    summary = {
         "runs": sum(r["runs"] for r in results),
         "s_per_step": statistics.fmean(steady),
         "run_steps_per_s": sum(r["runs"] / s for r, s in zip(results, steady, strict=True)),
         "first_excess_s": statistics.fmean(first),
         "peak_mb": max(peaks) if peaks else float("nan"),
     }
+    if all("phases" in r for r in results):  # the steady steps' mean seconds of each phase
+        for phase in PHASES:
+            summary[f"{phase}_s"] = statistics.fmean(
+                statistics.fmean(r["phases"][phase][args.warmup :]) for r in results
+            )
+    return summary
 
 
 def model_dir_for(args: argparse.Namespace, tmp: str) -> str:
@@ -499,9 +617,30 @@ def model_dir_for(args: argparse.Namespace, tmp: str) -> str:
 LABELS = {
     "today": "today (llm.train)",
     "fast": "fast (llm.train)",
+    "fast_bf16": "fast, CPU bf16",
+    "fast_1thread": "fast, 1 thread",
     "ensemble": "fast, one ensemble",
     "trl": "TRL GRPOTrainer",
 }
+
+
+def measured_paths(args: argparse.Namespace) -> list[str]:
+    """``--paths`` in order, with ``--cpu-bf16``'s and ``--threads-check``'s rows after ``fast``
+    (where ``fast`` is measured, and ``--threads-check`` only where ``--threads`` is not 1)."""
+    extra = [
+        name
+        for name, on in (
+            ("fast_bf16", args.cpu_bf16),
+            ("fast_1thread", args.threads_check and args.threads != 1),
+        )
+        if on
+    ]
+    out = []
+    for path in args.paths:
+        out.append(path)
+        if path == "fast":
+            out.extend(extra)
+    return out
 
 
 def trl_version_for(args: argparse.Namespace) -> str:
@@ -549,6 +688,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
     trl_version = trl_version_for(args)
     runs = {"today": args.runs_today, "fast": args.runs_fast, "ensemble": 1, "trl": 1}
+    runs.update(fast_bf16=args.runs_fast, fast_1thread=args.runs_fast)
     rows = args.prompts * args.group_size
     print(
         f"device {args.device}; torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -557,17 +697,18 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     print(
         f"step: {args.prompts} prompts x {args.group_size} completions ({rows} rows) x "
         f"{args.max_new_tokens} new tokens, mu = {args.epochs} epochs x {args.minibatches} "
-        f"minibatches; {args.warmup} warm-up + {args.steps} measured steps per run"
+        f"minibatches; {args.warmup} warm-up + {args.steps} measured steps per run; "
+        f"{args.threads} torch thread(s) per process"
     )
     print(
         f"{'path':<20}{'runs':>5}{'s/step':>10}{'run-steps/s':>13}{'first-step excess s':>21}"
-        f"{'peak MB':>10}"
+        f"{'peak MB':>10}{'rollout s':>11}{'old logp s':>12}{'update s':>10}"
     )
     results: dict[str, dict[str, float]] = {}
     failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = model_dir_for(args, tmp)
-        for path in args.paths:
+        for path in measured_paths(args):
             try:
                 r = summarise(args, launch(args, argv, path, model_dir, runs[path]))
             except RuntimeError as exc:  # one path's failure (its stderr's end) spares the rest
@@ -578,7 +719,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             print(
                 f"{LABELS[path]:<20}{r['runs']:>5}{r['s_per_step']:>10.3f}"
                 f"{r['run_steps_per_s']:>13.3f}{r['first_excess_s']:>21.2f}"
-                f"{fmt_mb(r['peak_mb']):>10}",
+                f"{fmt_mb(r['peak_mb']):>10}{fmt_s(r.get('rollout_s')):>11}"
+                f"{fmt_s(r.get('old_logp_s')):>12}{fmt_s(r.get('update_s')):>10}",
                 flush=True,
             )
     print_ratios(results)
@@ -598,6 +740,9 @@ def write_json(args: argparse.Namespace, argv: list[str], results: dict, failed:
     record = {
         "command": " ".join(["python benchmarks/llm_throughput.py", *argv]),
         "device": device,
+        "cpu_model": cpu_model(),
+        "threads": args.threads,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -608,8 +753,27 @@ def write_json(args: argparse.Namespace, argv: list[str], results: dict, failed:
         json.dump(record, f, indent=2)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def fmt_mb(value: float) -> str:
     return f"{value:.0f}" if math.isfinite(value) else "n/a"
+
+
+def fmt_s(value: float | None) -> str:
+    """A phase's seconds, or "n/a" where the path logs no phases (TRL)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def print_ratios(results: dict[str, dict[str, float]]) -> None:
@@ -638,6 +802,14 @@ def print_ratios(results: dict[str, dict[str, float]]) -> None:
         r = fast["s_per_step"] / trl["s_per_step"]
         results["ratio_fast_trl"] = r
         print(f"ratio fast / TRL, seconds per step: {r:.2f} (goal <= 0.25)")
+    for name, what in (
+        ("fast_bf16", "CPU bf16 / float32"),
+        ("fast_1thread", "1 thread / --threads"),
+    ):
+        if fast and results.get(name):
+            r = results[name]["s_per_step"] / fast["s_per_step"]
+            results[f"ratio_{name}_fast"] = r
+            print(f"ratio fast {what}, seconds per step: {r:.2f} (< 1: faster)")
 
 
 if __name__ == "__main__":

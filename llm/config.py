@@ -126,7 +126,10 @@ class TrainConfig:
     lora_alpha: float = arg(32.0, "LoRA alpha")
     lora_target: str = arg("all-linear", "peft target_modules")
     gradient_checkpointing: bool = arg(True, "recompute activations in backward (TRL's default)")
-    bf16: bool = arg(True, "bf16 autocast on CUDA (ignored on CPU)")
+    bf16: bool = arg(True, "bf16 autocast on CUDA (on CPU see --cpu-bf16)")
+    cpu_bf16: bool = arg(
+        False, "bf16 autocast on CPU (needs avx512_bf16 or amx_bf16; off: float32, bit-identical)"
+    )
     dtype: str = arg("float32", "parameter dtype", choices=("float32", "bfloat16"))
     # -- model loading ----------------------------------------------------------------------------
     pad_token: str | None = arg(None, "pad token for tokenizers without one")
@@ -202,6 +205,8 @@ class TrainConfig:
                 f"{self.vllm_gpu_memory_utilization}"
             )
         self._check_combinations(world, world > 1 if launched is None else launched)
+        if self.cpu_bf16:
+            check_cpu_bf16(self.device)
         for f in fields(self):
             choices, value = f.metadata.get("choices"), getattr(self, f.name)
             if choices and value is not None and value not in choices:
@@ -283,6 +288,20 @@ class TrainConfig:
         for name in self.report_to:
             if name not in ("tensorboard", "wandb"):
                 raise ValueError(f"--report-to accepts tensorboard and wandb, got {name!r}")
+
+
+def check_cpu_bf16(device: str) -> None:
+    """``--cpu-bf16`` needs a CPU run (``device`` ``cpu``, or ``auto`` resolved to the CPU) on a
+    CPU with native bf16 (:func:`llm.model.cpu_native_bf16`); else a one-line ``ValueError``."""
+    from llm.model import cpu_native_bf16
+
+    if device not in ("cpu", "auto"):
+        raise ValueError(f"--cpu-bf16 is for CPU runs, got --device {device} (CUDA: --bf16)")
+    if not cpu_native_bf16():
+        raise ValueError(
+            "--cpu-bf16 needs a CPU with native bf16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo); "
+            "this one has neither: drop --cpu-bf16"
+        )
 
 
 def _is_int(value: Any) -> bool:

@@ -816,6 +816,7 @@ SHARED = (
     "model",
     "dtype",
     "bf16",
+    "cpu_bf16",
     "temperature",
     "prompts_per_step",
     "group_size",

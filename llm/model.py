@@ -331,6 +331,30 @@ def context_length(model: torch.nn.Module) -> int | None:
     return None
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively: a ``flags`` line of ``/proc/cpuinfo`` (or of
+    ``cpuinfo``, its text) names ``avx512_bf16`` or ``amx_bf16`` (the instructions oneDNN's bf16
+    matmuls use), and torch's kernels dispatch to AVX-512 or above
+    (``torch.backends.cpu.get_cpu_capability``). Without either, CPU bf16 autocast emulates bf16
+    in float32 and is slower than float32; no ``/proc/cpuinfo`` (not Linux) counts as without."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+        if not torch.backends.cpu.get_cpu_capability().startswith(("AVX512", "AMX")):
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags" and set(value.split()) & set(CPU_BF16_FLAGS):
+            return True
+    return False
+
+
 def is_offline(flag: bool) -> bool:
     return flag or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 

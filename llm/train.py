@@ -176,8 +176,12 @@ class Run:
 
     @property
     def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward passes' autocast, the one place it is entered: bf16 on CUDA with ``--bf16``,
+        on the CPU with ``--cpu-bf16`` (else none: float32)."""
         if self.device.type == "cuda" and self.cfg.bf16:
             return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.device.type == "cpu" and self.cfg.cpu_bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     @property
@@ -272,6 +276,8 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
     with models.hf_progress(cfg.progress):
         source, tokenizer, model, chat, max_prompt = load(cfg)
     info, device = dist.init(cfg.device, cfg.backend)
+    if cfg.cpu_bf16 and device.type != "cpu":  # --device auto resolved to a GPU
+        raise ValueError(f"--cpu-bf16 is for CPU runs, this one runs on {device} (CUDA: --bf16)")
     model.to(device)
     engine = None
     if cfg.rollout_backend == "vllm":  # built from the untouched base model, before LoRA/wrapping

@@ -110,6 +110,89 @@ def test_summary_of_runs_side_by_side():
     }
 
 
+def test_cpu_rows_follow_the_fast_path_with_their_flags_and_threads(monkeypatch):
+    """``--cpu-bf16`` and ``--threads-check`` add rows after ``fast``: the fast path's flags plus
+    ``--cpu-bf16``, and the fast path in a process of 1 thread (none where --threads is 1)."""
+    import llm.model
+
+    monkeypatch.setattr(llm.model, "cpu_native_bf16", lambda cpuinfo=None: True)
+    args = llm_throughput.parse_args(["--device", "cpu", "--cpu-bf16", "--threads-check"])
+    assert llm_throughput.measured_paths(args) == [
+        "today",
+        "fast",
+        "fast_bf16",
+        "fast_1thread",
+        "ensemble",
+        "trl",
+    ]
+    fast = llm_throughput.path_flags(args, "fast")
+    assert llm_throughput.path_flags(args, "fast_bf16") == [*fast, "--cpu-bf16"]
+    assert llm_throughput.path_flags(args, "fast_1thread") == fast
+    assert [llm_throughput.threads_of(args, p) for p in ("fast", "fast_1thread")] == [2, 1]
+    one = llm_throughput.parse_args(["--device", "cpu", "--threads-check", "--threads", "1"])
+    assert "fast_1thread" not in llm_throughput.measured_paths(one)
+
+
+def test_cpu_bf16_is_refused_without_native_bf16(monkeypatch):
+    import llm.model
+
+    monkeypatch.setattr(llm.model, "cpu_native_bf16", lambda cpuinfo=None: False)
+    with pytest.raises(ValueError, match=r"^--cpu-bf16 needs a CPU with native bf16"):
+        llm_throughput.parse_args(["--device", "cpu", "--cpu-bf16"])
+
+
+def test_phase_clock_times_the_phases_and_restores_the_functions():
+    """Two runs in step (an ensemble of 2), two steps: each step's phases are the sums over its
+    two log_step calls; the rollout is the step's time less the old log-probs and the update
+    (step 1: 10 - 1 - 4 = 5); the wrapped functions are restored on exit."""
+    import llm.ensemble
+    import llm.train
+
+    originals = [getattr(m, n) for m, n in ((llm.train, "logprobs"), (llm.train, "log_step"))]
+    with llm_throughput.PhaseClock("cpu", runs=2) as clock:
+        assert llm.train.logprobs is not originals[0]
+    assert [llm.train.logprobs, llm.train.log_step] == originals
+    clock.steps = [
+        {"old_logp": 1.0, "update": 4.0},
+        {"old_logp": 0.0, "update": 0.0},
+        {"old_logp": 0.5, "update": 2.0},
+        {"old_logp": 0.0, "update": 0.0},
+    ]
+    assert clock.split([10.0, 3.0]) == {
+        "rollout": [5.0, 0.5],
+        "old_logp": [1.0, 0.5],
+        "update": [4.0, 2.0],
+    }
+
+
+def test_phase_clock_reads_a_tiny_step(tmp_path):
+    """One tiny llm.train step under the clock: every phase is timed (> 0) and the three add up
+    to the step's logged time."""
+    from llm.config import TrainConfig
+    from llm.train import train
+
+    cfg = TrainConfig(
+        model="tiny",
+        task="parity",
+        task_knobs={"length": 2},
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=4,
+        steps=1,
+        epochs=2,
+        minibatches=2,
+        progress=False,
+        save_model=False,
+        device="cpu",
+        out=str(tmp_path),
+    )
+    with llm_throughput.PhaseClock("cpu", runs=1) as clock:
+        times = [r["step_time"] for r in train(cfg)]
+    phases = clock.split(times)
+    assert all(phases[p][0] > 0 for p in llm_throughput.PHASES), phases
+    assert sum(phases[p][0] for p in llm_throughput.PHASES) == pytest.approx(times[0], rel=1e-12)
+
+
 def test_path_flags_select_the_paths():
     args = llm_throughput.parse_args(["--device", "cuda"])
     today = llm_throughput.path_flags(args, "today")
@@ -146,6 +229,9 @@ def test_path_flags_select_the_paths():
         (["--ensemble", "1"], "--ensemble must be >= 2"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--prompts", "3", "--group-size", "1", "--minibatches", "2"], "--minibatches must"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--device", "cuda", "--cpu-bf16"], "--cpu-bf16 measures CPU runs"),
+        (["--device", "cuda", "--threads-check"], "--threads-check measures CPU runs"),
     ],
 )
 def test_bad_arguments(argv, match):
