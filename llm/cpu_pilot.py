@@ -62,7 +62,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-5, help="README's SmolLM2 CPU example's")
-    p.add_argument("--train-args", default="", help="further llm.train flags, e.g. '--cpu-bf16'")
+    p.add_argument(
+        "--train-args", default="", help="further llm.train flags: --train-args=--cpu-bf16"
+    )
     p.add_argument("--time-budget", type=float, default=None, help="seconds; then stop cleanly")
     p.add_argument("--out", default="runs/llm_cpu_pilot")
     return p.parse_args(argv)
