@@ -69,6 +69,19 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
+def _start(out: Path, workers: str) -> subprocess.Popen:
+    """The study in its own session (a terminal's process group), stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, *ARGV, "--out", str(out), "--workers", workers],
+        cwd=ROOT,
+        env=_env(),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def _session_left(sid: int) -> list[psutil.Process]:
     left = []
     for process in psutil.process_iter():
@@ -83,15 +96,7 @@ def _session_left(sid: int) -> list[psutil.Process]:
 def _double_ctrl_c(out: Path, trigger: str, gap: float | None, workers: str) -> tuple[int, str]:
     """Start the study, Ctrl-C once ``trigger`` matches, again ``gap`` s later (None: once); the
     exit status and stderr, once it exited within :data:`EXIT_S` of the last Ctrl-C."""
-    proc = subprocess.Popen(
-        [sys.executable, *ARGV, "--out", str(out), "--workers", workers],
-        cwd=ROOT,
-        env=_env(),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(out, workers)
     try:
         deadline = time.monotonic() + 300
         while not list(out.glob(trigger)):
@@ -140,15 +145,7 @@ def test_ctrl_c_exits_at_once_and_the_study_resumes_exactly(tmp_path, reference,
 def test_ctrl_c_twice_during_start_up_is_one_line(tmp_path, delay):
     """Ctrl-C twice while the command imports torch and the study (before: an import's
     KeyboardInterrupt traceback and status -2): one line, status 130, nothing left running."""
-    proc = subprocess.Popen(
-        [sys.executable, *ARGV, "--out", str(tmp_path / "s"), "--workers", "2"],
-        cwd=ROOT,
-        env=_env(),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(tmp_path / "s", "2")
     try:
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)

@@ -202,6 +202,27 @@ def _start_and_wait_for_a_step(out, extra=()):
     return proc, metrics
 
 
+def _resume_one_more_step(out, done):
+    """``--resume`` of the interrupted command's run for one more step: it continues from the
+    checkpoint's step ``done``."""
+    rows = train(
+        TrainConfig(
+            model="tiny",
+            steps=done + 1,
+            lr=1e-3,
+            prompts_per_step=2,
+            group_size=2,
+            max_new_tokens=4,
+            progress=False,
+            device="cpu",
+            save_model=False,
+            out=str(out),
+            resume=True,
+        )
+    )
+    assert [r["step"] for r in rows] == [done + 1]
+
+
 def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
     """SIGINT (Ctrl-C) is treated like SIGTERM: the step finishes, a checkpoint is written, exit
     130; --resume then continues from the checkpoint's step."""
@@ -214,22 +235,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues(tmp_path):
     assert "run the same command again with --resume to resume" in err.decode()
     steps = len(metrics.read_text().splitlines())
     assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == steps >= 1
-    rows = train(
-        TrainConfig(
-            model="tiny",
-            steps=steps + 1,
-            lr=1e-3,
-            prompts_per_step=2,
-            group_size=2,
-            max_new_tokens=4,
-            progress=False,
-            device="cpu",
-            save_model=False,
-            out=str(out),
-            resume=True,
-        )
-    )
-    assert [r["step"] for r in rows] == [steps + 1]
+    _resume_one_more_step(out, steps)
 
 
 def test_second_ctrl_c_aborts_at_once(tmp_path):
@@ -267,19 +273,4 @@ def test_a_second_ctrl_c_amid_the_checkpoint_write_keeps_the_last_one(tmp_path):
     assert "Traceback" not in err, err[-2000:]
     assert not tmp.exists()
     step = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
-    rows = train(
-        TrainConfig(
-            model="tiny",
-            steps=step + 1,
-            lr=1e-3,
-            prompts_per_step=2,
-            group_size=2,
-            max_new_tokens=4,
-            progress=False,
-            device="cpu",
-            save_model=False,
-            out=str(out),
-            resume=True,
-        )
-    )
-    assert [r["step"] for r in rows] == [step + 1]
+    _resume_one_more_step(out, step)
