@@ -736,6 +736,8 @@ def write_json(args: argparse.Namespace, argv: list[str], results: dict, failed:
     import torch
     import transformers
 
+    from sandbox.experiments.results import cpu_model
+
     device = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     record = {
         "command": " ".join(["python benchmarks/llm_throughput.py", *argv]),
@@ -751,20 +753,6 @@ def write_json(args: argparse.Namespace, argv: list[str], results: dict, failed:
     }
     with open(args.json, "w") as f:
         json.dump(record, f, indent=2)
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def fmt_mb(value: float) -> str:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import time
 from pathlib import Path
+
+from sandbox.experiments.results import cpu_model
 
 
 def load() -> str:
@@ -33,17 +34,6 @@ def load() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except (AttributeError, OSError):
         return "n/a"
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def time_notebook(path: Path, timeout: int) -> tuple[list[tuple[int, float]], float]:
