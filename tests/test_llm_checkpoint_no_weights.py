@@ -85,7 +85,8 @@ def test_a_finished_run_keeps_no_weights_and_cannot_be_resumed_past_its_end(
     out = tmp_path / "run"
     # --checkpoint-every 1: a full checkpoint at step 1, replaced by the record at step 2
     argv = ["--steps", "2", "--checkpoint-every", "1", "--no-save-model", "--out", str(out)]
-    proc = in_process(main, *RUN, *argv)
+    # --progress: the closing line says what was kept (--no-progress silences it, issue 39)
+    proc = in_process(main, *RUN, *argv, "--progress")
     assert proc.returncode in (0, None), proc.stderr[-2000:]  # main returns None: exit 0
     assert "no weights (--no-save-model)" in proc.stderr
     assert_no_weights(out, step=2)
