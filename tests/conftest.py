@@ -1,11 +1,19 @@
 import contextlib
 import io
+import signal
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
 import torch
+
+# A suite started in the background of a non-interactive shell (`nohup ... &`) inherits SIGINT
+# ignored, and so would every command a test starts: the real-Ctrl-C tests would send signals the
+# commands never see (each then runs into its timeout). Commands started from here get SIGINT's
+# default again (a Python-level handler becomes SIG_DFL across exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
