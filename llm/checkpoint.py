@@ -72,10 +72,16 @@ def save(
     try:
         torch.save(state, path + ".tmp")
     except BaseException:  # a second Ctrl-C amid the write: the previous checkpoint stands
-        with contextlib.suppress(OSError):
-            os.unlink(path + ".tmp")
+        discard_partial(out)
         raise
     os.replace(path + ".tmp", path)
+
+
+def discard_partial(out: str) -> None:
+    """Remove a checkpoint write's temp file that an interruption left in ``out`` (a SIGKILL
+    cannot remove its own); the checkpoint it would have replaced is untouched."""
+    with contextlib.suppress(OSError):
+        os.unlink(path_in(out) + ".tmp")
 
 
 def own_storage(tree: Any) -> Any:

@@ -36,7 +36,8 @@ as one :func:`llm.ensemble.train_ensemble`
 (the training forward and backward batched over the runs), each spec still returning the frame its
 own :func:`llm.train.train` run gives (to float rounding: ``tests/test_llm_ensemble.py``,
 ``tests/test_claims_ensemble.py``) until that rounding changes a sampled token, after which the
-two runs differ (measured at the README's tiny settings: docs/llm.md). A single spec is one ordinary ``llm.train`` run. The caller
+two runs differ (measured at the README's tiny settings: docs/llm.md). A single spec is one
+ordinary ``llm.train`` run. The caller
 bounds the ensemble by how many specs it passes at once (the claims study: its llm rung's
 ``ensemble`` setting, ``llm/claims.py``).
 """
@@ -191,7 +192,7 @@ def llm_runs(specs: Sequence[RunSpec]) -> list[pd.DataFrame]:
             if step is None:
                 shutil.rmtree(out, ignore_errors=True)  # nothing to resume from
             else:  # a write cut by SIGKILL (a second Ctrl-C to a study) left its temp file
-                Path(checkpoint.path_in(str(out)) + ".tmp").unlink(missing_ok=True)
+                checkpoint.discard_partial(str(out))
         if any(kept):
             configs = [
                 replace(c, resume=s is not None) for c, s in zip(configs, steps, strict=True)
