@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.time_budget
     deadline = None if budget is None else time.monotonic() + budget
     jobs = [
-        Job(spec.label, (spec.part,), ([spec],), cost="llm", estimate=0.0)
+        Job(spec.part.removesuffix(".parquet"), (spec.part,), ([spec],), cost="llm")
         for spec in found
         if not folder.done(spec.part)
     ]
