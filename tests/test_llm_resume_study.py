@@ -270,10 +270,11 @@ def test_a_study_llm_run_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps)
 
 
 def test_a_study_llm_ensemble_cut_by_sigterm_resumes_mid_way(tmp_path, trained_steps):
-    # the study's 2 seeds of dapo as one ensemble of 6 steps, cut after step 3 or so (2 steps of
-    # margin for a SIGTERM that lands late), then nsr_dapo's 2 seeds, one ensemble; calibration:
+    # the study's 2 seeds of dapo as one ensemble of 12 steps, cut after step 3 or so (8 steps of
+    # margin for a SIGTERM that lands late: with 6 steps the leading ensemble sometimes finished
+    # before its worker's stop, 2026-11-29), then nsr_dapo's 2 seeds, one ensemble; calibration:
     # 1 step
-    length = 6
+    length = 12
     argv = [*QUICK, "--calib-steps", "1", "--llm-ensemble", "2", "--llm-steps", str(length)]
     argv += ["--llm-seeds", "2", "--llm-checkpoint-every", "100"]
     cut, whole = tmp_path / "cut", tmp_path / "whole"
