@@ -4,7 +4,7 @@ rung added here (``sandbox`` never imports ``llm``).
 
 Profiles (:data:`PROFILES`; flags override them): ``quick`` (CI-sized smoke: 23 s on the
 project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the toy rungs at
-full power), ``gpu`` (adds the llm rung on SmolLM2-135M, 8 paired seeds per rule).
+full power and the llm rung at 2-core CPU shapes, run in units with ``--time-budget``), ``gpu`` (adds the llm rung on SmolLM2-135M, 8 paired seeds per rule).
 
 The llm rung trains one ``llm.train`` run per (rule, paired seed); ``--llm-ensemble K`` trains up
 to K seeds of one rule, and its calibration's step sizes at one mu, as one
@@ -82,7 +82,7 @@ class LlmSettings:
     prompts_per_step: int = arg(32, "prompts per step")
     group_size: int = arg(8, "G on the llm rung")
     max_new_tokens: int = arg(16, "tokens per completion")
-    eval_every: int = arg(50, "held-out evaluation every N steps (0: at the end only)")
+    eval_every: int = arg(50, "held-out evaluation at step 0 and every N steps (N divides steps)")
     eval_prompts: int = arg(512, "held-out problems (fixed by the seed)")
     eval_k: int = arg(1, "samples per held-out problem")
     seeds: int = arg(8, "paired seeds per rule (one llm.train run each)")
@@ -101,12 +101,20 @@ class LlmSettings:
     # None: a temporary folder, a cut run restarts (llm.runs)
     scratch: str | None = arg(None, "resumable runs' folder (default: OUT/llm_scratch)")
     checkpoint_every: int = arg(10, "checkpoint every N steps (and on SIGTERM; 0: never)")
+    gradient_checkpointing: bool = arg(
+        True, "llm.train's: recompute activations in backward (off: 0.87x the time on CPU)"
+    )
 
     def __post_init__(self) -> None:
-        low = {"group_size": 2, "eval_every": 0, "checkpoint_every": 0}
+        low = {"group_size": 2, "checkpoint_every": 0}
         epochs = {} if self.epochs is None else {"epochs": mu_grid}
         checks = {"lrs": step_sizes, "task_knobs": knobs, **epochs, "model": text, "task": text}
         settle(self, "llm", low, **checks)
+        if self.steps % self.eval_every:  # the claims read the held-out pass at the last step
+            raise ValueError(
+                f"llm_eval_every must divide llm_steps ({self.steps}), got {self.eval_every}: the "
+                "study reads the held-out pass after the last step"
+            )
 
     def check(self) -> None:
         """The task and the model, before anything runs (the model offline: a Hub id must be in
@@ -148,6 +156,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         "eval_prompts": s.eval_prompts,
         "eval_k": s.eval_k,
         "offline": True,
+        "gradient_checkpointing": s.gradient_checkpointing,
         "save_model": False,
         "progress": False,
     }
@@ -227,7 +236,26 @@ register_rung(
 
 #: Named settings (``--profile``); a section's values under its name. Flags override them.
 PROFILES: dict[str, dict[str, Any]] = {
-    "cpu": {},
+    # the toy rungs at full power and the llm rung at 2-core CPU shapes (issue 40): the task and
+    # horizon chosen by `python -m llm.cpu_pilot`'s rule (results/llm_cpu_pilot/choice.csv), 8 x 4
+    # completions of 16 tokens a step, float32 without gradient checkpointing, one 1-thread
+    # process per core (~44 s a step on the AMD EPYC), the step-size grid around the pilot's 2e-5
+    # (dapo clipped 1.7% there, under the 5-10% band)
+    "cpu": {
+        "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
+        "llm": {
+            "task": "addition",
+            "task_knobs": {"digits": 2},
+            "steps": 10,
+            "lrs": [4e-5, 8e-5],
+            "prompts_per_step": 8,
+            "group_size": 4,
+            "max_new_tokens": 16,
+            "eval_every": 10,
+            "eval_prompts": 128,
+            "gradient_checkpointing": False,
+        },
+    },
     # the llm rung as one compact ensemble of its 8 paired seeds per rule (issue 28's fast path)
     "gpu": {
         "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],

@@ -26,6 +26,7 @@ median seconds per step over the run), ``OUT/choice.csv``
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,8 +35,9 @@ from typing import Any
 import pandas as pd
 
 import llm.runs  # registers the llm run kind, in the pool's worker too
-from sandbox.configs import CommandParser
-from sandbox.experiments.planner import Job, RunFolder
+from sandbox.configs import CommandParser, positive_int
+from sandbox.experiments.planner import Job, RunFolder, answer_signal
+from sandbox.experiments.pool import Terminated
 from sandbox.experiments.results import write_csv
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.study import task_bounds
@@ -66,6 +68,13 @@ def parse_args(argv: list[str] | None):
         "--train-args", default="", help="further llm.train flags: --train-args=--cpu-bf16"
     )
     p.add_argument("--time-budget", type=float, default=None, help="seconds; then stop cleanly")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="processes of one thread each (2 on 2 cores: 2 one-thread runs beat one of two, "
+        "results/llm_cpu_speed; a run's numbers are the same at any count)",
+    )
     p.add_argument("--out", default="runs/llm_cpu_pilot")
     return p.parse_args(argv)
 
@@ -187,10 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         for spec in found
         if not folder.done(spec.part)
     ]
-    left = folder.run(
-        pilot_runs, jobs, total=len(found), workers=1, desc="pilot", deadline=deadline,
-        written=lambda job: llm.runs.remove_scratch(job.args[0][0]),
-    )  # fmt: skip
+    try:
+        left = folder.run(
+            pilot_runs, jobs, total=len(found), workers=args.workers, desc="pilot",
+            deadline=deadline, written=lambda job: llm.runs.remove_scratch(job.args[0][0]),
+        )  # fmt: skip
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Terminated): one line, no traceback
+        signum = err.signum if isinstance(err, Terminated) else signal.SIGINT
+        kept = f"finished runs are parts of {out}, cut ones resume from their checkpoint"
+        return answer_signal(signum, kept)
     choice = tables(folder, found, args.eval_prompts)
     if len(choice):
         print(choice.round(3).to_string(index=False))

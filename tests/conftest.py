@@ -1,9 +1,13 @@
 import contextlib
 import io
+import os
 import signal
+import subprocess
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,3 +80,28 @@ def run_main(main: Callable[[Sequence[str]], int], *argv: str) -> Finished:
 def in_process() -> Callable[..., Finished]:
     """``in_process(main, *argv)``: :func:`run_main`."""
     return run_main
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def offline_env() -> dict[str, str]:
+    """The environment of a command a test starts: this checkout importable, one torch thread,
+    the Hugging Face hub offline."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+
+
+def signal_when(
+    proc: subprocess.Popen, ready: Callable[[], bool], signum: int, wait: float = 180
+) -> str:
+    """Send ``signum`` to ``proc`` once ``ready()`` (polled every 0.1 s; the test fails if the
+    command exits first or ``wait`` seconds pass), then wait for it to exit; its stderr."""
+    deadline = time.monotonic() + wait
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"not ready (exit {proc.returncode}): {proc.communicate()}")
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    return proc.communicate(timeout=120)[1]

@@ -163,6 +163,9 @@ BAD = [
     (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
     (["--workers", "-3"], "argument --workers: must be an integer >= 1, got '-3'"),
     (["--llm-lrs", "-1e-3"], "llm_lrs must be finite numbers > 0"),
+    # the claims read the held-out pass after the last step: an evaluation must fall on it
+    (["--llm-steps", "3", "--llm-eval-every", "2"], "llm_eval_every must divide llm_steps (3)"),
+    (["--llm-eval-every", "0"], "llm_eval_every must be an integer >= 1, got 0"),
 ]
 
 
@@ -458,3 +461,23 @@ def test_the_readmes_claim_example_runs_as_shown(tmp_path, run):
     given = parse_claim(claim)
     fields = ("name", "rule_a", "rule_b", "direction", "metric", "margin")
     assert [getattr(filed, f) for f in fields] == [getattr(given, f) for f in fields]
+
+
+def test_the_cpu_profile_runs_the_llm_rung_rule_by_rule_at_its_cpu_shapes():
+    """``--profile cpu`` (issue 40): the toy rungs and the llm rung at the CPU pilot's shapes,
+    float32 without gradient checkpointing; a rule's 8 paired seeds are planned before the next
+    rule's, so a study cut by ``--time-budget`` holds whole rules, the first rules first."""
+    from llm.claims import llm_spec, parse_args
+    from sandbox.study.plan import study_jobs
+
+    config, _ = parse_args(["--profile", "cpu"])
+    assert config.rungs[-1] == "llm" and config.device == "cpu"
+    s = config.section("llm")
+    assert (s.task, s.task_knobs, s.steps, s.seeds) == ("addition", {"digits": 2}, 10, 8)
+    jobs = [j for j in study_jobs(config, {r: (1.0, 2) for r in config.rungs}) if j.rung == "llm"]
+    assert [(j.rule, j.seed) for j in jobs[:9]] == [
+        *[(config.rules[0], seed) for seed in range(8)],
+        (config.rules[1], 0),
+    ]
+    train = dict(llm_spec(config, jobs[0], seeds=1, steps=s.steps).train)
+    assert train["gradient_checkpointing"] is False and train["eval_every"] == s.steps

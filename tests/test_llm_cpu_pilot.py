@@ -5,8 +5,12 @@ the tables and provenance)."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 
 import pandas as pd
+from conftest import ROOT, offline_env, signal_when
 
 from llm.cpu_pilot import CLEAR, choose, main
 
@@ -74,3 +78,28 @@ def test_the_pilot_writes_its_tables_and_resumes_without_rerunning(tmp_path, cap
     assert "2 of 2 runs already done" in capsys.readouterr().err
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("*.parquet")}
     assert main([*TINY, "--lr", "2e-3", "--out", str(out)]) == 2  # other settings: refused
+
+
+def test_a_sigterm_to_the_pilot_is_one_line_and_the_same_command_resumes(tmp_path):
+    """A real SIGTERM to ``python -m llm.cpu_pilot`` mid-run (2 workers): exit 143, one
+    ``interrupted (SIGTERM)`` line and no traceback, the cut runs' checkpoints kept, and the same
+    command then finishes from them with the parts an uninterrupted pilot writes."""
+    out, whole = tmp_path / "cut", tmp_path / "whole"
+    argv = [*TINY, "--steps", "30", "--eval-every", "15", "--workers", "2"]
+    command = [sys.executable, "-m", "llm.cpu_pilot", *argv, "--out", str(out)]
+    proc = subprocess.Popen(command, cwd=ROOT, env=offline_env(), stderr=subprocess.PIPE, text=True)
+
+    def two_steps_logged() -> bool:
+        logs = (out / "llm_scratch").glob("*/metrics.jsonl")
+        return any(len(p.read_text().splitlines()) >= 3 for p in logs)
+
+    err = signal_when(proc, two_steps_logged, signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "interrupted (SIGTERM)" in err and "Traceback" not in err, err[-3000:]
+    assert list((out / "llm_scratch").glob("*/checkpoint.pt"))  # what the cut runs keep
+    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(whole)]) == 0
+    for part in sorted((whole / "parts").glob("*.parquet")):
+        cut, ref = pd.read_parquet(out / "parts" / part.name), pd.read_parquet(part)
+        keep = [c for c in ref.columns if c not in ("step_time", "tokens_per_s")]
+        pd.testing.assert_frame_equal(cut[keep], ref[keep])

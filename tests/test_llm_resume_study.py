@@ -11,11 +11,9 @@ subprocess (one torch thread, as this test session)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +22,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+from conftest import offline_env, signal_when
 from test_llm_train_loop import config, strip_timing
 
 import llm.runs
@@ -203,16 +202,10 @@ QUICK = ["--quick", "--rungs", "llm", "--rules", "dapo", "nsr_dapo", "--no-progr
 def _cut(argv: list[str], scratch: Path, after: int) -> list[Path]:
     """Run ``python -m llm.claims argv`` until a scratch run logged step ``after``, SIGTERM it;
     return the scratch folders."""
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
     proc = subprocess.Popen(
         [sys.executable, "-m", "llm.claims", *argv],
         cwd=ROOT,
-        env=env,
+        env=offline_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -225,14 +218,7 @@ def _cut(argv: list[str], scratch: Path, after: int) -> list[Path]:
             steps += [json.loads(line)["step"] for line in lines if line.endswith("\n")]
         return max(steps)
 
-    deadline = time.monotonic() + 180
-    while logged() < after:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"no step {after} logged (exit {proc.returncode}): {proc.communicate()}")
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    err = signal_when(proc, lambda: logged() >= after, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "SIGTERM: checkpoint" in err and "run the same command again to resume" in err
     return sorted(p for p in scratch.iterdir() if p.is_dir())

@@ -332,3 +332,19 @@ def test_one_interval_format_serves_every_table():
     assert fmt_interval(1.234, nan, nan, ".2f", alone=" (no interval)") == "1.23 (no interval)"
     assert fmt_interval(0.5, 0.1, nan) == "+0.5000"
     assert fmt_ci(0.25, 0.75, ".2f") == "[0.25, 0.75]"
+
+
+def test_a_rung_whose_seeds_had_no_sampling_variance_reads_n_a_not_nan(folder):
+    """A rung where every group's rewards tied on every step (the tiny Llama of a quick study)
+    has no variance ratio: its table row says n/a and the mechanism sentence leaves it out, where
+    the page used to refuse to build (``$grad_noise has no value``)."""
+    row = {"rung": "tiny_tf", "rule": "nsr_dapo", "seeds": 3, "points": 120}
+    row |= {"rescue_to_signal": 0.01, "sampling_to_signal": 0.5, "variance_ratio": 1.75}
+    row |= {"lo": 0.106903, "hi": 3.393097}
+    tied = {**row, "rung": "llm", "seeds": 0, "points": 3, "variance_ratio": float("nan")}
+    tied |= {"rescue_to_signal": float("nan"), "lo": float("nan"), "hi": float("nan")}
+    pd.DataFrame([row, tied]).to_csv(folder / "grad_noise.csv", index=False)
+    text = page(folder)
+    table = text.split("## Mechanism check (c)")[1].split("\n## ")[0]
+    assert "| llm | nsr_dapo | 0 | 3 | n/a | 0.5000 | n/a |" in table
+    assert "(llm)" not in text.split("- **Mechanism (c)**")[1].split("\n")[0]

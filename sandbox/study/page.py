@@ -182,8 +182,8 @@ def grad_noise_table(noise: pd.DataFrame) -> str:
     ratio with its interval over seeds."""
     if noise.empty:
         return say("not_logged")
-    ratio = [
-        fmt_interval(e, lo, hi, ".4f")
+    ratio = [  # n/a: no seed had sampling variance (every group's rewards tied on every step)
+        fmt_interval(e, lo, hi, ".4f") if math.isfinite(e) else "n/a"
         for e, lo, hi in zip(noise["variance_ratio"], noise["lo"], noise["hi"], strict=True)
     ]
     cols = ["rung", "rule", "seeds", "points", "rescue_to_signal", "sampling_to_signal"]
@@ -638,7 +638,10 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
 
 def mechanism_c(noise: pd.DataFrame, led: pd.DataFrame, auc: pd.DataFrame) -> str:
     """The rescue noise's share and variance ratio, and what the ledgers say of the noisy rule
-    against its deterministic counterpart."""
+    against its deterministic counterpart (rungs where no seed had sampling variance: left out,
+    their table row says n/a)."""
+    if not noise.empty:
+        noise = noise[noise["variance_ratio"].astype(float).map(math.isfinite)]
     if noise.empty:
         return say("no_noise")
     rule = noise["rule"].iloc[0]

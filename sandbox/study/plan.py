@@ -81,14 +81,16 @@ def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
 
 
 def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -> list[StudyJob]:
-    """Every study run at each rung's calibrated (step size, epochs)."""
+    """Every study run at each rung's calibrated (step size, epochs), rule by rule (on a kind of
+    one seed per spec, a rule's paired seeds before the next rule's: a study cut by
+    ``--time-budget`` holds whole rules, the first ones of ``rules`` first)."""
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
         seeds = [0] if r.traits.replicates else range(config.seeds(rung))
         lr, mu = settings[rung]
         rules = rung_rules(config, rung)
-        out += [StudyJob("study", rung, rule, lr, mu, s) for s in seeds for rule in rules]
+        out += [StudyJob("study", rung, rule, lr, mu, s) for rule in rules for s in seeds]
     return out
 
 
