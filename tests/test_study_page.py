@@ -99,6 +99,29 @@ def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(
     assert f"The toy rungs' {seeds} paired seeds" in text
 
 
+@pytest.mark.parametrize(
+    "rungs",
+    [
+        ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],  # --quick as it comes
+        ["bandit_exact"],  # exact only: no paired seeds, an empty power table
+        ["bandit_sampled"],
+    ],
+    ids=["quick", "exact-only", "sampled-only"],
+)
+def test_every_rung_subset_of_a_quick_study_writes_its_page(tmp_path, in_process, rungs):
+    """``llm.claims --quick --doc`` on each rung subset writes a page with every placeholder
+    filled and no nan (it refused on the llm rung's tied seeds, ``$grad_noise``, and on an
+    exact-only study's empty ``power.csv``)."""
+    pytest.importorskip("transformers")
+    out, doc = tmp_path / "study", tmp_path / "claims.md"
+    argv = ["--quick", "--rungs", *rungs, "--no-progress", "--workers", "1", "--out", str(out)]
+    proc = in_process(llm.claims.main, *argv, "--doc", str(doc))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = doc.read_text()
+    assert not LEFT.search(text), LEFT.search(text)
+    assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
+
+
 def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
     before = page(folder)
     line = section(before, "- **bandit_sampled** — supported:")

@@ -23,7 +23,16 @@ from sandbox.experiments.runs import objective_of
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
 from . import evidence
-from .claims import CLAIMS, Bounds, Claim, headroom, holm_by_rung, ledger, power_lines
+from .claims import (
+    CLAIMS,
+    POWER_COLUMNS,
+    Bounds,
+    Claim,
+    headroom,
+    holm_by_rung,
+    ledger,
+    power_lines,
+)
 from .config import MARGINS, MECHANISM, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE
 from .rungs import RUNGS, evaluation_only
 
@@ -155,7 +164,7 @@ def rung_power(scores: pd.DataFrame) -> pd.DataFrame:
     """The power line of every rung with paired seeds, for every metric with a margin."""
     sampled = scores[scores.groupby("rung")["seed"].transform("nunique") > 1]
     frames = [power_lines(sampled, m, MARGINS[m]) for m in MARGINS if sampled[m].notna().any()]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=POWER_COLUMNS)
 
 
 def rank_agreement(

@@ -395,6 +395,9 @@ def power_lines(
         sd = np.sqrt(2) * res
         needed = seeds_for(sd, margin, power)
         rows.append((rung, metric, len(table), table.shape[1], res, sd, margin, needed))
-    columns = ["rung", "metric", "seeds", "rules", "residual_sd"]
-    columns += ["diff_sd", "margin", "seeds_needed"]
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame(rows, columns=POWER_COLUMNS)
+
+
+#: The columns of :func:`power_lines` (and of ``power.csv``, empty in a study of exact rungs only).
+POWER_COLUMNS = ["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin"]
+POWER_COLUMNS += ["seeds_needed"]

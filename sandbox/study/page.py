@@ -537,6 +537,8 @@ def where_read(led: pd.DataFrame, auc: pd.DataFrame) -> str:
 
 def power_text(power: pd.DataFrame) -> str:
     """Per rung: the metrics whose margin needs more paired seeds than the rung ran."""
+    if power.empty:
+        return say("no_power")
     said = []
     for rung, part in power.groupby("rung", sort=False):
         seeds = int(part["seeds"].max())
