@@ -253,6 +253,7 @@ PROFILES: dict[str, dict[str, Any]] = {
             "max_new_tokens": 16,
             "eval_every": 10,
             "eval_prompts": 128,
+            "eval_k": 2,
             "gradient_checkpointing": False,
         },
     },

@@ -120,6 +120,12 @@ def test_every_rung_subset_of_a_quick_study_writes_its_page(tmp_path, in_process
     text = doc.read_text()
     assert not LEFT.search(text), LEFT.search(text)
     assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
+    ran = text.split("## The llm rung")[1].split("\n\n")[1]  # what ran, from the folder alone
+    if "llm" in rungs:
+        assert "`tiny` on `addition` (digits=1)" in ran and "dapo 3, grpo 3, gspo 3" in ran
+        assert "dapo's final held-out pass@1 is" in ran and "answer floor" in ran
+    else:
+        assert ran.startswith("No SmolLM2 run is in this folder")
 
 
 def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):

@@ -330,6 +330,36 @@ def rungs_design(config: dict, sections: dict) -> str:
     return " ".join(say(name, b=b, t=t, about=about, knobs=knobs) for name in said)
 
 
+def llm_ran(summ: pd.DataFrame, bounds: pd.DataFrame, config: dict) -> str:
+    """What the folder's llm rung ran: its settings (``config.json``), the calibrated point and
+    dapo's clip share there, each rule's paired seeds, the rules not run yet, and dapo's final
+    held-out pass against the answer floor; or that no llm run is here."""
+    rows = summ[summ["rung"] == "llm"]
+    if rows.empty:
+        return say("llm_not_run")
+    s, first = config["sections"]["llm"], rows.iloc[0]
+    ref = rows[rows["rule"] == REFERENCE]
+    text = say(
+        "llm_ran",
+        model=s["model"], task=s["task"], steps=s["steps"], prompts=s["prompts_per_step"],
+        knobs=", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s["task_knobs"].items())),
+        group=s["group_size"], tokens=s["max_new_tokens"], mu=int(first.epochs),
+        minibatches=config["minibatches"], lr=f"{first.lr:g}", eval_prompts=s["eval_prompts"],
+        eval_k=s["eval_k"], every=s["eval_every"], clip=_pct(ref["clip_frac"].iloc[0]) if len(ref) else "not run",
+        ran=_and(f"{r.rule} {r.seeds}" for r in rows.itertuples()),
+    )  # fmt: skip
+    left = [r for r in config["rules"] if r not in set(rows["rule"])]
+    text += " " + (say("llm_left", left=", ".join(left)) if left else say("llm_all"))
+    floor = bounds.loc[bounds["rung"] == "llm", "floor"]
+    if len(ref) and len(floor):
+        reached, floor = float(ref["final_pass"].iloc[0]), float(floor.iloc[0])
+        clears = f"{'clears' if reached >= floor + 0.10 else 'does not clear'} it by 0.10"
+        text += " " + say(
+            "llm_reference", reached=_num3(reached), floor=_num3(floor), clears=clears
+        )
+    return text
+
+
 def llm_rung(floor: bool = False) -> str:
     """The llm rung's model and task at its default settings (``floor``: its answer baseline).
     ``llm.claims`` registers the rung; ``sandbox`` never imports ``llm``."""
@@ -755,6 +785,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "transfer": lambda: transfer_section(out),
         "llm_floor": lambda: llm_rung(floor=True),
         "llm_task": llm_rung,
+        "llm_ran": lambda: llm_ran(summ, t["bounds"], config),
         "llm_pilot": lambda: llm_pilot(out),
         "pairing_note": lambda: say(f"pairing_{now}", rng=RNG),
         "held_out_note": lambda: say(f"held_out_{now}", rng=RNG),
