@@ -276,3 +276,30 @@ def test_the_committed_folders_account_for_every_part_and_say_what_was_not_recor
             assert run["date"] == "2026-11-25" and run["cpu_model"].startswith(R.NOT_RECORDED)
         else:  # the rerun of 2026-11-26 recorded everything
             assert run["date"].startswith("2026-11-26") and "not recorded" not in str(run)
+
+
+def test_a_run_records_the_code_it_began_with_and_a_commit_made_while_it_ran(
+    tmp_path, monkeypatch
+):
+    """A long study runs while its author commits: its parts were computed by the checkout as it
+    was when the command began, so that is the entry's ``git_commit``/``git_dirty``, and the
+    checkout at the end is ``git_at_end`` (it recorded the end's alone, naming code that computed
+    nothing of it); no ``git_at_end`` when nothing changed."""
+    from sandbox.experiments import planner
+    from sandbox.experiments.planner import Job, RunFolder
+
+    states = iter([{"git_commit": "a" * 40, "git_dirty": False}])
+    end = {"git_commit": "b" * 40, "git_dirty": True}
+    fake = lambda: next(states, end)  # noqa: E731: the first call is the start's
+    monkeypatch.setattr(planner, "git_commit", fake)
+    monkeypatch.setattr(R, "git_commit", fake)
+    folder = RunFolder(tmp_path / "f", {"steps": 1})
+    folder.run(lambda: [pd.DataFrame({"x": [1]})], [Job("a", ("a.parquet",), ())], total=1)
+    entry = R.read_provenance(tmp_path / "f")["runs"][0]
+    assert (entry["git_commit"], entry["git_dirty"]) == ("a" * 40, False)
+    assert entry["git_at_end"] == end
+    monkeypatch.setattr(planner, "git_commit", lambda: end)
+    folder = RunFolder(tmp_path / "g", {"steps": 1})
+    folder.run(lambda: [pd.DataFrame({"x": [1]})], [Job("a", ("a.parquet",), ())], total=1)
+    entry = R.read_provenance(tmp_path / "g")["runs"][0]
+    assert entry["git_commit"] == "b" * 40 and "git_at_end" not in entry

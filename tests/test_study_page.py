@@ -330,7 +330,9 @@ def test_the_provenance_list_says_what_each_entry_did_not_record(tmp_path):
     run |= {"git_dirty": True, "parts": 3, "note": "resumed"}
     tables = {"command": "python -m llm.claims --tables-only", "date": "2026-01-04"}
     tables |= {"device": "cpu", "parts": 9, "note": "not listed", "git_dirty": False}
-    record = {"runs": [run, {"date": "2026-01-03"}], "tables": tables}
+    moved = {"date": "2026-01-05", "git_commit": "abc", "git_dirty": False, "parts": 1}
+    moved |= {"git_at_end": {"git_commit": "def", "git_dirty": True}}  # committed as it ran
+    record = {"runs": [run, {"date": "2026-01-03"}, moved], "tables": tables}
     (tmp_path / "provenance.json").write_text(json.dumps(record))
     unknown = "CPU not recorded, torch not recorded, Python not recorded, torch threads not "
     unknown += "recorded, OS not recorded, code not recorded"
@@ -339,6 +341,9 @@ def test_the_provenance_list_says_what_each_entry_did_not_record(tmp_path):
         "CPU not recorded, torch 2.13.0, Python 3.11.7, torch threads 2, OS not recorded, "
         "code abc with uncommitted changes (resumed)",
         f"- runs: `not recorded` — 2026-01-03; device not recorded, {unknown}",
+        f"- runs: `not recorded` — 2026-01-05, 1 parts; device not recorded, "
+        f"{unknown.replace('code not recorded', 'code abc')} (the checkout was at def with "
+        "uncommitted changes when it ended)",
         f"- tables and figures: `python -m llm.claims --tables-only` — 2026-01-04; device cpu, "
         f"{unknown}",
     ]

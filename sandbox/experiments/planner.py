@@ -26,6 +26,7 @@ from sandbox.configs import check_int
 from .pool import DeadlineReached, answer_interrupt, signals_deferred
 from .results import (
     check_settings,
+    git_commit,
     prepare_out_dir,
     record_run,
     remove_temp_files,
@@ -118,6 +119,7 @@ class RunFolder:
         self.force = force
         self.device = device
         self._fresh = not any(self.parts.glob("*.parquet"))  # earlier runs' entries are stale
+        self.code = git_commit()  # the code that computes: a commit made while it runs is not
         self.longest: dict[str, float] = {}  # seconds of the longest job of each cost class
         self.stopped: list[Job] = []  # jobs a deadline stopped while they ran
 
@@ -214,7 +216,12 @@ class RunFolder:
             bar.close()
             if count:  # also when interrupted: the parts it wrote are the folder's now
                 record_run(
-                    self.out, device=self.device, fresh=self._fresh, parts=count, workers=workers
+                    self.out,
+                    device=self.device,
+                    fresh=self._fresh,
+                    code=self.code,
+                    parts=count,
+                    workers=workers,
                 )
                 self._fresh = False
         return list(left.values())

@@ -309,9 +309,12 @@ def command_line() -> str:
     return shlex.join(argv)
 
 
-def provenance(device: str = "cpu", **extra: Any) -> dict[str, Any]:
+def provenance(
+    device: str = "cpu", code: Mapping[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
     """Where and how this process computes (the command, UTC date, device and its model,
-    versions, threads, OS, git commit); ``extra`` fields after them."""
+    versions, threads, OS, git commit: ``code``, :func:`git_commit`'s record taken when the work
+    began, else now); ``extra`` fields after them."""
     import torch
 
     gpu = None
@@ -328,7 +331,7 @@ def provenance(device: str = "cpu", **extra: Any) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "os": platform.platform(),
-        **git_commit(),
+        **(code or git_commit()),
         **extra,
     }
 
@@ -347,14 +350,24 @@ def _write_provenance(out_dir: str | Path, record: Mapping[str, Any]) -> None:
 
 
 def record_run(
-    out_dir: str | Path, *, device: str = "cpu", fresh: bool = False, **extra: Any
+    out_dir: str | Path,
+    *,
+    device: str = "cpu",
+    fresh: bool = False,
+    code: Mapping[str, Any] | None = None,
+    **extra: Any,
 ) -> None:
     """Add this command to the folder's ``runs`` provenance (it computed parts; ``extra``, e.g.
     ``parts=3``, goes into its entry). ``fresh``: the folder's earlier parts are gone (a new
-    folder, or ``--force`` deleted them), so their entries go too."""
+    folder, or ``--force`` deleted them), so their entries go too. ``code``: the checkout's
+    :func:`git_commit` when the command began (the code that computed); where the checkout
+    differs now, the entry adds ``git_at_end`` (a commit or edit made while it ran)."""
     record = read_provenance(out_dir)
     runs = [] if fresh else list(record.get("runs", []))
-    record["runs"] = [*runs, provenance(device, **extra)]
+    now = git_commit()
+    if code is not None and dict(code) != now:
+        extra = {**extra, "git_at_end": now}
+    record["runs"] = [*runs, provenance(device, code=code or now, **extra)]
     _write_provenance(out_dir, record)
 
 

@@ -302,6 +302,12 @@ def provenance_text(out: Path) -> str:
             "parts": f", {entry['parts']} parts" if run and "parts" in entry else "",
             "note": f" ({entry['note']})" if run and entry.get("note") else "",
         }
+        if run and isinstance(entry.get("git_at_end"), dict):  # committed or edited as it ran
+            end = entry["git_at_end"]
+            changed = " with uncommitted changes" if end.get("git_dirty") is True else ""
+            words["note"] += (
+                f" (the checkout was at {end.get('git_commit')}{changed} when it ended)"
+            )
         lines.append(PROVENANCE_LINE.format_map(words))
     return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
 
