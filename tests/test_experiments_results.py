@@ -112,8 +112,7 @@ STUDY_RULES = ("dapo", "nsr_dapo")
 
 def _study_parts() -> list[Path]:
     """Every calibration part of the committed claims study and the study parts of two rules
-    (a claim, the grad-noise check, every rung; the rank agreement, whose bootstrap is slow,
-    needs three rules: the rebuild of the whole committed study below covers it)."""
+    (a claim, the grad-noise check, every rung)."""
     parts = sorted((ROOT / "results" / "claims" / "parts").glob("*.parquet"))
     keep = [p for p in parts if p.name.startswith("calib__")]
     keep += [p for p in parts if p.name.split("__")[2] in STUDY_RULES and "study__" in p.name]
@@ -278,9 +277,7 @@ def test_the_committed_folders_account_for_every_part_and_say_what_was_not_recor
             assert run["date"].startswith("2026-11-26") and "not recorded" not in str(run)
 
 
-def test_a_run_records_the_code_it_began_with_and_a_commit_made_while_it_ran(
-    tmp_path, monkeypatch
-):
+def test_a_run_records_the_code_it_began_with_and_a_commit_made_while_it_ran(tmp_path, monkeypatch):
     """A long study runs while its author commits: its parts were computed by the checkout as it
     was when the command began, so that is the entry's ``git_commit``/``git_dirty``, and the
     checkout at the end is ``git_at_end`` (it recorded the end's alone, naming code that computed
@@ -290,7 +287,10 @@ def test_a_run_records_the_code_it_began_with_and_a_commit_made_while_it_ran(
 
     states = iter([{"git_commit": "a" * 40, "git_dirty": False}])
     end = {"git_commit": "b" * 40, "git_dirty": True}
-    fake = lambda: next(states, end)  # noqa: E731: the first call is the start's
+
+    def fake() -> dict:  # the first call is the start's
+        return next(states, end)
+
     monkeypatch.setattr(planner, "git_commit", fake)
     monkeypatch.setattr(R, "git_commit", fake)
     folder = RunFolder(tmp_path / "f", {"steps": 1})

@@ -1,5 +1,5 @@
 """The study's analysis (sandbox.study.analysis): its ledger (exact rungs by sign, NSR and its
-decay on the flow), like_unclipped and rank agreement, on rows worked by hand."""
+decay on the flow) and like_unclipped, on rows worked by hand."""
 
 from __future__ import annotations
 
@@ -146,26 +146,6 @@ def test_like_unclipped_flags_a_tiny_gap_whose_tight_interval_excludes_0(gap):
     assert evidence.within_margin(diff, 0.02) and not evidence.within_margin(diff, 0.001)
     assert like_unclipped(scores, "r", "kl_cov_verl")
     assert not like_unclipped(_crn_pair(-0.03), "r", "kl_cov_verl")  # beyond the margin
-
-
-def test_rank_agreement_with_and_without_the_step_size_rule():
-    from sandbox.study import rank_agreement
-
-    # rung a orders dapo > grpo > nsr_dapo > gspo on every seed; rung b agrees on gspo last but
-    # reverses the other three: with gspo, 3 concordant (pairs with gspo) and 3 discordant of 6
-    # untied pairs -> tau-b 0; without gspo, all 3 discordant -> -1
-    base = np.array([0.0, 0.01, -0.01])
-    a = {
-        ("a", r): list(v + base)
-        for r, v in zip(["dapo", "grpo", "nsr_dapo", "gspo"], [0.9, 0.6, 0.3, 0.0], strict=True)
-    }
-    b = {
-        ("b", r): list(v + base)
-        for r, v in zip(["dapo", "grpo", "nsr_dapo", "gspo"], [0.3, 0.6, 0.9, 0.0], strict=True)
-    }
-    table = rank_agreement(run_scores(_rows({**a, **b})), draws=50).set_index("without")
-    assert table.loc["", "tau_b"] == pytest.approx(0.0, abs=1e-12)
-    assert table.loc["gspo", "tau_b"] == pytest.approx(-1.0, abs=1e-12)
 
 
 @pytest.mark.filterwarnings("error")  # the real command would print a numpy warning

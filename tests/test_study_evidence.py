@@ -206,36 +206,3 @@ def test_seeds_needed_agrees_with_a_simulated_paired_t_test():
     d = rng.normal(0.8, 1.0, size=(20_000, n))
     p = stats.ttest_1samp(d, 0.0, axis=1).pvalue
     assert np.mean(p < 0.05) == pytest.approx(ev.paired_power(n, 1.0, 0.8), abs=0.01)
-
-
-def test_kendall_tau_b_counts_ties_as_scipy_does():
-    x, y = np.array([1.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])
-    i, j = np.triu_indices(3, 1)
-    # pairs: (0,1) tied in x; (0,2), (1,2) concordant -> 2 / sqrt(2 * 3) = 0.816497
-    tau = ev.kendall_tau_b(np.sign(x[i] - x[j]), np.sign(y[i] - y[j]))
-    assert tau == pytest.approx(2 / np.sqrt(6), abs=1e-12)
-    assert tau == pytest.approx(stats.kendalltau(x, y).statistic, abs=1e-12)
-    assert np.isnan(ev.kendall_tau_b(np.zeros(3), np.ones(3)))
-
-
-def test_pair_signs_ties_rules_the_noise_cannot_separate():
-    rng = np.random.default_rng(0)
-    noise = rng.normal(0, 0.05, size=(16, 3))
-    table = np.array([0.50, 0.51, 0.80]) + noise  # rules 0 and 1 within the noise, 2 far above
-    signs = ev.pair_signs(table)  # pairs (0,1), (0,2), (1,2)
-    assert signs.tolist() == [0.0, -1.0, -1.0]
-    # a deterministic rung (one row) ties pairs within tol
-    assert ev.pair_signs(np.array([[0.5, 0.5001, 0.8]]), tol=1e-3).tolist() == [0.0, -1.0, -1.0]
-    assert ev.pair_signs(np.array([[0.5, 0.5001, 0.8]])).tolist() == [-1.0, -1.0, -1.0]
-
-
-def test_tau_b_interval_is_one_for_the_same_clear_order_and_resamples_each_rung():
-    rng = np.random.default_rng(0)
-    a = np.array([0.1, 0.4, 0.7, 0.9]) + rng.normal(0, 0.01, size=(12, 4))
-    b = np.array([0.2, 0.3, 0.5, 0.6]) + rng.normal(0, 0.01, size=(8, 4))
-    tau, lo, hi = ev.tau_b_interval(a, b, draws=200)
-    assert (tau, lo, hi) == (1.0, 1.0, 1.0)
-    rev = ev.tau_b_interval(a, b[:, ::-1], draws=50)
-    assert rev[0] == -1.0
-    with pytest.raises(ValueError, match="same rules"):
-        ev.tau_b_interval(a, b[:, :3])

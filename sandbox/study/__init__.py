@@ -9,7 +9,7 @@ What is where:
 - :mod:`.settings`: each rung's typed settings by section, and their value checks;
 - :mod:`.rungs`: :class:`Rung`, :data:`RUNGS`, the toy rungs and their bounds, :class:`StudyJob`;
 - :mod:`.plan`: the jobs (calibration, study), their parts and specs, :func:`run_study`, calibration;
-- :mod:`.analysis`: per-run scores, the study's ledger, rank agreement, summaries, mechanism checks;
+- :mod:`.analysis`: per-run scores, the study's ledger, summaries, mechanism checks;
 - :mod:`.tables`: :func:`write_tables` and the figures (:func:`rebuild_tables` is in :mod:`.plan`);
 - :mod:`.transfer`: each claim's effect on every rung side by side, and their sign agreement;
 - :mod:`.page` (+ ``page.md``): the page (docs/claims.md) from a Markdown template and the tables;
@@ -21,7 +21,7 @@ the planner, result storage), never back.
 
 from __future__ import annotations
 
-from .analysis import calibration_curve, rank_agreement, run_scores, study_ledger
+from .analysis import calibration_curve, run_scores, study_ledger
 from .claims import CLAIMS, Bounds, Claim, ledger
 from .config import MARGINS, REFERENCE, StudyConfig, part_fields, read_record, with_folder
 from .plan import (
@@ -52,7 +52,6 @@ __all__ = [
     "ledger",
     "part_fields",
     "probe_settings",
-    "rank_agreement",
     "read_record",
     "rebuild_tables",
     "register_rung",

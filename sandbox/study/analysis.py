@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from itertools import combinations
 
 import numpy as np
 import pandas as pd
@@ -33,7 +32,7 @@ from .claims import (
     ledger,
     power_lines,
 )
-from .config import MARGINS, MECHANISM, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE
+from .config import MARGINS, MECHANISM, NEVER_BINDS, REFERENCE
 from .rungs import RUNGS, evaluation_only
 
 #: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
@@ -165,31 +164,6 @@ def rung_power(scores: pd.DataFrame) -> pd.DataFrame:
     sampled = scores[scores.groupby("rung")["seed"].transform("nunique") > 1]
     frames = [power_lines(sampled, m, MARGINS[m]) for m in MARGINS if sampled[m].notna().any()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=POWER_COLUMNS)
-
-
-def rank_agreement(
-    scores: pd.DataFrame, metric: str = "final_pass", draws: int = 1000
-) -> pd.DataFrame:
-    """Tau-b (near-ties within the paired 95% interval count as ties) between the rule orders
-    of every pair of rungs, with a bootstrap interval over seeds, with and without
-    :data:`STEP_SIZE_RULE`."""
-    tables = {
-        r: s.pivot_table(index="seed", columns="rule", values=metric)
-        for r, s in scores.groupby("rung", sort=False)
-    }
-    rungs = ladder_order(pd.DataFrame({"rung": list(tables)}), ["rung"])["rung"].tolist()
-    rows = []
-    for a, b in combinations(rungs, 2):
-        common = sorted(set(tables[a].columns) & set(tables[b].columns))
-        for without in ("", STEP_SIZE_RULE):
-            rules = [r for r in common if r != without]
-            if len(rules) < 3:
-                continue
-            on_a, on_b = tables[a][rules].to_numpy(), tables[b][rules].to_numpy()
-            tau = evidence.tau_b_interval(on_a, on_b, tol=1e-6, draws=draws)
-            rows.append((metric, a, b, without, len(rules), *tau))
-    columns = ["metric", "rung_a", "rung_b", "without", "rules", "tau_b", "lo", "hi"]
-    return pd.DataFrame(rows, columns=columns)
 
 
 def rule_summary(scores: pd.DataFrame) -> pd.DataFrame:

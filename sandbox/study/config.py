@@ -21,8 +21,8 @@ from .settings import SECTIONS, check_fields, migrate, mu_grid, section_settings
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
-#: A rule whose gap is a step-size effect (its bounds are 1e3 x narrower): rank agreement is
-#: reported with and without it.
+#: A rule whose gap is a step-size effect (its bounds are 1e3 x narrower): the page names its
+#: zeroed gradient mass apart from the hard clips'.
 STEP_SIZE_RULE = "gspo"
 #: The smallest effect of interest per metric (the power line and the "contradicted" margin):
 #: 0.02 pass@1 (a gap a paper would report), 0.05 nats of entropy.

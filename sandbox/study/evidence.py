@@ -5,9 +5,7 @@ two rules' runs under one seed are a pair, and their difference removes the seed
 (Henderson et al., arXiv 1709.06560; Agarwal et al., arXiv 2108.13264). From a seeds x rules
 table of one metric: the paired difference and its Student-t interval, the paired t-test and
 Holm's adjustment over a family of claims, a verdict (five symmetric classes), the power line
-(residual SD, seeds needed, from the noncentral t) and rank agreement between rungs (tau-b over
-pair signs, near-ties within the noise counting as ties, with a bootstrap interval over seeds).
-Every function takes plain arrays and returns numbers; nothing here runs a trainer.
+(residual SD, seeds needed, from the noncentral t). Every function takes plain arrays and returns numbers; nothing here runs a trainer.
 """
 
 from __future__ import annotations
@@ -210,63 +208,3 @@ def seeds_needed(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if paired_power(mid, sd, effect, alpha) >= power else (mid + 1, hi)
     return lo
-
-
-def pair_signs(table: np.ndarray, *, level: float = 0.95, tol: float = 0.0) -> np.ndarray:
-    """The order of every pair of rules (i < j, ``np.triu_indices`` order) in a seeds x rules
-    table: +1 if rule i is above rule j, -1 if below, 0 if tied. With two or more seeds a pair is
-    ordered only when the paired interval of i - j excludes 0 (near-ties within the noise count
-    as ties); with one row (a deterministic rung such as the exact flow) when ``|i - j| > tol``."""
-    x = np.asarray(table, dtype=float)
-    if x.ndim != 2:
-        raise ValueError(f"table must be seeds x rules (2-d), got shape {x.shape}")
-    i, j = np.triu_indices(x.shape[1], 1)
-    d = x[:, i] - x[:, j]
-    d = d[np.all(np.isfinite(d), axis=1)]
-    mean = d.mean(0) if len(d) else np.full(len(i), np.nan)
-    half = t_half_width(d.std(0, ddof=1), len(d), level) if len(d) >= 2 else 0.0
-    return np.where(np.abs(mean) > np.maximum(half, tol), np.sign(mean), 0.0)
-
-
-def kendall_tau_b(signs_a: np.ndarray, signs_b: np.ndarray) -> float:
-    """Kendall's tau-b from two rankings' pair signs (``pair_signs``, or ``np.sign`` of pairwise
-    differences): (concordant - discordant) / sqrt(untied pairs of a x untied pairs of b).
-    NaN when either ranking ties every pair."""
-    sa, sb = np.asarray(signs_a, dtype=float), np.asarray(signs_b, dtype=float)
-    if sa.shape != sb.shape:
-        raise ValueError(f"signs_a and signs_b must have one shape, got {sa.shape}, {sb.shape}")
-    denom = np.sqrt(np.count_nonzero(sa) * np.count_nonzero(sb))
-    return float(np.sum(sa * sb) / denom) if denom > 0 else float("nan")
-
-
-def tau_b_interval(
-    table_a: np.ndarray,
-    table_b: np.ndarray,
-    *,
-    level: float = 0.95,
-    tol: float = 0.0,
-    draws: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Tau-b between two rungs' seeds x rules tables (same rule columns, in the same order) with
-    a percentile bootstrap interval: the seeds of each rung are resampled on their own (runs on
-    two rungs are not pairs). Returns (tau, lo, hi)."""
-    a, b = np.asarray(table_a, dtype=float), np.asarray(table_b, dtype=float)
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"the tables must have the same rules, got {a.shape[1]} and {b.shape[1]}")
-
-    def tau(x: np.ndarray, y: np.ndarray) -> float:
-        return kendall_tau_b(
-            pair_signs(x, level=level, tol=tol), pair_signs(y, level=level, tol=tol)
-        )
-
-    rng = np.random.default_rng(seed)
-    resample = [
-        (rng.integers(len(a), size=len(a)), rng.integers(len(b), size=len(b))) for _ in range(draws)
-    ]
-    boot = np.array([tau(a[i], b[j]) for i, j in resample])
-    boot = boot[np.isfinite(boot)]
-    if len(boot) == 0:
-        return tau(a, b), float("nan"), float("nan")
-    lo, hi = np.percentile(boot, [50 * (1 - level), 50 * (1 + level)])
-    return tau(a, b), float(lo), float(hi)

@@ -61,7 +61,6 @@ SHARES = {
     "grad_mass_zero_hi": "zero_hi",
     "grad_mass_rescued": "rescued",
 }
-UNDEFINED_TAU = "undefined (a rung resolves no pair)"
 #: The claims table's columns (a :class:`.claims.Claim`'s fields, renamed).
 CLAIM_COLUMNS = ["claim", "A", "B", "metric", "A is", "source"]
 
@@ -189,23 +188,6 @@ def grad_noise_table(noise: pd.DataFrame) -> str:
     cols = ["rung", "rule", "seeds", "points", "rescue_to_signal", "sampling_to_signal"]
     shown = noise.assign(variance_ratio=ratio)
     return _table(shown, [*cols, "variance_ratio"], **dict.fromkeys(cols[-2:], _num))
-
-
-def _without(agree: pd.DataFrame) -> pd.Series:
-    """The rules an agreement row leaves out, in words."""
-    return agree["without"].fillna("").map(lambda w: f"without {w}" if w else "all rules")
-
-
-def agreement_table(agree: pd.DataFrame) -> str:
-    """The rank agreement between rungs as printed (tau-b with its bootstrap interval)."""
-    tau = [
-        fmt_interval(t, lo, hi)
-        if math.isfinite(t)
-        else UNDEFINED_TAU + (f"; bootstrap {fmt_ci(lo, hi, '+.2f')}" if math.isfinite(lo) else "")
-        for t, lo, hi in zip(agree["tau_b"], agree["lo"], agree["hi"], strict=True)
-    ]
-    cols = ["metric", "rung_a", "rung_b", "without", "rules", "tau"]
-    return _table(agree.assign(without=_without(agree), tau=tau), cols, say("no_agreement"))
 
 
 def _transfer_cell(row: pd.Series) -> str:
@@ -386,7 +368,7 @@ def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     """The study's tables in ``out``, rungs in ladder order and claims in ledger order, and the
     exact flow's calibration over mu beside it (``exact_mu``); an optional table a folder
     predates (``bounds``, ``grad_noise``, ``exact_mu``) is empty."""
-    names = ("calibration", "summary", "ledger", "ledger_auc", "power", "agreement", "entropy_law")
+    names = ("calibration", "summary", "ledger", "ledger_auc", "power", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
     optional = {n: out / f"{n}.csv" for n in ("bounds", "grad_noise")}
     optional["exact_mu"] = out.parent / EXACT_MU / "calibration.csv"
@@ -594,26 +576,6 @@ def power_text(power: pd.DataFrame) -> str:
     return " ".join(said)
 
 
-def agreement_text(agree: pd.DataFrame) -> str:
-    """Per metric and pair of rungs, whether the rule orders agree (tau-b interval above 0),
-    disagree (below 0) or are not resolved (it contains 0)."""
-
-    def word(r: tuple) -> str:
-        if not math.isfinite(r.tau_b):
-            return f"{r.without}: {UNDEFINED_TAU}"
-        said = "agree" if r.lo > 0 else "disagree" if r.hi < 0 else "not resolved"
-        return f"{r.without}: {said}, {r.tau_b:+.2f} {fmt_ci(r.lo, r.hi, '+.2f')}"
-
-    said = []
-    for metric, part in agree.assign(without=_without(agree)).groupby("metric", sort=False):
-        pairs = [
-            f"{a} ~ {b} ({'; '.join(map(word, g.itertuples()))})"
-            for (a, b), g in part.groupby(["rung_a", "rung_b"], sort=False)
-        ]
-        said.append(f"By `{metric}`: " + "; ".join(pairs) + ".")
-    return " ".join(said) or say("no_agreement")
-
-
 def mechanism_b(summ: pd.DataFrame) -> str:
     """Per rung: what share of the advantage-weighted mass the hard clips zero, and what the
     other rules zero and keep."""
@@ -772,13 +734,11 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "headroom": lambda: headroom_text(led, summ, t["bounds"]),
         "where_read": lambda: where_read(led, auc),
         "power_reading": lambda: power_text(t["power"]),
-        "agreement_reading": lambda: agreement_text(t["agreement"]),
         "mechanism_a": lambda: mechanism_a(law, summ),
         "mechanism_b": lambda: mechanism_b(summ),
         "mechanism_c": lambda: mechanism_c(t["grad_noise"], led, auc),
         "rules": lambda: rules_table(summ),
         "power": lambda: _table(t["power"], [*power_cols, "seeds_needed"], **power),
-        "agreement": lambda: agreement_table(t["agreement"]),
         "band": lambda: _band(config)[2],
         "minibatches": lambda: str(config["minibatches"]),
         "seeds": lambda: toy_seeds(sections),
@@ -786,7 +746,6 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "regimes": lambda: regimes_section(out),
         "margins": lambda: ", ".join(f"`{k}` {v:g}" for k, v in MARGINS.items()),
         "reference": lambda: REFERENCE,
-        "step_size_rule": lambda: STEP_SIZE_RULE,
         "gpu": lambda: GPU_COMMAND,
         "transfer": lambda: transfer_section(out),
         "llm_floor": lambda: llm_rung(floor=True),

@@ -25,7 +25,6 @@ from .analysis import (
     entropy_law,
     gradient_noise,
     ladder_order,
-    rank_agreement,
     rule_summary,
     run_scores,
     rung_power,
@@ -41,7 +40,7 @@ def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    agreement, entropy_law, grad_noise) and the figures; returns the tables.
+    entropy_law, grad_noise, bounds; transfer, transfer_agreement) and the figures; returns the tables.
 
     The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
     :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
@@ -63,9 +62,6 @@ def write_tables(
             "grad_noise": gradient_noise(rows),
             "power": rung_power(scores),
             "bounds": rung_bounds(bounds) if bounds is not None else pd.DataFrame(),
-            "agreement": pd.concat(
-                [rank_agreement(scores, m) for m in ("final_pass", "reward_auc")], ignore_index=True
-            ),
         }
         for name, table in tables.items():
             write_csv(table, out / f"{name}.csv")
