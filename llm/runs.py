@@ -1,7 +1,7 @@
 """The ``llm`` run kind: :func:`llm.train.train` behind :mod:`sandbox.experiments.runs`' registry.
 
 ``sandbox`` never imports ``llm``, so the kind registers here: importing ``llm.runs`` (which
-``llm.transfer`` does at the top, so its worker processes see the kind too) adds ``llm`` to
+``llm.claims`` does at the top, so its worker processes see the kind too) adds ``llm`` to
 :func:`sandbox.experiments.runs.available_runs`.
 
 A spec's shared knobs map onto :class:`llm.train.TrainConfig` by name (``prompts_per_step``,

@@ -277,7 +277,7 @@ _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 def add_study_arguments(
     parser: argparse.ArgumentParser, profiles: dict[str, Any], study: str, committed: str
 ) -> None:
-    """The flags every study's CLI shares (``python -m llm.transfer``, ``python -m llm.claims``):
+    """The flags every study's CLI shares (``python -m llm.claims`` today):
     ``--out`` (default ``runs/STUDY-PROFILE``: a default run never writes into the committed
     evidence, ``committed``), ``--force``, ``--profile``, ``--quick``, ``--no-progress`` and
     ``--tables-only``. :func:`profile_settings` reads them back."""

@@ -24,7 +24,7 @@ def commands() -> list[str]:
 
 
 def test_the_commands_are_found():
-    assert {"llm.train", "llm.ensemble", "llm.pilot", "llm.claims", "llm.transfer"} <= set(
+    assert {"llm.train", "llm.ensemble", "llm.pilot", "llm.claims", "llm.cpu_pilot"} <= set(
         commands()
     )
 
