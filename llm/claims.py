@@ -131,7 +131,6 @@ class LlmSettings:
 register_section(
     "llm",
     LlmSettings,
-    lambda record: dict(record.get("extra", {}).get("llm", {})),  # its own seeds, default 8
     execution=("ensemble", "scratch", "checkpoint_every"),  # parts are the same at any value
 )
 

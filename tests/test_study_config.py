@@ -1,11 +1,11 @@
-"""The study's record (sandbox.study.config, sandbox.study.settings): typed sections, an old flat
-config.json migrated on read, and the settings a folder's parts depend on."""
+"""The study's record (sandbox.study.config, sandbox.study.settings): typed sections, and the
+settings a folder's parts depend on."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -15,68 +15,29 @@ from sandbox.experiments.results import changed_settings
 from sandbox.study import StudyConfig, part_fields, read_record
 from sandbox.study.claims import Claim
 from sandbox.study.plan import check_time_budget
-from sandbox.study.settings import BanditSettings, TfSettings
+from sandbox.study.settings import TfSettings
 
 pytest.importorskip("transformers")
 from llm.claims import LlmSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAT = ROOT / "tests/golden/flat_study_config.json"
 
 
-def test_an_old_record_reads_as_the_same_settings_given_the_new_way(tmp_path):
-    """A flat record (bandit_*, tf_*, a global seeds, extra: the committed claims study's of
-    2026-11-25, kept as tests/golden/flat_study_config.json) reads as sections, its global seeds
-    the toy sections' seeds, and its part fields equal those of the same settings given as
-    sections (else the folder would be refused)."""
-    (tmp_path / "g").mkdir()
-    (tmp_path / "g" / "config.json").write_bytes(FLAT.read_bytes())
-    record = json.loads(FLAT.read_text())
-    assert record["seeds"] == 16 and record["extra"] == {}
-    config, point = read_record(tmp_path / "g")
-    assert point is None and config.rng is None
-    old_bandit = BanditSettings(setting="mixed", steps=60, seeds=16)
-    old_tf = TfSettings(task="mod_arith", knobs={"steps": 2}, seeds=16)
-    assert config.section("bandit") == old_bandit and config.section("tf") == old_tf
-    assert config.section("tf").lrs == [3e-4, 1e-3, 3e-3, 1e-2] and config.seeds("tiny_tf") == 16
-    assert config.section("llm").seeds == 8  # its own seeds: the old llm rung's
-    new = StudyConfig(
-        rules=record["rules"],
-        rungs=record["rungs"],
-        rng=None,
-        sections={"bandit": old_bandit, "tf": old_tf},
+def test_the_llm_sections_execution_settings_are_no_part_fields():
+    """``ensemble``, ``scratch`` and ``checkpoint_every`` choose how llm runs execute: a record
+    that differs from a run only in them is not refused."""
+    record = asdict(
+        StudyConfig(
+            rungs=["bandit_sampled", "llm"],
+            sections={"llm": {"lrs": [1e-3], "seeds": 3, "ensemble": 2, "scratch": "/tmp/x"}},
+        )
     )
-    # the planner's check (a key the old record lacks, rng and dtype, counts as None)
-    assert changed_settings(part_fields(record), new.fields_of_parts()) == []
-    assert new.fields_of_parts() == config.fields_of_parts()
-    assert part_fields(record)["bandit_steps"] == 60 and "seeds" not in part_fields(record)
-    fewer = StudyConfig(
-        rng=None,
-        sections={"tf": replace(old_tf, seeds=8), "bandit": old_bandit},
-    )
-    assert changed_settings(part_fields(record), fewer.fields_of_parts()) == ["tf_seeds: 16 -> 8"]
-
-
-def test_an_old_llm_record_keeps_its_llm_settings_and_drops_execution_ones():
-    """``extra: {"llm": {...}}`` becomes the llm section; ``ensemble``, ``scratch`` and
-    ``checkpoint_every`` choose how runs execute and are no part fields."""
-    old = {
-        **{k: v for k, v in asdict(StudyConfig()).items() if k != "sections"},
-        "rungs": ["bandit_sampled", "llm"],
-        "seeds": 3,
-        "bandit_steps": 4,
-        "extra": {"llm": {"lrs": [1e-3], "seeds": 3, "ensemble": 2, "scratch": "/tmp/x"}},
-    }
-    fields = part_fields(old)
-    assert (fields["llm_lrs"], fields["llm_seeds"], fields["bandit_seeds"]) == ([1e-3], 3, 3)
+    fields = part_fields(record)
+    assert (fields["llm_lrs"], fields["llm_seeds"]) == ([1e-3], 3)
     assert not {"llm_ensemble", "llm_scratch", "llm_checkpoint_every"} & set(fields)
     new = StudyConfig(
         rungs=["bandit_sampled", "llm"],
-        sections={
-            "bandit": {"steps": 4, "seeds": 3},
-            "tf": {"seeds": 3},
-            "llm": LlmSettings(lrs=[1e-3], seeds=3, ensemble=4),
-        },
+        sections={"llm": LlmSettings(lrs=[1e-3], seeds=3, ensemble=4, checkpoint_every=5)},
     )
     assert changed_settings(fields, new.fields_of_parts()) == []
 
@@ -178,9 +139,8 @@ def test_a_number_setting_in_range_reads_as_a_float():
     assert StudyConfig(sections={"tf": {"lrs": ["1e-3", 2]}}).sections["tf"].lrs == [1e-3, 2.0]
 
 
-def test_the_committed_folders_tables_rebuild_from_their_old_records(tmp_path):
-    """--tables-only on a copy of results/claims_exact_mu (an old flat record) gives the same
-    ledger bytes."""
+def test_the_committed_folders_tables_rebuild_from_their_records(tmp_path):
+    """--tables-only on a copy of results/claims_exact_mu gives the same bytes."""
     from sandbox.study import rebuild_tables
 
     out = tmp_path / "exact_mu"

@@ -17,7 +17,7 @@ from sandbox.streams import RNG
 
 from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
 from .rungs import RUNGS, members_per_job
-from .settings import SECTIONS, check_fields, migrate, mu_grid, section_settings, unknown
+from .settings import SECTIONS, check_fields, mu_grid, section_settings, unknown
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -184,7 +184,6 @@ def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     calibrated point, and a section's execution settings (:attr:`.settings.Section.execution`).
     The step-size and mu grids are among them: another grid calibrates to another point."""
     skip = ("rules", "rungs", "claims", "sections", CALIBRATED)
-    values = migrate(values, FIELDS)
     out = {k: v for k, v in values.items() if k not in skip}
     sections = values.get("sections") or {}
     used = used_sections(values.get("rungs") or ())
@@ -224,7 +223,6 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
         raise ValueError(f"{path}: not a readable study record ({exc})") from None
     point = values.pop(CALIBRATED, None)
     values.setdefault("rng", None)
-    values = migrate(values, FIELDS)
     try:
         config = StudyConfig(**values)
     except TypeError as exc:

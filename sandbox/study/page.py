@@ -36,9 +36,9 @@ from .analysis import (
     same_on_exact_flow,
 )
 from .claims import BOUNDED, CLAIMS, decided_at_margin
-from .config import FIELDS, MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
+from .config import MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
-from .settings import knob_text, migrate, section_settings
+from .settings import knob_text, section_settings
 
 TEMPLATE = Path(__file__).with_name("page.md")
 #: Where ``page.md``'s sentences start (the page ends before it).
@@ -710,7 +710,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
     law_cols = ("observed_mean", "predicted_mean", "corr", "slope", "rms_error")
     power_cols = ["rung", "metric", "seeds", "rules", "residual_sd", "diff_sd", "margin"]
     power = {"residual_sd": _num, "diff_sd": _num, "seeds_needed": _count}
-    sections = migrate(config, FIELDS)["sections"]  # an old record's ``seeds`` moved in
+    sections = config["sections"]
     now = "now" if config.get("rng") == RNG else "before"
     return {
         "rel": lambda: os.path.relpath(out, path.parent),

@@ -5,9 +5,8 @@ A section holds the settings of one or more rungs (``bandit``: ``bandit_exact`` 
 ``seeds`` of its rungs among them. :class:`~.config.StudyConfig` holds one instance per section
 (``config.section("bandit")``), the CLI (:mod:`.cli`) gives each field one flag,
 ``--<section>-<field>`` (``--tf-knobs op=reverse length=2``), and a folder's ``config.json``
-records them under ``sections``; an old flat record (``bandit_*``/``tf_*`` fields, a global
-``seeds``, ``extra: {"llm": {...}}``) is read through each section's ``legacy`` function
-(:func:`migrate`). A setting's error names it ``<section>_<field>`` (``bandit_steps``).
+records them under ``sections``. A setting's error names it ``<section>_<field>``
+(``bandit_steps``).
 """
 
 from __future__ import annotations
@@ -20,18 +19,14 @@ from typing import Any
 from sandbox.configs import arg, check_int, check_keys, check_number
 from sandbox.experiments.compare import check_setting_names, check_task
 
-Legacy = Callable[[Mapping[str, Any]], dict[str, Any]]
-
 
 @dataclass(frozen=True)
 class Section:
-    """A registered section: its ``settings`` dataclass, ``legacy(record)`` (its values in an old
-    flat ``config.json``) and ``execution``, the fields that choose how its runs execute, not what
-    they compute (left out of :func:`~.config.part_fields`)."""
+    """A registered section: its ``settings`` dataclass and ``execution``, the fields that choose
+    how its runs execute, not what they compute (left out of :func:`~.config.part_fields`)."""
 
     name: str
     settings: type
-    legacy: Legacy
     execution: tuple[str, ...] = ()
 
 
@@ -43,12 +38,9 @@ def unknown(kind: str, name: str, names: Iterable[str]) -> ValueError:
     return ValueError(f"{kind}s: unknown {kind} {name!r}; {kind}s: {', '.join(names)}")
 
 
-def register_section(
-    name: str, settings: type, legacy: Legacy | None = None, execution: tuple[str, ...] = ()
-) -> type:
+def register_section(name: str, settings: type, execution: tuple[str, ...] = ()) -> type:
     """Add the section ``name`` (``llm.claims`` adds ``llm``); ``settings`` is a frozen dataclass
-    with a ``seeds`` field, its fields declared with :func:`~sandbox.configs.arg`; ``legacy``
-    defaults to no old values."""
+    with a ``seeds`` field, its fields declared with :func:`~sandbox.configs.arg`."""
     names = [f.name for f in dataclasses.fields(settings)]
     if "seeds" not in names:
         raise ValueError(f"section {name!r}: its settings need a 'seeds' field (paired seeds)")
@@ -56,7 +48,7 @@ def register_section(
         raise ValueError(
             f"section {name!r}: execution names no field {sorted(set(execution) - set(names))}"
         )
-    SECTIONS[name] = Section(name, settings, legacy or (lambda record: {}), execution)
+    SECTIONS[name] = Section(name, settings, execution)
     return settings
 
 
@@ -82,17 +74,6 @@ def section_settings(name: str, value: Any = None) -> Any:
         return cls(**value)
     except TypeError as exc:
         raise ValueError(f"{name}: {exc}") from None
-
-
-def migrate(values: Mapping[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
-    """An old flat ``config.json`` as this version's record: the study's own ``fields`` kept,
-    each section's values from its ``legacy`` function under ``sections``. A record of this
-    version comes back as it is."""
-    if "sections" in values or not ({"seeds", "extra"} & set(values)):
-        return dict(values)
-    out: dict[str, Any] = {k: v for k, v in values.items() if k in fields}
-    out["sections"] = {name: s.legacy(values) for name, s in SECTIONS.items()}
-    return out
 
 
 # -- value checks, each naming its setting ------------------------------------------------------
@@ -230,16 +211,5 @@ class TfSettings:
         check_task("tf_task, tf_knobs", self.task, self.knobs)
 
 
-def flat_legacy(prefix: str) -> Legacy:
-    """A toy section's values in an old record: its ``<prefix>_<field>`` fields and the global
-    ``seeds``."""
-
-    def legacy(record: Mapping[str, Any]) -> dict[str, Any]:
-        values = {k[len(prefix) + 1 :]: v for k, v in record.items() if k.startswith(prefix + "_")}
-        return values | ({"seeds": record["seeds"]} if "seeds" in record else {})
-
-    return legacy
-
-
-register_section("bandit", BanditSettings, flat_legacy("bandit"))
-register_section("tf", TfSettings, flat_legacy("tf"))
+register_section("bandit", BanditSettings)
+register_section("tf", TfSettings)
