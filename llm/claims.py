@@ -236,21 +236,23 @@ register_rung(
 #: Named settings (``--profile``); a section's values under its name. Flags override them.
 PROFILES: dict[str, dict[str, Any]] = {
     # the toy rungs at full power and the llm rung at 2-core CPU shapes (issue 40): the task and
-    # horizon chosen by `python -m llm.cpu_pilot`'s rule (results/llm_cpu_pilot/choice.csv), 8 x 4
-    # completions of 16 tokens a step, float32 without gradient checkpointing, one 1-thread
-    # process per core (~44 s a step on the AMD EPYC), the step-size grid around the pilot's 2e-5
-    # (dapo clipped 1.7% there, under the 5-10% band)
+    # horizon chosen by `python -m llm.cpu_pilot`'s rule (results/llm_cpu_pilot_digits1: 1-digit
+    # sums at 2 steps; 2-digit sums, its first choice, did not learn at the calibrated step sizes:
+    # results/llm_cpu_pilot/calibration_digits2), 8 x 4 completions of 16 tokens a step, float32
+    # without gradient checkpointing, one 1-thread process per core (~43 s a step on the AMD
+    # EPYC), the step-size grid at and below the pilot's 2e-5 (dapo clipped ~11% there, above the
+    # 5-10% band)
     "cpu": {
         "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
         "llm": {
             "task": "addition",
-            "task_knobs": {"digits": 2},
-            "steps": 10,
-            "lrs": [4e-5, 8e-5],
+            "task_knobs": {"digits": 1},
+            "steps": 2,
+            "lrs": [1e-5, 1.5e-5, 2e-5],
             "prompts_per_step": 8,
             "group_size": 4,
             "max_new_tokens": 16,
-            "eval_every": 10,
+            "eval_every": 2,
             "eval_prompts": 128,
             "eval_k": 2,
             "gradient_checkpointing": False,
