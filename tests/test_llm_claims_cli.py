@@ -466,7 +466,8 @@ def test_the_readmes_claim_example_runs_as_shown(tmp_path, run):
 def test_the_cpu_profile_runs_the_llm_rung_rule_by_rule_at_its_cpu_shapes():
     """``--profile cpu`` (issue 40): the toy rungs and the llm rung at the CPU pilot's shapes,
     float32 without gradient checkpointing; a rule's 8 paired seeds are planned before the next
-    rule's, so a study cut by ``--time-budget`` holds whole rules, the first rules first."""
+    rule's, the rules in the order that completes claims soonest (dapo, then nsr_dapo), so a study
+    cut by ``--time-budget`` holds whole rules and claims."""
     from llm.claims import llm_spec, parse_args
     from sandbox.study.plan import study_jobs
 
@@ -476,8 +477,8 @@ def test_the_cpu_profile_runs_the_llm_rung_rule_by_rule_at_its_cpu_shapes():
     assert (s.task, s.task_knobs, s.steps, s.seeds) == ("addition", {"digits": 1}, 2, 8)
     jobs = [j for j in study_jobs(config, {r: (1.0, 2) for r in config.rungs}) if j.rung == "llm"]
     assert [(j.rule, j.seed) for j in jobs[:9]] == [
-        *[(config.rules[0], seed) for seed in range(8)],
-        (config.rules[1], 0),
+        *[("dapo", seed) for seed in range(8)],
+        ("nsr_dapo", 0),
     ]
     train = dict(llm_spec(config, jobs[0], seeds=1, steps=s.steps).train)
     assert train["gradient_checkpointing"] is False and train["eval_every"] == s.steps

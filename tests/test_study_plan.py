@@ -277,3 +277,19 @@ def test_sigint_mid_study_then_resume_loses_and_duplicates_no_part(tmp_path):
     counts = rows.groupby(["phase", "rule", "lr"]).size()
     assert set(counts[("calib", "dapo")].to_numpy()) == {2 * 120}  # no run twice, none lost
     assert set(counts["study"].to_numpy()) == {4 * 120}
+
+
+def test_the_claim_order_completes_the_papers_claims_soonest():
+    """The reference first; then the rule completing the most claims, then the one in the most
+    open claims, then the given order: the issue-40 minimum set (dapo, nsr_dapo, nsr_decay_dapo,
+    unclipped, grpo, dgpo_1p5b) is the first six, completing 4 of the 7 claims."""
+    from sandbox.study.claims import CLAIMS
+    from sandbox.study.config import StudyConfig
+    from sandbox.study.plan import claim_order
+
+    rules = StudyConfig().rules
+    order = claim_order(rules, CLAIMS)
+    assert sorted(order) == sorted(rules)
+    assert order[:6] == ["dapo", "nsr_dapo", "nsr_decay_dapo", "unclipped", "grpo", "dgpo_1p5b"]
+    assert sum(set(c.rules) <= set(order[:6]) for c in CLAIMS) == 4
+    assert claim_order(["grpo", "gspo"], CLAIMS) == ["grpo", "gspo"]  # no reference: as given

@@ -40,6 +40,7 @@ from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
 from .analysis import calibration_curve
+from .claims import Claim
 from .config import (
     REFERENCE,
     StudyConfig,
@@ -48,6 +49,7 @@ from .config import (
     read_record,
     record_calibration,
     rules_note,
+    study_claims,
     with_folder,
 )
 from .rungs import RUNGS, StudyJob, members_per_job, rung_rules
@@ -80,16 +82,38 @@ def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
     ]
 
 
+def claim_order(rules: Sequence[str], claims: Sequence[Claim]) -> list[str]:
+    """``rules`` in the order that completes ``claims`` soonest: the reference rule first, then
+    repeatedly the rule that completes the most claims (both its rules placed), then the one in
+    the most claims still open, then ``rules``' own order."""
+    placed = [REFERENCE] if REFERENCE in rules else []
+    left = [r for r in rules if r not in placed]
+    while left:
+
+        def rank(rule: str) -> tuple[int, int]:
+            mine = [c for c in claims if rule in c.rules and not set(c.rules) <= set(placed)]
+            done = sum(set(c.rules) <= {*placed, rule} for c in mine)
+            return done, len(mine)
+
+        best = max(left, key=rank)  # max keeps the first of equals: rules' order
+        placed.append(best)
+        left.remove(best)
+    return placed
+
+
 def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -> list[StudyJob]:
-    """Every study run at each rung's calibrated (step size, epochs), rule by rule (on a kind of
-    one seed per spec, a rule's paired seeds before the next rule's: a study cut by
-    ``--time-budget`` holds whole rules, the first ones of ``rules`` first)."""
+    """Every study run at each rung's calibrated (step size, epochs). On a kind of one seed per
+    spec (``llm``), rule by rule in :func:`claim_order`, a rule's paired seeds before the next
+    rule's: a study cut by ``--time-budget`` holds whole rules, and as many whole claims as they
+    allow."""
     out = []
     for rung in config.rungs:
         r = RUNGS[rung]
         seeds = [0] if r.traits.replicates else range(config.seeds(rung))
         lr, mu = settings[rung]
         rules = rung_rules(config, rung)
+        if not r.traits.replicates:
+            rules = claim_order(rules, study_claims(config))
         out += [StudyJob("study", rung, rule, lr, mu, s) for rule in rules for s in seeds]
     return out
 
