@@ -153,20 +153,6 @@ def test_an_exact_flow_outlier_does_not_squeeze_the_final_score_panel(tmp_path, 
     assert any("exact 0.05" in t.get_text() for t in ax.texts)  # the outlier, at the edge
 
 
-def test_figures_drawn_in_two_pool_workers_are_the_same_files_in_the_same_order(tmp_path):
-    results = _results(3)
-    results["clip_high_frac"] = 0.01 * results["seed"]
-    exact = results[results["seed"] == 0].assign(kind="exact", seed=-1)
-    results = pd.concat([results, exact], ignore_index=True)
-    here = plots.render_all(results, tmp_path / "here")
-    pool = plots.render_all(results, tmp_path / "pool", workers=2)
-    names = ["reward_vs_step", "entropy_vs_step", "clip_fractions", "exact_vs_sampled"]
-    assert [p.stem for p in here] == [p.stem for p in pool] == [*names, "final_scores"]
-    for a, b in zip(here, pool, strict=True):
-        assert a.parent == tmp_path / "here" and b.parent == tmp_path / "pool"
-        assert a.read_bytes() == b.read_bytes(), a.name
-
-
 def test_a_figures_style_is_its_own_and_does_not_outlive_it(tmp_path, monkeypatch):
     """seaborn's theme sets matplotlib's settings and one-letter colour codes for the whole
     process: a study figure drawn after a compare figure came out with other bytes. Each figure

@@ -10,9 +10,8 @@ deterministic kind, ``seed = -1``). Optional columns: ``clip_low_frac``, ``clip_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -377,42 +376,20 @@ def plot_final_scores(scores: pd.DataFrame, path: str | Path) -> Path:
     return _save(fig, path)
 
 
-#: :func:`render_all`'s figures (by index) in two groups of about equal drawing time: a curve
-#: plot and the fraction bars; the other curve plot, exact vs sampled and the scores.
-FIGURE_GROUPS = ((0, 2), (1, 3, 4))
-
-
 def render_all(
     results: pd.DataFrame,
     out_dir: str | Path,
     highlight=None,
     scores: pd.DataFrame | None = None,
-    workers: int = 1,
 ) -> list[Path]:
     """Every standard figure into ``out_dir``; ``highlight`` limits the line plots' objectives;
-    ``scores``: :func:`final_scores` of ``results`` where the caller has them already.
-    ``workers`` > 1: the figures are drawn in two processes of the forkserver pool
-    (:mod:`.pool`), one per :data:`FIGURE_GROUPS` group; the files are the same bytes."""
+    ``scores``: :func:`final_scores` of ``results`` where the caller has them already."""
     out_dir = Path(out_dir)
     scores = final_scores(results) if scores is None else scores
-    figures = [
-        (plot_curves, (results, "expected_reward", out_dir / "reward_vs_step.png", highlight)),
-        (plot_curves, (results, "entropy", out_dir / "entropy_vs_step.png", highlight)),
-        (plot_fractions, (results, out_dir / "clip_fractions.png")),
-        (plot_exact_vs_sampled, (results, out_dir / "exact_vs_sampled.png", highlight)),
-        (plot_final_scores, (scores, out_dir / "final_scores.png")),
+    return [
+        plot_curves(results, "expected_reward", out_dir / "reward_vs_step.png", highlight),
+        plot_curves(results, "entropy", out_dir / "entropy_vs_step.png", highlight),
+        plot_fractions(results, out_dir / "clip_fractions.png"),
+        plot_exact_vs_sampled(results, out_dir / "exact_vs_sampled.png", highlight),
+        plot_final_scores(scores, out_dir / "final_scores.png"),
     ]
-    if workers < 2:
-        return _draw(figures)
-    from .pool import imap_unordered
-
-    jobs = [(group, ([figures[i] for i in group],)) for group in FIGURE_GROUPS]
-    paths: dict[int, Path] = {}
-    for group, drawn in imap_unordered(_draw, jobs, min(workers, len(jobs))):
-        paths.update(zip(group, drawn, strict=True))
-    return [paths[i] for i in range(len(figures))]
-
-
-def _draw(figures: list[tuple[Callable[..., Path], tuple[Any, ...]]]) -> list[Path]:
-    """Draw ``figures`` (function, arguments) in order; a pool worker's job in :func:`render_all`."""
-    return [fn(*args) for fn, args in figures]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -638,9 +637,8 @@ def run_sweep(
         write_parquet_if_changed(results, folder.out / "results.parquet")
         scores = plan.layout.summarize(plan, final_scores(results))
         write_csv(scores, folder.out / "summary.csv")
-        if figures:  # drawn in the pool's processes too, unless the runs were made here
-            drawers = 1 if backend == "ray" else workers or min(os.cpu_count() or 1, 4)
-            render_all(results, folder.out, plan.layout.highlight(plan), scores, workers=drawers)
+        if figures:
+            render_all(results, folder.out, plan.layout.highlight(plan), scores)
     return results, scores
 
 
