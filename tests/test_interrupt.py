@@ -282,7 +282,12 @@ def test_sigterm_while_a_worker_sends_a_large_result_does_not_hang_the_driver(tm
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the driver hung after SIGTERM")
-    assert proc.returncode in (0, 143) and out.strip() in ("got 157286400", "stopped"), err
+    # 143: stopped in the pool; 0: the result came first; -15: it came first and the SIGTERM
+    # landed after the pool had closed, in the script's own exit (seen under load, CI beside a
+    # study: the script leaves SIGTERM's default outside the pool)
+    stopped = proc.returncode == 143 and out.strip() == "stopped"
+    came = proc.returncode in (0, -signal.SIGTERM) and out.strip() == "got 157286400"
+    assert stopped or came, (proc.returncode, out, err)
     assert "Traceback" not in err, err
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not list(tmp_path.glob("clip-sandbox-pool-*"))
