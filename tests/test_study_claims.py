@@ -148,3 +148,27 @@ def test_holm_runs_per_rung_and_reading():
     # x primary {0.03, 0.04}: 2 x 0.03 = 0.06, then max(0.06, 0.04) = 0.06: neither survives
     np.testing.assert_allclose(out["p_holm"][:2], [0.06, 0.06])
     assert out["holm"].tolist()[:2] == ["does not survive", "does not survive"]
+
+
+def test_the_power_line_leaves_out_a_rule_short_of_seeds():
+    """A study cut in units (``--time-budget``) can hold a rule with 1 of 8 seeds: the power line
+    is read over the rules with every seed (it was NaN: the short rule's empty seeds dropped
+    every row)."""
+    import numpy as np
+    import pandas as pd
+
+    from sandbox.study.claims import power_lines
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"rung": "r", "rule": rule, "seed": s, "final_pass": 0.5 + 0.1 * rng.standard_normal()}
+        for rule in ("a", "b", "c")
+        for s in range(8)
+    ]
+    full = power_lines(pd.DataFrame(rows), "final_pass", 0.02)
+    cut = power_lines(
+        pd.DataFrame([*rows, {"rung": "r", "rule": "d", "seed": 0, "final_pass": 0.4}]),
+        "final_pass",
+        0.02,
+    )
+    assert np.isfinite(cut["residual_sd"]).all() and cut.equals(full)

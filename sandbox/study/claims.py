@@ -387,10 +387,14 @@ def power_lines(
     scores: pd.DataFrame, metric: str, margin: float, *, power: float = 0.8
 ) -> pd.DataFrame:
     """Per rung: the seed-by-rule residual SD of ``metric`` (``evidence.residual_sd``), the SD of a
-    paired difference (sqrt(2) x residual), and the paired seeds needed to resolve ``margin``."""
+    paired difference (sqrt(2) x residual), and the paired seeds needed to resolve ``margin``; over
+    the rules with the most seeds (a rule a ``--time-budget`` cut left short would drop every
+    seed it lacks from the table)."""
     rows = []
     for rung, part in scores.groupby("rung", sort=False):
         table = part.pivot_table(index="seed", columns="rule", values=metric)
+        counts = table.notna().sum()
+        table = table.loc[:, counts == counts.max()]  # not a rule short of seeds (a cut study)
         res = evidence.residual_sd(table.to_numpy())
         sd = np.sqrt(2) * res
         needed = seeds_for(sd, margin, power)
