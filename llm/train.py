@@ -211,6 +211,7 @@ def load(cfg: TrainConfig) -> tuple[PromptSource, Any, torch.nn.Module, bool, in
         cfg.seed,
         cfg.eval_prompts if cfg.eval_every else 0,
         cfg.eval_data,
+        cfg.split,
     )
     offline = models.is_offline(cfg.offline)
     tokenizer = models.load_tokenizer(

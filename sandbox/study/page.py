@@ -315,7 +315,14 @@ def rungs_design(config: dict, sections: dict) -> str:
     about = make_bandit_suite()[b.setting].description
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(t.knobs.items()))
     said = [f"rung_{r}" for r in config.get("rungs", []) if f"rung_{r}" in sentences()]
-    return " ".join(say(name, b=b, t=t, about=about, knobs=knobs) for name in said)
+    held = held_out_set(t.split)
+    return " ".join(say(name, b=b, t=t, about=about, knobs=knobs, held=held) for name in said)
+
+
+def held_out_set(split: bool) -> str:
+    """Where a rung's held-out problems come from: its task's test partition (``split``), or
+    every problem."""
+    return say("held_out_split" if split else "held_out_any")
 
 
 def llm_ran(summ: pd.DataFrame, bounds: pd.DataFrame, config: dict) -> str:
@@ -333,7 +340,7 @@ def llm_ran(summ: pd.DataFrame, bounds: pd.DataFrame, config: dict) -> str:
         knobs=", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s["task_knobs"].items())),
         group=s["group_size"], tokens=s["max_new_tokens"], mu=int(first.epochs),
         minibatches=config["minibatches"], lr=f"{first.lr:g}", eval_prompts=s["eval_prompts"],
-        eval_k=s["eval_k"], every=s["eval_every"], clip=_pct(ref["clip_frac"].iloc[0]) if len(ref) else "not run",
+        eval_k=s["eval_k"], every=s["eval_every"], held=held_out_set(s.get("split", False)), clip=_pct(ref["clip_frac"].iloc[0]) if len(ref) else "not run",
         ran=_and(f"{r.rule} {r.seeds}" for r in rows.itertuples()),
     )  # fmt: skip
     left = [r for r in config["rules"] if r not in set(rows["rule"])]

@@ -201,6 +201,11 @@ class TfSettings:
     )
     eval_prompts: int = arg(512, "tiny_tf held-out problems (fixed by the seed)")
     eval_k: int = arg(2, "tiny_tf samples per held-out problem")
+    split: bool = arg(
+        False,
+        "tiny_tf trains on the task's train partition and scores held-out problems from its test "
+        "partition (disjoint by construction; envs.reasoning.problem_split)",
+    )
     seeds: int = arg(119, "paired seeds per rule on tiny_tf")
 
     def __post_init__(self) -> None:
