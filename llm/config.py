@@ -74,6 +74,11 @@ class TrainConfig:
         "(entropy_change) and the entropy-covariance law's prediction (entropy_change_pred)",
     )
     entropy_law_rows: int = arg(8, "completions the entropy-law probe holds full logits of")
+    grad_mass: bool = arg(
+        False,
+        "log the shares of the advantage-weighted gradient mass the rule zeroes and rescues "
+        "(grad_mass_zero_lo, grad_mass_zero_hi, grad_mass_rescued; sandbox.loss.grad_mass_shares)",
+    )
     grad_noise: bool = arg(
         False,
         "log the rule's gradient noise against its deterministic counterpart's (NSR -> "
