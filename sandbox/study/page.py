@@ -319,7 +319,9 @@ def rungs_design(config: dict, sections: dict) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(t.knobs.items()))
     said = [f"rung_{r}" for r in config.get("rungs", []) if f"rung_{r}" in sentences()]
     held = held_out_set(t.split)
-    return " ".join(say(name, b=b, t=t, about=about, knobs=knobs, held=held) for name in said)
+    start = say("tf_scratch") if t.init is None else say("tf_warm", init=t.init)
+    fields = dict(b=b, t=t, about=about, knobs=knobs, held=held, start=start)
+    return " ".join(say(name, **fields) for name in said)
 
 
 def held_out_set(split: bool) -> str:
@@ -644,7 +646,7 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     law = law.merge(_shares(summ)[["rung", "rule", "hard"]], on=["rung", "rule"], how="left")
     good = law[law.groupby("rule")["corr"].transform("min") >= LAW_HOLDS]  # on every rung
     hard_rest = law[(law["corr"] < LAW_HOLDS) & law["hard"].eq(True)]
-    soft = law[law["hard"].eq(False)]
+    soft = law[law["hard"].eq(False) & law["corr"].notna()]  # NaN: too few steps to correlate
     soft = soft.assign(wrong=soft["predicted_mean"] * soft["observed_mean"] < 0)
     if len(good):
         rules, rungs = _and(good["rule"].unique()), _and(good["rung"].unique())

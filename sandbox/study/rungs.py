@@ -168,6 +168,8 @@ def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
     shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k)
     if tf.split:  # only when on: the specs of a study without it stay as they were
         shared["train"]["split"] = True
+    if tf.init is not None:
+        shared["train"]["init"] = tf.init
     return RunSpec.make(
         "tiny_tf",
         task_setting(tf.task, tf.knobs),

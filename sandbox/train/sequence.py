@@ -146,6 +146,11 @@ class SequenceTrainConfig:
         False, "log the rule's gradient noise against its deterministic counterpart's (NSR)"
     )
     temperature: float = arg(1.0, "sampling temperature")
+    init: str | None = arg(
+        None,
+        "warm start: a file of python -m sandbox.train.warm_start whose one model every replicate "
+        "starts from (None: from scratch, each replicate its own random weights)",
+    )
     d_model: int = arg(32, "transformer width")
     n_layers: int = arg(2, "transformer layers")
     n_heads: int = arg(4, "attention heads")
@@ -169,6 +174,10 @@ class SequenceTrainConfig:
             check_int(name, getattr(self, name))
         check_int("group_size", self.group_size)
         check_int("eval_prompts", self.eval_prompts, 0)
+        if self.init is not None:  # the file exists and fits this task and model shape
+            from .warm_start import load_warm_start
+
+            load_warm_start(self.init, self)
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(
                 f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
@@ -277,6 +286,13 @@ class SequenceTrainer:
         S = config.seeds
         model_config, dtype = config.model_config(), self.dtype
         self.model = TinyTransformer(model_config, num_models=S, seed=config.seed, dtype=dtype)
+        if config.init is not None:  # every replicate from the one warm-started model
+            from .warm_start import load_warm_start
+
+            state = load_warm_start(config.init, config)
+            self.model.load_state_dict(
+                {k: v.to(dtype).expand(S, *v.shape[1:]).clone() for k, v in state.items()}
+            )
         self.model.to(self.device)
         self.reference = None
         if config.kl_coef > 0:
