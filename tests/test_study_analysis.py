@@ -196,7 +196,9 @@ def test_one_axis_reads_a_rung_whose_rules_move_with_the_mass_they_zero():
     from sandbox.study.analysis import one_axis
 
     zeroed = [0.0, 0.03, 0.1, 0.2, 0.21, 0.25, 0.3, 0.4]
-    line = _summary("bandit_sampled", zeroed, [0.7 - z + 0.001 * (i % 2) for i, z in enumerate(zeroed)])
+    line = _summary(
+        "bandit_sampled", zeroed, [0.7 - z + 0.001 * (i % 2) for i, z in enumerate(zeroed)]
+    )
     gspo = pd.DataFrame([{**line.iloc[0].to_dict(), "rule": "gspo", "final_pass": 5.0}])
     flow = _summary("bandit_exact", zeroed, zeroed).assign(grad_mass_zero_lo=np.nan)
     few = _summary("tiny_tf", [0.0, 0.1, 0.2], [0.5, 0.4, 0.3])

@@ -60,15 +60,15 @@ def test_every_replicate_starts_from_the_one_warm_started_model(made):
     ],
 )
 def test_a_warm_start_for_another_task_or_shape_is_refused_by_name(made, change, message):
-    with pytest.raises(ValueError, match=f"^init: .*{message}"):
+    with pytest.raises(ValueError, match=rf"^init: .*{message}"):
         SequenceTrainConfig(**{**RUN, **change}, init=str(made[3]))
 
 
 def test_a_missing_or_foreign_file_is_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="^init: cannot read"):
+    with pytest.raises(ValueError, match=r"^init: cannot read"):
         SequenceTrainConfig(**RUN, init=str(tmp_path / "none.pt"))
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(ValueError, match="^init: .* is not a warm start"):
+    with pytest.raises(ValueError, match=r"^init: .* is not a warm start"):
         SequenceTrainConfig(**RUN, init=str(tmp_path / "other.pt"))
 
 
@@ -111,5 +111,7 @@ def test_the_tiny_tf_rung_starts_from_the_warm_start_it_is_given(made, tmp_path)
     said = rungs_design({"rungs": ["tiny_tf"]}, {"tf": {"init": "w.pt"}})
     assert "one supervised warm start (`w.pt`" in said
     assert "trained from scratch" in rungs_design({"rungs": ["tiny_tf"]}, {})
-    with pytest.raises(ValueError, match="^tf_init: .*was made for"):
-        warm.section("tf").__class__(task="bits", knobs={"op": "copy", "length": 4}, init=str(made[3])).check()
+    with pytest.raises(ValueError, match=r"^tf_init: .*was made for"):
+        warm.section("tf").__class__(
+            task="bits", knobs={"op": "copy", "length": 4}, init=str(made[3])
+        ).check()

@@ -80,6 +80,7 @@ from envs.reasoning.verify import (
 __all__ = [
     "DEFAULT_TOKENIZER",
     "MAX_ENUMERATION_LEN",
+    "SPLITS",
     "AdditionTask",
     "BitsTask",
     "BooleanTask",
@@ -87,7 +88,6 @@ __all__ = [
     "ModArithTask",
     "ParityTask",
     "ReasoningTask",
-    "SPLITS",
     "SequenceTask",
     "available_tasks",
     "make_task",

@@ -229,7 +229,7 @@ def one_axis(summary: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
                 reading = AXIS_READINGS[3]
             elif lo > ONE_AXIS or hi < -ONE_AXIS:
                 reading = AXIS_READINGS[0]
-            elif -ONE_AXIS < lo and hi < ONE_AXIS:
+            elif lo > -ONE_AXIS and hi < ONE_AXIS:
                 reading = AXIS_READINGS[1]
             else:
                 reading = AXIS_READINGS[2]

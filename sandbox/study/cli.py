@@ -194,12 +194,12 @@ def budget_spent(exc: BudgetSpent, argv: Sequence[str] | None, prog: str) -> int
     return BUDGET_EXIT
 
 
-def interrupted(signum: int, out: Path, folder: Path | None = None) -> int:
-    """The resume hint after a signal; the exit status 128 + ``signum``."""
+def interrupted(stop: KeyboardInterrupt, out: Path, folder: Path | None = None) -> int:
+    """The resume hint after the signal that raised ``stop``; the exit status 128 + its number."""
     kept = f"finished runs are parts in {out / 'parts'}"
     if folder is not None and folder.is_dir():
         kept += f", cut runs' checkpoints in {folder}"
-    return answer_signal(signum, kept)
+    return answer_signal(stop, kept)
 
 
 def main(
@@ -256,7 +256,7 @@ def _main(
     except BudgetSpent as exc:  # --time-budget: units left, their command
         return budget_spent(exc, argv, prog)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in the pool (its Terminated)
-        return interrupted(getattr(exc, "signum", signal.SIGINT), out, folder)
+        return interrupted(exc, out, folder)
     except SystemExit as exc:  # a trainer in this process: checkpointed on a signal, 128+sig
         if isinstance(exc.code, int) and 128 < exc.code < 128 + signal.NSIG:
             return interrupted(exc.code - 128, out, folder)

@@ -391,7 +391,9 @@ def axis_text(axis: pd.DataFrame) -> str:
         )  # fmt: skip
         one = ", ".join(f"`{m}`" for m in g.loc[g["reading"] == "one axis", "metric"])
         if one:
-            said.append(say("axis_one", rung=rung, rules=rules, rows=rows, metrics=one, bound=ONE_AXIS))
+            said.append(
+                say("axis_one", rung=rung, rules=rules, rows=rows, metrics=one, bound=ONE_AXIS)
+            )
         else:
             said.append(say("axis_not_shown", rung=rung, rules=rules, rows=rows))
     return " ".join(said)

@@ -25,9 +25,9 @@ from .analysis import (
     entropy_law,
     gradient_noise,
     ladder_order,
+    one_axis,
     rule_summary,
     run_scores,
-    one_axis,
     rung_power,
     study_ledger,
 )

@@ -19,7 +19,6 @@ the model's shape differ.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -76,7 +75,7 @@ class WarmStartConfig:
 def _answer_ids(trainer: SequenceTrainer, answers: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """The correct completions (answer tokens, then ``<eos>``) ``[1, B, Tc]``, right-padded."""
     tok = trainer.task.tokenizer
-    rows = [tok.encode(trainer.task.format_completion(a)) + [tok.eos_id] for a in answers]
+    rows = [[*tok.encode(trainer.task.format_completion(a)), tok.eos_id] for a in answers]
     width = trainer.max_new_tokens
     ids = torch.full((len(rows), width), tok.pad_id, dtype=torch.long)
     for i, row in enumerate(rows):
@@ -143,7 +142,10 @@ def load_warm_start(path: str | Path, run: SequenceTrainConfig) -> dict[str, tor
 
     made = record["config"]
     mine = {"task": run.task, "task_knobs": make_task(run.task, **run.task_knobs).knobs}
-    theirs = {"task": made["task"], "task_knobs": make_task(made["task"], **made["task_knobs"]).knobs}
+    theirs = {
+        "task": made["task"],
+        "task_knobs": make_task(made["task"], **made["task_knobs"]).knobs,
+    }
     if mine != theirs or record["model"] != dataclasses.asdict(run.model_config()):
         raise ValueError(
             f"init: {path} was made for {theirs} with model {record['model']}; this run is "
@@ -156,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command: train, write ``--out``, print each evaluation and the file written."""
     from sandbox.configs import CommandParser, add_arguments, flag_values
 
-    parser = CommandParser(prog="python -m sandbox.train.warm_start", description=__doc__.split("\n")[0])
+    parser = CommandParser(
+        prog="python -m sandbox.train.warm_start", description=__doc__.split("\n")[0]
+    )
     add_arguments(parser, WarmStartConfig)
     parser.add_argument("--out", required=True, help="the warm-start file to write (.pt)")
     args = parser.parse_args(argv)
