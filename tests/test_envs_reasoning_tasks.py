@@ -36,7 +36,7 @@ HARD_KNOBS = {
     "sequence": {"op": "sort", "length": 32, "alphabet": "letters"},
     "countdown": {"num_numbers": 6, "max_number": 1000},
     "boolean": {"depth": 6, "ops": ["xor"]},
-    "bits": {"op": "copy", "length": 8},
+    "bits": {"op": "copy", "length": 16},
 }
 
 
@@ -150,7 +150,7 @@ def test_the_seven_documented_tasks_are_registered():
         ("countdown", {"max_number": 1}, "max_number"),
         ("boolean", {"depth": 7}, "depth"),
         ("boolean", {"ops": ["nand"]}, "ops"),
-        ("bits", {"length": 9}, "length"),
+        ("bits", {"length": 17}, "length"),
         ("bits", {"op": "sum"}, "op"),
     ],
 )
@@ -511,3 +511,17 @@ def test_answer_baselines_use_the_verifier():
     _, answers = task.sample_batch(np.random.default_rng(0), 64)
     got = answer_baselines(task, answers)
     assert 0 < got["prior"] <= got["constant"] < 1
+
+
+def test_long_bit_strings_sample_with_thousands_of_test_problems_but_do_not_enumerate():
+    """Up to 16 bits for sampled training (a test partition of thousands of problems, what a
+    rung's held-out set needs); exact enumeration stops at 8 bits, by name."""
+    task = make_task("bits", op="reverse", length=12)
+    test = task.split_bits("test")
+    assert 1800 < len(test) < 2300 and len(test) + len(task.split_bits("train")) == 4096
+    prompts, answers = task.sample_ids_batch(np.random.default_rng(0), 500, split="test")
+    assert len({tuple(p) for p in prompts}) > 400  # distinct problems, not a handful
+    assert np.array_equal(answers, prompts[:, :0:-1])  # reversed bits (ids 3/4 both sides)
+    with pytest.raises(ValueError, match="length 12: exact enumeration"):
+        task.enumerate_prompts()
+    assert len(make_task("bits", length=8).enumerate_prompts()) == 256

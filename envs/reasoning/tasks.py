@@ -24,7 +24,7 @@ object, empty, huge, unicode); the final-answer rule is documented in
 | sequence    | string     | op ("reverse", "copy", "sort"), length (5, 1-32), alphabet              |
 | countdown   | expression | num_numbers (4, 2-6), max_number (10, 2-1000)                           |
 | boolean     | integer    | depth (2, 1-6), ops (("and", "or", "xor"))                              |
-| bits        | string     | op ("reverse", "copy", "sort", "parity"), length (3, 1-8); enumerable   |
+| bits        | string     | op ("reverse", "copy", "sort", "parity"), length (3, 1-16); enumerable  |
 
 Token view: ``task.tokenizer`` (a :class:`~envs.reasoning.tokenizer.CharTokenizer`),
 ``task.encode_prompt(prompt)`` (``[<bos>] + ids``), ``task.decode_completion(ids)`` and the
@@ -719,6 +719,8 @@ _BITS_TOKENIZER = CharTokenizer("01")
 _BITS_PROMPT = re.compile(r"bits ([01]+)")
 #: Largest ``max_len`` that :meth:`BitsTask.enumerate_completions` accepts (2**17 - 1 sequences).
 MAX_ENUMERATION_LEN = 16
+#: The longest bit string of the ``bits`` task, and the longest it enumerates exactly.
+MAX_BITS, MAX_ENUMERABLE_BITS = 16, 8
 
 
 @register_task("bits")
@@ -748,9 +750,12 @@ class BitsTask(ReasoningTask):
     Per knob setting there are ``2^length`` prompts (uniform) and A = ``length`` (``1`` for
     parity); the token env's default T = A + 1 gives ``2^(length+2) - 1`` completions per prompt
     for copy/reverse/sort (length 1..8: 7, 15, 31, 63, 127, 255, 511, 1023) and 7 for parity,
-    so the joint space has at most ``256 * 1023 = 261,888`` (prompt, completion) pairs.
+    so the enumerable joint space has at most ``256 * 1023 = 261,888`` (prompt, completion)
+    pairs: :meth:`enumerate_prompts` covers lengths up to :data:`MAX_ENUMERABLE_BITS` (8). Longer
+    strings, up to 16 bits (65,536 prompts, 32,768-odd per partition), are for sampled training,
+    where a held-out partition of thousands of problems is what a rung needs.
 
-    Knobs: ``op``, ``length`` (1-8, default 3).
+    Knobs: ``op``, ``length`` (1-16, default 3; exact enumeration up to 8).
     """
 
     answer_kind = "string"
@@ -766,7 +771,8 @@ class BitsTask(ReasoningTask):
 
     def __init__(self, op: str = "reverse", length: int = 3) -> None:
         self.op = _choice_knob("op", op, tuple(self._TEMPLATES))
-        self.length = _int_knob("length", length, 1, 8)
+        self.length = _int_knob("length", length, 1, MAX_BITS)
+        self._splits: dict[str, IntArray] = {}
         self.max_prompt_len = len(self._TEMPLATES[self.op].format("0" * self.length))
         self.max_answer_len = 1 if self.op == "parity" else self.length
         self._zero = self.tokenizer.token_to_id["0"]
@@ -817,7 +823,13 @@ class BitsTask(ReasoningTask):
         return tuple(self.tokenizer.encode(_transform(self.op, bits)))
 
     def enumerate_prompts(self) -> list[tuple[int, ...]]:
-        """All ``2**length`` prompts as id tuples, in binary counting order (uniformly likely)."""
+        """All ``2**length`` prompts as id tuples, in binary counting order (uniformly likely);
+        a ``ValueError`` naming ``length`` beyond :data:`MAX_ENUMERABLE_BITS`."""
+        if self.length > MAX_ENUMERABLE_BITS:
+            raise ValueError(
+                f"length {self.length}: exact enumeration covers bit strings of at most "
+                f"{MAX_ENUMERABLE_BITS} (2**{self.length} prompts); longer ones are for sampling"
+            )
         return [
             (self.tokenizer.bos_id, *(self._one if b else self._zero for b in bits))
             for bits in itertools.product((0, 1), repeat=self.length)
@@ -867,10 +879,14 @@ class BitsTask(ReasoningTask):
         """The bit strings ``[M, length]`` whose prompts lie in the partition ``split``
         (:func:`problem_split` of their text prompts), in binary counting order."""
         split = _check_split(split)
-        every = np.array(list(itertools.product((0, 1), repeat=self.length)), dtype=np.int64)
-        template = self._TEMPLATES[self.op]
-        keep = [problem_split(template.format("".join(map(str, row)))) == split for row in every]
-        return every[np.array(keep, dtype=bool)]
+        if split not in self._splits:  # 2**length hashes, once per task
+            every = np.array(list(itertools.product((0, 1), repeat=self.length)), dtype=np.int64)
+            template = self._TEMPLATES[self.op]
+            part = [problem_split(template.format("".join(map(str, row)))) for row in every]
+            for name in SPLITS:
+                self._splits[name] = every[np.array([p == name for p in part], dtype=bool)]
+                self._splits[name].setflags(write=False)
+        return self._splits[split]
 
     def sample_ids_batch(
         self, rng: np.random.Generator, n: int, split: str | None = None
