@@ -194,8 +194,9 @@ def budget_spent(exc: BudgetSpent, argv: Sequence[str] | None, prog: str) -> int
     return BUDGET_EXIT
 
 
-def interrupted(stop: KeyboardInterrupt, out: Path, folder: Path | None = None) -> int:
-    """The resume hint after the signal that raised ``stop``; the exit status 128 + its number."""
+def interrupted(stop: int | KeyboardInterrupt, out: Path, folder: Path | None = None) -> int:
+    """The resume hint after the signal ``stop`` (its number, or the exception it raised); the
+    exit status 128 + its number."""
     kept = f"finished runs are parts in {out / 'parts'}"
     if folder is not None and folder.is_dir():
         kept += f", cut runs' checkpoints in {folder}"
