@@ -80,13 +80,13 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
     config = StudyConfig(rungs=[rung], sections=sections, **settings)
     timing = out / "pilot_seconds.json"
     start = time.perf_counter()
-    run_study(config, out, progress=False, workers=1)
+    tables = run_study(config, out, progress=False, workers=1)
     if not timing.exists():
         timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}) + "\n")
     return {
-        "ledger": pd.read_csv(out / "ledger.csv"),
-        "bounds": pd.read_csv(out / "bounds.csv").set_index("rung"),
-        "summary": pd.read_csv(out / "summary.csv"),
+        "ledger": tables["ledger"],
+        "bounds": tables["bounds"].set_index("rung"),
+        "summary": tables["summary"],
         "seconds": json.loads(timing.read_text())["seconds"],
     }
 

@@ -41,7 +41,8 @@ def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    entropy_law, grad_noise, bounds, axis; transfer, transfer_agreement) and the figures; returns the tables.
+    entropy_law, grad_noise, bounds, axis; transfer, transfer_agreement) and the figures; returns the
+    tables by name, ``results`` the tidy rows.
 
     The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
     :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
@@ -67,10 +68,11 @@ def write_tables(
         tables["axis"] = one_axis(tables["summary"])
         for name, table in tables.items():
             write_csv(table, out / f"{name}.csv")
-        tables["transfer"], tables["transfer_agreement"] = write_transfer(out)  # from the ledgers
+        ledgers = [tables["ledger"], tables["ledger_auc"]]
+        tables["transfer"], tables["transfer_agreement"] = write_transfer(out, ledgers)
         plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
         plot_mechanism(tables["summary"], out / "mechanism.png")
-        return tables
+        return {"results": rows, **tables}
 
 
 @contextmanager
