@@ -115,3 +115,16 @@ def test_the_tiny_tf_rung_starts_from_the_warm_start_it_is_given(made, tmp_path)
         warm.section("tf").__class__(
             task="bits", knobs={"op": "copy", "length": 4}, init=str(made[3])
         ).check()
+
+
+def test_ensure_warm_start_makes_a_file_once_per_setting(tmp_path):
+    from sandbox.train.warm_start import ensure_warm_start
+
+    config = WarmStartConfig(**{**SMALL, "steps": 4, "eval_every": 2})
+    first = ensure_warm_start(config, tmp_path, log=lambda line: None)
+    assert first.name.startswith("bits-length4-opreverse-") and first.exists()
+    stamp = first.stat().st_mtime_ns
+    assert ensure_warm_start(config, tmp_path, log=lambda line: None) == first
+    assert first.stat().st_mtime_ns == stamp  # found, not made again
+    other = ensure_warm_start(dataclasses.replace(config, lr=2e-3), tmp_path, log=lambda x: None)
+    assert other != first and len(list(tmp_path.glob("*.pt"))) == 2

@@ -129,6 +129,29 @@ def save_warm_start(
     return _write_atomic(Path(path), lambda tmp: torch.save(record, tmp))
 
 
+def ensure_warm_start(config: WarmStartConfig, folder: str | Path, log=print) -> Path:
+    """The warm-start file of ``config`` in the cache ``folder``: named by the task and a hash of
+    every setting (``bits-lengthN-opreverse-<hash>.pt``), made by :func:`warm_start` only when
+    the folder does not hold it yet (deterministic: the same settings make the same file, so a
+    committed cache is the command's output)."""
+    import hashlib
+    import json
+
+    from envs.reasoning import make_task
+
+    settings = dataclasses.asdict(config)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    knobs = make_task(config.task, **config.task_knobs).knobs
+    stem = "-".join([config.task, *(f"{k}{v}" for k, v in sorted(knobs.items()))])
+    path = Path(folder) / f"{stem}-{digest}.pt"
+    if path.exists():
+        record = torch.load(path, map_location="cpu", weights_only=True)
+        if record.get("config") == json.loads(json.dumps(settings)):
+            return path
+    state, history = warm_start(config, log=log)
+    return save_warm_start(state, config, history, path)
+
+
 def load_warm_start(path: str | Path, run: SequenceTrainConfig) -> dict[str, torch.Tensor]:
     """The weights of a warm-start file for the run ``run``: a ``ValueError`` naming ``init``
     where the file is missing, not a warm start, or made for another task or model shape."""
