@@ -85,6 +85,11 @@ class LlmSettings:
     eval_every: int = arg(50, "held-out evaluation at step 0 and every N steps (N divides steps)")
     eval_prompts: int = arg(512, "held-out problems (fixed by the seed)")
     eval_k: int = arg(1, "samples per held-out problem")
+    split: bool = arg(
+        False,
+        "train on the task's train partition, score held-out problems from its test partition "
+        "(llm.train's --split); off: held-out problems may repeat training ones",
+    )
     seeds: int = arg(8, "paired seeds per rule (one llm.train run each)")
     rollout_backend: str = arg(
         "hf",
@@ -148,6 +153,7 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
     s = config.section("llm")
     train = {
         **probe_settings(config, job.rule),
+        "grad_mass": True,  # the toy rungs' probe too (sandbox.study.rungs)
         "model": s.model,
         "rollout_backend": s.rollout_backend,
         "max_new_tokens": s.max_new_tokens,
@@ -159,6 +165,8 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
         "save_model": False,
         "progress": False,
     }
+    if s.split:  # only when on: a spec without it names the same scratch folder as before
+        train["split"] = True
     if s.scratch is not None:  # resumable (llm.runs); the spec's execution keys
         train["scratch"] = str(s.scratch)
         train["checkpoint_every"] = s.checkpoint_every
@@ -187,7 +195,7 @@ def llm_bounds(config: StudyConfig) -> Any:
 
     s = config.section("llm")
     sets = [
-        task_source(s.task, s.task_knobs, "auto", seed, s.eval_prompts).eval_answers
+        task_source(s.task, s.task_knobs, "auto", seed, s.eval_prompts, s.split).eval_answers
         for seed in range(s.seeds)
     ]
     return task_bounds(make_task(s.task, **s.task_knobs), sets)

@@ -45,6 +45,12 @@ class TrainConfig:
     task_knobs: dict[str, Any] = arg({}, "task knobs, key=value ...")
     data: str | None = arg(None, "JSONL/parquet file with 'prompt' and 'answer' columns")
     eval_data: str | None = arg(None, "held-out file (default: rows held out of --data)")
+    split: bool = arg(
+        False,
+        "with --task: train on its train partition and evaluate on its test partition "
+        "(envs.reasoning.problem_split: disjoint by construction); off: held-out problems are an "
+        "independent draw from every problem, so a small task repeats training problems",
+    )
     verifier: str = arg("auto", "reward rule", choices=VERIFIERS)
     # -- the loss (sandbox.loss.PolicyLoss) -------------------------------------------------------
     objective: str = arg("dapo", "sandbox objective or preset")
@@ -68,6 +74,11 @@ class TrainConfig:
         "(entropy_change) and the entropy-covariance law's prediction (entropy_change_pred)",
     )
     entropy_law_rows: int = arg(8, "completions the entropy-law probe holds full logits of")
+    grad_mass: bool = arg(
+        False,
+        "log the shares of the advantage-weighted gradient mass the rule zeroes and rescues "
+        "(grad_mass_zero_lo, grad_mass_zero_hi, grad_mass_rescued; sandbox.loss.grad_mass_shares)",
+    )
     grad_noise: bool = arg(
         False,
         "log the rule's gradient noise against its deterministic counterpart's (NSR -> "
@@ -277,6 +288,11 @@ class TrainConfig:
                 "--old-logp sampler takes pi_old from generate's or the compact decoder's own "
                 "log-probs: not with --rollout-backend vllm (another engine's numbers) nor "
                 "--rollout-is (pi_old/pi_rollout would be 1 by construction)"
+            )
+        if self.split and self.data is not None:
+            raise ValueError(
+                "--split partitions a --task's problems; --data holds out rows of its file "
+                "(--eval-prompts) or reads --eval-data"
             )
         if self.eval_data is not None and not self.eval_every:
             raise ValueError("--eval-data is only read with --eval-every N > 0")

@@ -26,7 +26,6 @@ median seconds per step over the run), ``OUT/choice.csv``
 from __future__ import annotations
 
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,6 @@ import pandas as pd
 import llm.runs  # registers the llm run kind, in the pool's worker too
 from sandbox.configs import CommandParser, positive_int
 from sandbox.experiments.planner import Job, RunFolder, answer_signal
-from sandbox.experiments.pool import Terminated
 from sandbox.experiments.results import write_csv
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.study import task_bounds
@@ -202,9 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             deadline=deadline, written=lambda job: llm.runs.remove_scratch(job.args[0][0]),
         )  # fmt: skip
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Terminated): one line, no traceback
-        signum = err.signum if isinstance(err, Terminated) else signal.SIGINT
         kept = f"finished runs are parts of {out}, cut ones resume from their checkpoint"
-        return answer_signal(signum, kept)
+        return answer_signal(err, kept)
     choice = tables(folder, found, args.eval_prompts)
     if len(choice):
         print(choice.round(3).to_string(index=False))

@@ -103,7 +103,13 @@ def _require_math_verify() -> None:
         ) from None
 
 
-def task_source(name: str, knobs: dict[str, Any], verifier: str, seed: int, n_eval: int):
+def task_source(
+    name: str, knobs: dict[str, Any], verifier: str, seed: int, n_eval: int, split: bool = False
+) -> PromptSource:
+    """A task's prompts: training draws ``task.sample_batch`` from the caller's generator, the
+    ``n_eval`` held-out problems from their own stream of ``seed``. ``split``: training from the
+    task's train partition, held-out from its test partition (disjoint by construction,
+    :func:`envs.reasoning.problem_split`); else both from every problem."""
     if name not in available_tasks():
         raise ValueError(
             f"unknown --task {name!r}; available tasks: {', '.join(available_tasks())}"
@@ -118,12 +124,19 @@ def task_source(name: str, knobs: dict[str, Any], verifier: str, seed: int, n_ev
         "numeric": numeric_match,
         "math_verify": math_verify_match,
     }[verifier]
-    # Held out = an independent stream (for small tasks it may repeat a training problem).
-    eval_prompts, eval_answers = task.sample_batch(prompt_rng(seed, PromptStream.EVAL), n_eval)
+    # Held out = an independent stream; without ``split`` a small task may repeat a training
+    # problem in it (1-digit addition has 100)
+    train, test = ("train", "test") if split else (None, None)
+    eval_rng = prompt_rng(seed, PromptStream.EVAL)
+    eval_prompts, eval_answers = task.sample_batch(eval_rng, n_eval, split=test)
     probe, _ = task.sample_batch(prompt_rng(seed, PromptStream.PROBE), 256)
+
+    def draw(rng: np.random.Generator, n: int) -> tuple[list[str], list[str]]:
+        return task.sample_batch(rng, n, split=train)
+
     return PromptSource(
-        f"task:{name}",
-        task.sample_batch,
+        f"task:{name}" + (" (train/test partitions)" if split else ""),
+        draw,
         verify,
         list(eval_prompts),
         list(eval_answers),
@@ -220,6 +233,7 @@ def make_source(
     seed: int,
     n_eval: int,
     eval_data: str | None = None,
+    split: bool = False,
 ) -> PromptSource:
     if verifier not in VERIFIERS:
         raise ValueError(f"--verifier must be one of {list(VERIFIERS)}, got {verifier!r}")
@@ -227,4 +241,4 @@ def make_source(
         if task is not None:
             raise ValueError("pass either --task or --data, not both")
         return file_source(data, verifier, seed, n_eval, eval_data)
-    return task_source(task or "mod_arith", knobs, verifier, seed, n_eval)
+    return task_source(task or "mod_arith", knobs, verifier, seed, n_eval, split)

@@ -79,6 +79,10 @@ grad_rescue_var     with --grad-noise (mechanism check (c), one process; :mod:`s
                     NSR-decay); grad_sampling_var = ||h_1 - h_2||^2 over the minibatch's halves,
                     grad_signal = ||g_det||^2; means over the step's updates, NaN for a rule
                     without a counterpart (:func:`grad_noise_update`)
+grad_mass_zero_lo   with --grad-mass: share of the advantage-weighted gradient mass sum |r A| on
+                    tokens the rule gives a zero coefficient, ratio below 1 (grad_mass_zero_hi:
+                    above 1); grad_mass_rescued: on tokens where the hard clip would bind but the
+                    rule keeps a gradient (sandbox.loss.grad_mass_shares; token-weighted means)
 lr                  learning rate of the step
 tokens_per_s        completion tokens generated (all ranks) per second of the step
 step_time           seconds for the step (rollout + update + logging)
@@ -211,6 +215,7 @@ def load(cfg: TrainConfig) -> tuple[PromptSource, Any, torch.nn.Module, bool, in
         cfg.seed,
         cfg.eval_prompts if cfg.eval_every else 0,
         cfg.eval_data,
+        cfg.split,
     )
     offline = models.is_offline(cfg.offline)
     tokenizer = models.load_tokenizer(
@@ -272,6 +277,7 @@ def setup(cfg: TrainConfig, closers: list[Any]) -> Run:
         rollout_is_max=cfg.rollout_is_max,
         off_policy_mask=cfg.off_policy_mask,
         top_entropy_quantile=cfg.top_entropy_quantile,
+        grad_mass=cfg.grad_mass,
     )
     with models.hf_progress(cfg.progress):
         source, tokenizer, model, chat, max_prompt = load(cfg)

@@ -64,9 +64,8 @@ def _weights(args: argparse.Namespace) -> int:
 def _interrupted(err: KeyboardInterrupt, where: str) -> int:
     """The resume hint after Ctrl-C or SIGTERM; exit status 128 + signal number."""
     from sandbox.experiments.planner import answer_signal
-    from sandbox.experiments.pool import Terminated
 
-    return answer_signal(err.signum if isinstance(err, Terminated) else 2, where)
+    return answer_signal(err, where)
 
 
 def _compare(args: argparse.Namespace) -> int:

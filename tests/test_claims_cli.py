@@ -145,3 +145,33 @@ def test_rules_that_leave_out_some_claims_are_named_with_the_claims_kept():
     )
     every, _ = parse_args(["--claim", "mine:grpo>gspo"])  # the default rules: every claim's
     assert rules_note(every) is None
+
+
+@pytest.mark.parametrize("rung", ["tiny_tf", "llm"])
+def test_the_split_flag_reaches_the_trainer_and_the_answer_floor(rung):
+    """``--tf-split`` / ``--llm-split``: the rung's runs train on the task's train partition and
+    score its test partition, and the answer floor is computed on those test problems; off, a
+    spec carries no ``split`` (the specs of the committed study are unchanged)."""
+    from envs.reasoning import make_task, problem_split
+    from sandbox.study.plan import job_spec
+
+    section = "tf" if rung == "tiny_tf" else "llm"
+    job = StudyJob("study", rung, "dapo", 1e-3, 2, 0)
+    plain, _ = parse_args(["--quick", "--rungs", rung])
+    split, _ = parse_args(["--quick", "--rungs", rung, f"--{section}-split"])
+    assert "split" not in dict(job_spec(plain, job).train)
+    assert dict(job_spec(split, job).train)["split"] is True
+    assert split.section(section).split and not plain.section(section).split
+    if rung == "llm":
+        import llm.runs
+
+        assert llm.runs.train_config(job_spec(split, job)).split is True
+        return
+    from sandbox.study.rungs import _tiny_tf_bounds
+    from sandbox.train.sequence import held_out_problems
+
+    tf = split.section("tf")
+    task = make_task(tf.task, **tf.knobs)
+    held = held_out_problems(task, 0, 64, 0, True)[0]
+    assert {problem_split(p) for p in held} == {"test"}
+    assert _tiny_tf_bounds(split).floor >= 0 and _tiny_tf_bounds(split) != _tiny_tf_bounds(plain)

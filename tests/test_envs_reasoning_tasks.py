@@ -14,7 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envs.reasoning import BitsTask, available_tasks, make_task, parse_arithmetic, register_task
+from envs.reasoning import (
+    SPLITS,
+    BitsTask,
+    available_tasks,
+    make_task,
+    parse_arithmetic,
+    problem_split,
+    register_task,
+)
 from envs.reasoning.verify import MAX_COMPLETION_CHARS
 
 TASKS = available_tasks()
@@ -28,7 +36,7 @@ HARD_KNOBS = {
     "sequence": {"op": "sort", "length": 32, "alphabet": "letters"},
     "countdown": {"num_numbers": 6, "max_number": 1000},
     "boolean": {"depth": 6, "ops": ["xor"]},
-    "bits": {"op": "copy", "length": 8},
+    "bits": {"op": "copy", "length": 16},
 }
 
 
@@ -142,7 +150,7 @@ def test_the_seven_documented_tasks_are_registered():
         ("countdown", {"max_number": 1}, "max_number"),
         ("boolean", {"depth": 7}, "depth"),
         ("boolean", {"ops": ["nand"]}, "ops"),
-        ("bits", {"length": 9}, "length"),
+        ("bits", {"length": 17}, "length"),
         ("bits", {"op": "sum"}, "op"),
     ],
 )
@@ -212,6 +220,85 @@ def test_sampling_is_determined_by_the_seed(name):
     assert [task.sample(rng_a) for _ in range(5)] == [task.sample(rng_b) for _ in range(5)]
     with pytest.raises(TypeError, match="rng"):
         task.sample(3)
+
+
+# ------------------------------------------------------------------------------------------
+# every task: train and test partitions
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_train_and_test_partitions_are_disjoint_and_each_draw_lies_in_its_own(name):
+    """Every registered task (a new one included, with no edit here): draws of one split lie in
+    it, the two splits share no problem, both are populated, and a split's answers verify."""
+    task = make_task(name)
+    drawn = {}
+    for split in SPLITS:
+        prompts, answers = task.sample_batch(np.random.default_rng(11), 200, split=split)
+        assert {problem_split(p) for p in prompts} == {split}
+        assert all(task.verify(a, task.format_completion(a)) == 1.0 for a in answers)
+        drawn[split] = set(prompts)
+        assert problem_split(task.sample(np.random.default_rng(2), split=split)[0]) == split
+    assert drawn["train"] and drawn["test"] and not drawn["train"] & drawn["test"]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_a_split_is_the_tasks_distribution_restricted_to_it(name):
+    """Unsplit draws fall in both partitions (neither is empty nor all), and a split's draws are
+    the unsplit stream's draws of that split, in order (rejection sampling)."""
+    task = make_task(name)
+    prompts, _ = task.sample_batch(np.random.default_rng(5), 400)
+    share = np.mean([problem_split(p) == "test" for p in prompts])
+    assert 0.2 < share < 0.8, share
+    test, _ = task.sample_batch(np.random.default_rng(5), 20, split="test")
+    assert test == [p for p in prompts if problem_split(p) == "test"][:20]
+    again = task.sample_batch(np.random.default_rng(5), 400, split=None)[0]
+    assert again == prompts  # split=None is the stream of the old signature
+
+
+#: Partitions computed once (BLAKE2b of the prompt text): the same on every machine and Python.
+PINNED_SPLITS = {"What is 3 + 4? Answer:": "test", "x": "test", "": "train"}
+
+
+def test_problem_split_is_a_fixed_function_of_the_prompt_text():
+    assert {p: problem_split(p) for p in PINNED_SPLITS} == PINNED_SPLITS
+    bits = make_task("bits", op="reverse", length=3)
+    assert [len(bits.split_bits(s)) for s in SPLITS] == [4, 4]
+    digits = make_task("addition", digits=1)  # 100 problems
+    prompts = {f"Compute {a} + {b}. Answer:" for a in range(10) for b in range(10)}
+    drawn, _ = digits.sample_batch(np.random.default_rng(0), 2000)
+    assert set(drawn) == prompts
+    assert sum(problem_split(p) == "test" for p in prompts) == 45
+
+
+def test_bad_splits_and_too_small_problem_spaces_are_refused_by_name():
+    task = make_task("bits", op="reverse", length=1)  # 2 problems, both in the test partition
+    with pytest.raises(ValueError, match="split must be one of"):
+        task.sample(np.random.default_rng(0), split="eval")
+    with pytest.raises(ValueError, match="split must be one of"):
+        task.sample_ids_batch(np.random.default_rng(0), 3, split="validation")
+    empty = [s for s in SPLITS if not len(task.split_bits(s))]
+    assert empty == ["train"]
+    for split in empty:  # a partition with no problem: a clear error, not a hang
+        with pytest.raises(ValueError, match="split"):
+            task.sample(np.random.default_rng(0), split=split)
+        with pytest.raises(ValueError, match="split"):
+            task.sample_ids_batch(np.random.default_rng(0), 3, split=split)
+
+
+@pytest.mark.parametrize("length", [2, 5, 8])
+def test_bits_token_view_splits_as_its_text_view(length):
+    task = make_task("bits", op="reverse", length=length)
+    members = {split: task.split_bits(split) for split in SPLITS}
+    assert sum(len(m) for m in members.values()) == 2**length
+    for split in SPLITS:
+        prompts, answers = task.sample_ids_batch(np.random.default_rng(3), 300, split=split)
+        for p, a in zip(prompts[:60], answers[:60], strict=True):
+            text = task.tokenizer.decode(p[1:])
+            assert problem_split(task._TEMPLATES["reverse"].format(text)) == split
+            assert tuple(a) == task.answer_ids(p)
+        if len(members[split]) <= 32:  # uniform over the partition: every member is drawn
+            assert len({tuple(p) for p in prompts}) == len(members[split])
 
 
 @pytest.mark.parametrize("name", TASKS)
@@ -424,3 +511,17 @@ def test_answer_baselines_use_the_verifier():
     _, answers = task.sample_batch(np.random.default_rng(0), 64)
     got = answer_baselines(task, answers)
     assert 0 < got["prior"] <= got["constant"] < 1
+
+
+def test_long_bit_strings_sample_with_thousands_of_test_problems_but_do_not_enumerate():
+    """Up to 16 bits for sampled training (a test partition of thousands of problems, what a
+    rung's held-out set needs); exact enumeration stops at 8 bits, by name."""
+    task = make_task("bits", op="reverse", length=12)
+    test = task.split_bits("test")
+    assert 1800 < len(test) < 2300 and len(test) + len(task.split_bits("train")) == 4096
+    prompts, answers = task.sample_ids_batch(np.random.default_rng(0), 500, split="test")
+    assert len({tuple(p) for p in prompts}) > 400  # distinct problems, not a handful
+    assert np.array_equal(answers, prompts[:, :0:-1])  # reversed bits (ids 3/4 both sides)
+    with pytest.raises(ValueError, match="length 12: exact enumeration"):
+        task.enumerate_prompts()
+    assert len(make_task("bits", length=8).enumerate_prompts()) == 256

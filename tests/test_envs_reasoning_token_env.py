@@ -275,3 +275,22 @@ def test_bits_env_observations_are_enumerated_prompts():
         assert prompt in prompts
         target = [*task.answer_ids(prompt), task.tokenizer.eos_id]
         assert _play(env, target)[0] == task.reward_ids(prompt, target) == 1.0
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_token_envs_draw_from_one_partition_when_asked(name):
+    """``split=`` on every task's env and vector env (a new task's too): episodes come from that
+    partition only; a bad split names the argument."""
+    from envs.reasoning import problem_split
+
+    env = gym.make(task_env_id(name), split="test").unwrapped
+    prompts = set()
+    for seed in range(12):
+        env.reset(seed=seed)
+        prompts.add(env.prompt)
+    assert {problem_split(p) for p in prompts} == {"test"}
+    vec = ReasoningTokenVectorEnv(num_envs=8, task=name, split="train")
+    _, info = vec.reset(seed=0)
+    assert {problem_split(p) for p in info["prompt"]} == {"train"}
+    with pytest.raises(ValueError, match="split must be one of"):
+        gym.make(task_env_id(name), split="heldout")

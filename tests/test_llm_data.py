@@ -64,3 +64,41 @@ def test_jsonl_parquet_and_local_model(tmp_path):
         )
     )
     assert math.isfinite(local[0]["grad_norm"])
+
+
+def test_split_draws_training_prompts_and_held_out_problems_from_disjoint_partitions():
+    """llm.train's --split: the held-out problems lie in the task's test partition, every
+    training draw in its train partition; without it, 1-digit addition's 100 problems let the
+    held-out set repeat training problems (the llm rung's CPU profile before it)."""
+    import numpy as np
+
+    from envs.reasoning import problem_split
+    from llm.data import make_source
+
+    knobs = {"digits": 1}
+    split = make_source("addition", knobs, None, "auto", 0, 128, split=True)
+    train, _ = split.draw(np.random.default_rng(0), 256)
+    assert {problem_split(p) for p in split.eval_prompts} == {"test"}
+    assert {problem_split(p) for p in train} == {"train"}
+    assert not set(train) & set(split.eval_prompts)
+    plain = make_source("addition", knobs, None, "auto", 0, 128)
+    train, _ = plain.draw(np.random.default_rng(0), 256)
+    assert set(train) & set(plain.eval_prompts)  # repeats without the partition
+
+
+def test_split_is_for_tasks_not_files(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    with pytest.raises(ValueError, match="--split"):
+        config(tmp_path, data=str(path), split=True).validate()
+
+
+def test_llm_train_loads_its_prompts_with_the_split(tmp_path):
+    from llm.train import load
+
+    cfg = config(tmp_path, task="addition", task_knobs={"digits": 1}, split=True, eval_every=1)
+    source = load(cfg)[0]
+    assert source.name == "task:addition (train/test partitions)"
+    assert load(config(tmp_path, task="addition", task_knobs={"digits": 1}))[0].name == (
+        "task:addition"
+    )

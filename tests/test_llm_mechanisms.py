@@ -155,7 +155,7 @@ def test_grad_noise_halves_and_signal_by_hand(tmp_path):
 def test_both_probes_leave_training_bit_identical_and_rescue_var_shows_nsr_draws(tmp_path):
     kw = dict(objective="nsr_dapo", seed=SEED, epochs=2, minibatches=2, grad_accum=2)
     off = train(config(tmp_path, "off", **kw))
-    on = train(config(tmp_path, "on", entropy_law=True, grad_noise=True, **kw))
+    on = train(config(tmp_path, "on", entropy_law=True, grad_noise=True, grad_mass=True, **kw))
     assert [r["loss"] for r in on] == [r["loss"] for r in off]
     assert [r["grad_norm"] for r in on] == [r["grad_norm"] for r in off]
     a, b = model_state(str(tmp_path / "off")), model_state(str(tmp_path / "on"))
@@ -164,6 +164,10 @@ def test_both_probes_leave_training_bit_identical_and_rescue_var_shows_nsr_draws
     # mu = 2: ratios leave 1, tokens fall outside the clip range and NSR's rescue draws add noise
     moved = [r for r in on if r["clip_high_frac"] + r["clip_low_frac"] > 0]
     assert moved and all(r["grad_rescue_var"] > 1e-6 * r["grad_signal"] for r in moved)
+    # --grad-mass: the shares of the gradient mass NSR zeroes or rescues where its bounds bind
+    mass = ("grad_mass_zero_lo", "grad_mass_zero_hi", "grad_mass_rescued")
+    assert all(0 <= r[k] <= 1 for r in on for k in mass)
+    assert all(sum(r[k] for k in mass) > 0 for r in moved)
 
     # band noise of width 1e-6: every keep probability is 0 or 1, the rule equals its counterpart
     band = dict(kw, objective="nsr_band_dapo", objective_params={"sigma": 1e-6})

@@ -172,3 +172,66 @@ def test_entropy_law_of_one_point_or_a_constant_prediction_is_nan_without_a_warn
     assert np.isnan(flat["corr"]) and np.isnan(flat["slope"]) and flat["rms_error"] > 0
     law = entropy_law(rows([0.1, 0.2, 0.4], [0.05, 0.1, 0.2])).iloc[0]
     assert law["corr"] == pytest.approx(1.0) and law["slope"] == pytest.approx(2.0)
+
+
+def _summary(rung: str, zeroed: list[float], means: list[float]) -> pd.DataFrame:
+    rules = [f"r{i}" for i in range(len(zeroed))]
+    return pd.DataFrame(
+        {
+            "rung": rung,
+            "rule": rules,
+            "final_pass": means,
+            "reward_auc": means,
+            "final_entropy": np.linspace(0, 1, len(zeroed)) % 0.37,
+            "grad_mass_zero_lo": np.asarray(zeroed) / 2,
+            "grad_mass_zero_hi": np.asarray(zeroed) / 2,
+        }
+    )
+
+
+def test_one_axis_reads_a_rung_whose_rules_move_with_the_mass_they_zero():
+    """A rung whose rules' means fall with the gradient mass they zero reads ``one axis``; gspo
+    (the step-size rule) is left out, and so are rules without logged shares; fewer than 4 rules
+    give no interval; an exact flow (no shares) has no row."""
+    from sandbox.study.analysis import one_axis
+
+    zeroed = [0.0, 0.03, 0.1, 0.2, 0.21, 0.25, 0.3, 0.4]
+    line = _summary(
+        "bandit_sampled", zeroed, [0.7 - z + 0.001 * (i % 2) for i, z in enumerate(zeroed)]
+    )
+    gspo = pd.DataFrame([{**line.iloc[0].to_dict(), "rule": "gspo", "final_pass": 5.0}])
+    flow = _summary("bandit_exact", zeroed, zeroed).assign(grad_mass_zero_lo=np.nan)
+    few = _summary("tiny_tf", [0.0, 0.1, 0.2], [0.5, 0.4, 0.3])
+    axis = one_axis(pd.concat([line, gspo, flow, few], ignore_index=True))
+    assert list(axis["rung"].unique()) == ["bandit_sampled", "tiny_tf"]
+    row = axis[(axis["rung"] == "bandit_sampled") & (axis["metric"] == "final_pass")].iloc[0]
+    assert row["rules"] == 8 and row["r"] < -0.99 and row["reading"] == "one axis"
+    assert set(axis.loc[axis["rung"] == "tiny_tf", "reading"]) == {"too few rules"}
+
+
+def test_one_axis_says_other_axes_or_not_resolved_by_its_interval():
+    from sandbox.study.analysis import one_axis
+
+    rng = np.random.default_rng(0)
+    zeroed = list(np.linspace(0, 0.3, 200))
+    noise = _summary("tiny_tf", zeroed, list(rng.normal(size=200)))  # r near 0, tight interval
+    short = _summary("tiny_tf", zeroed[:6], list(rng.normal(size=6)))  # a wide interval
+    assert one_axis(noise).set_index("metric").loc["final_pass", "reading"] == "other axes too"
+    assert one_axis(short).set_index("metric").loc["final_pass", "reading"] == (
+        "not resolved at this power"
+    )
+
+
+def test_the_ledger_puts_each_rules_zeroed_mass_beside_its_clip_share():
+    scores = pd.DataFrame(
+        [
+            {"rung": "x", "rule": rule, "seed": s, "final_pass": 0.5 + 0.1 * s + (rule == "nsr_dapo") * 0.01,
+             "clip_frac": 0.07, "grad_mass_zero_lo": lo, "grad_mass_zero_hi": hi}
+            for rule, lo, hi in (("nsr_dapo", 0.01, 0.02), ("dapo", 0.1, 0.12))
+            for s in range(3)
+        ]
+    )  # fmt: skip
+    from sandbox.study.claims import CLAIMS, ledger
+
+    row = ledger(scores, [c for c in CLAIMS if c.name == "nsr_beats_dapo"]).iloc[0]
+    assert row["zeroed_a"] == pytest.approx(0.03) and row["zeroed_b"] == pytest.approx(0.22)

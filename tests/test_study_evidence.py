@@ -206,3 +206,22 @@ def test_seeds_needed_agrees_with_a_simulated_paired_t_test():
     d = rng.normal(0.8, 1.0, size=(20_000, n))
     p = stats.ttest_1samp(d, 0.0, axis=1).pvalue
     assert np.mean(p < 0.05) == pytest.approx(ev.paired_power(n, 1.0, 0.8), abs=0.01)
+
+
+@pytest.mark.parametrize("n", [4, 9, 40])
+def test_correlation_and_its_interval_match_scipys_fisher_z(n):
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=n)
+    y = 0.7 * x + rng.normal(size=n)
+    r, lo, hi = ev.correlation(x, y)
+    ref = stats.pearsonr(x, y)
+    ci = ref.confidence_interval(0.95)
+    assert r == pytest.approx(ref.statistic, abs=1e-12)
+    assert (lo, hi) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high, abs=1e-9))
+
+
+def test_correlation_is_nan_where_undefined_and_finite_at_r_1():
+    assert all(np.isnan(ev.correlation([1.0, 2.0], [3.0, 4.0])[1:]))  # 2 points: r, no interval
+    assert all(np.isnan(ev.correlation([1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0])))
+    r, lo, hi = ev.correlation([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0])
+    assert r == pytest.approx(1.0) and np.isfinite(lo) and lo <= hi <= 1.0

@@ -370,3 +370,15 @@ def test_a_rung_whose_seeds_had_no_sampling_variance_reads_n_a_not_nan(folder):
     table = text.split("## Mechanism check (c)")[1].split("\n## ")[0]
     assert "| llm | nsr_dapo | 0 | 3 | n/a | 0.5000 | n/a |" in table
     assert "(llm)" not in text.split("- **Mechanism (c)**")[1].split("\n")[0]
+
+
+def test_the_page_says_where_each_rungs_held_out_problems_come_from():
+    """With the partition on, the rung's bullet says its held-out problems are the task's test
+    partition; off (every committed run so far), that they may repeat training problems."""
+    from sandbox.study.page import rungs_design
+
+    config = {"rungs": ["tiny_tf"]}
+    on = rungs_design(config, {"tf": {"split": True}})
+    off = rungs_design(config, {})
+    assert "test partition, disjoint from every training problem" in on
+    assert "may repeat training problems" in off and "disjoint" not in off

@@ -142,6 +142,8 @@ def test_labels_name_the_settings():
     assert regimes.label({"setting": "mixed", "steps": 30}) == "setting=mixed,steps=30"
     got = regimes.label({"task": "bits", "knobs": {"op": "reverse", "length": 2}})
     assert got == "task=bits,length=2,op=reverse"
+    warm = regimes.label({"task": "bits", "steps": 40, "warm_start": {"steps": 400}})
+    assert warm == "task=bits,steps=40,warm_start.steps=400"  # a nested key keeps its owner
 
 
 def test_the_llm_task_rule_picks_the_committed_llm_task():
@@ -155,3 +157,27 @@ def test_the_llm_task_rule_picks_the_committed_llm_task():
     assert (settings.task, settings.task_knobs) == ("mod_arith", {"steps": 2, "ops": ["+", "-"]})
     with pytest.raises(ValueError, match="group signal"):
         regimes.llm_task_choice(pilot.assign(group_signal=0.0))
+
+
+def test_warm_started_candidates_resolve_to_a_warm_start_file_their_rung_accepts(tmp_path):
+    """A candidate's ``warm_start`` becomes the ``init`` file its tiny_tf settings name (made
+    once in the cache); every warm-started candidate splits train from test, and its task has
+    at least 256 test problems."""
+    import numpy as np
+
+    from envs.reasoning import make_task, problem_split
+    from sandbox.study.regimes import CANDIDATES, resolved
+    from sandbox.study.settings import TfSettings
+
+    warm = [c for c in CANDIDATES["tiny_tf"] if "warm_start" in c]
+    assert len(warm) >= 3 and all(c["split"] for c in warm)
+    for c in warm:
+        task = make_task(c["task"], **c["knobs"])
+        drawn, _ = task.sample_batch(np.random.default_rng(0), 4000, split="test")
+        assert len(set(drawn)) >= 256 and {problem_split(p) for p in drawn} == {"test"}
+    small = {**warm[0], "knobs": {"op": "reverse", "length": 4}, "warm_start": {"steps": 2}}
+    small["warm_start"].update(eval_every=1, eval_prompts=4, batch=4)
+    settings = resolved(small, tmp_path)
+    assert "warm_start" not in settings and settings["init"].startswith(str(tmp_path))
+    TfSettings(**settings).check()  # the file fits the candidate's task and the rung's model
+    assert resolved(small, tmp_path) == settings  # found again, not remade

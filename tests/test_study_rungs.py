@@ -167,7 +167,7 @@ def test_a_new_rung_needs_no_other_edit(tmp_path):
         sections = {"throwaway": ThrowawaySettings(seeds=4)}
         config = StudyConfig(rules=["dapo", "nsr_dapo"], rungs=["throwaway"], sections=sections)
         assert config.fields_of_parts()["throwaway_lrs"] == [1.0, 7.0, 20.0]
-        rows = run_study(config, tmp_path, progress=False, workers=1)
+        rows = run_study(config, tmp_path, progress=False, workers=1)["results"]
         assert set(rows["rung"]) == {"throwaway"}
         calib = pd.read_csv(tmp_path / "calibration.csv")
         assert calib["lr"].tolist() == [1.0, 7.0, 20.0]

@@ -14,7 +14,9 @@ import pytest
 from sandbox.study.transfer import (
     AGREEMENT_COLUMNS,
     COLUMNS,
+    LEDGERS,
     clopper_pearson,
+    read_ledger,
     transfer_agreement,
     transfer_table,
     transfer_wide,
@@ -269,9 +271,13 @@ def _committed(tmp_path: Path) -> Path:
     return copy
 
 
+def _ledgers(out: Path) -> list[pd.DataFrame]:
+    return [read_ledger(out / name) for name in LEDGERS if (out / name).exists()]
+
+
 def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_bytes(tmp_path):
     out = _committed(tmp_path)
-    write_transfer(out)
+    write_transfer(out, _ledgers(out))
     with open(out / "transfer.csv", newline="") as f:
         written = list(csv.DictReader(f))
     assert list(written[0]) == COLUMNS
@@ -323,22 +329,23 @@ def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_
         n: ((out / n).read_bytes(), (out / n).stat().st_mtime_ns)
         for n in ("transfer.csv", "transfer_agreement.csv")
     }
-    write_transfer(out)
+    write_transfer(out, _ledgers(out))
     after = {n: ((out / n).read_bytes(), (out / n).stat().st_mtime_ns) for n in before}
     assert after == before
 
 
-def test_write_transfer_reads_the_primary_ledger_alone_and_refuses_a_folder_without_one(tmp_path):
+def test_write_transfer_reads_the_primary_ledger_alone_and_refuses_no_ledger(tmp_path):
     out = _committed(tmp_path)
     (out / "ledger_auc.csv").unlink()
-    table, _ = write_transfer(out)
+    table, _ = write_transfer(out, _ledgers(out))
     assert set(table["metric"]) == {"final_pass", "final_entropy"}
-    with pytest.raises(ValueError, match=r"out: no ledger.csv or ledger_auc.csv in .*empty"):
-        write_transfer(tmp_path / "empty")
+    with pytest.raises(ValueError, match=r"^ledgers: none given for .*empty"):
+        write_transfer(tmp_path / "empty", [])
 
 
 def test_write_transfer_reads_an_empty_ledger_as_no_rows(tmp_path):
     # a study whose rules make no claim writes an empty ledger.csv (no header)
     (tmp_path / "ledger.csv").write_text("")
-    table, agreement = write_transfer(tmp_path)
+    table, agreement = write_transfer(tmp_path, _ledgers(tmp_path))
+    assert table.equals(write_transfer(tmp_path, [pd.DataFrame()])[0])  # in memory: no columns
     assert list(table.columns) == COLUMNS and table.empty and agreement.empty

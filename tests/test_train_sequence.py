@@ -1,6 +1,7 @@
 """The tiny-transformer GRPO trainer on reasoning tasks."""
 
 import copy
+import dataclasses
 
 import pandas as pd
 import pytest
@@ -114,6 +115,7 @@ def test_kl_and_entropy_terms_run():
         ("kl_coef", -1.0),
         ("advantage", "gae"),
         ("dtype", "float16"),
+        ("split", "yes"),
     ],
 )
 def test_bad_config_names_the_field(field, value):
@@ -180,3 +182,38 @@ def test_masks_report_their_shares_and_keep_the_rollout_entropy_column():
 def test_bad_mask_options_name_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SequenceTrainConfig(**{**FAST, field: value})
+
+
+def test_split_trains_on_the_train_partition_and_scores_the_test_partition():
+    """``split``: every training prompt of every step lies in the task's train partition, every
+    held-out problem of every replicate in its test partition, so the two never share one."""
+    from envs.reasoning import problem_split
+
+    config = SequenceTrainConfig(
+        **{**FAST, "task_knobs": {"op": "reverse", "length": 6}, "split": True, "eval_prompts": 40}
+    )
+    trainer = SequenceTrainer(config)
+    drawn = []
+    sample_batch = trainer.task.sample_batch
+
+    def recording(rng, n, split=None):
+        prompts, answers = sample_batch(rng, n, split)
+        drawn.extend(prompts)
+        return prompts, answers
+
+    trainer.task.sample_batch = recording
+    for _ in range(3):
+        trainer.step()
+    trainer.task.sample_batch = sample_batch
+    assert len(drawn) == 3 * FAST["seeds"] * FAST["prompts_per_step"]
+    held = [p for prompts, _ in trainer.held_out() for p in prompts]
+    assert {problem_split(p) for p in drawn} == {"train"}
+    assert {problem_split(p) for p in held} == {"test"} and not set(drawn) & set(held)
+    unsplit = SequenceTrainer(dataclasses.replace(config, split=False))
+    held = [p for prompts, _ in unsplit.held_out() for p in prompts]
+    assert {problem_split(p) for p in held} == {"train", "test"}  # the old draw: both
+
+
+def test_split_refuses_a_task_too_small_to_partition():
+    with pytest.raises(ValueError, match="split"):
+        SequenceTrainConfig(**{**FAST, "task_knobs": {"op": "reverse", "length": 1}, "split": True})

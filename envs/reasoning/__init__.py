@@ -3,7 +3,8 @@
 - :mod:`envs.reasoning.tasks`: ``make_task(name, **knobs)``, ``available_tasks()``,
   ``@register_task(name)`` (all a new task needs: it also registers the task's Gymnasium id
   ``task_env_id(name)``, ``sandbox/Reasoning-<Stem>-v0``); tasks have
-  ``sample(rng) -> (prompt, answer)``, ``sample_batch(rng, n)``, ``verify(answer, completion)``;
+  ``sample(rng) -> (prompt, answer)``, ``sample_batch(rng, n)``, ``verify(answer, completion)``,
+  both samplers with ``split="train"`` / ``"test"`` for disjoint partitions (``problem_split``);
   the ``bits`` task enumerates its outcome space for exact sequence-level expectations.
 - :mod:`envs.reasoning.verify`: the final-answer rule and the eval-free arithmetic parser.
 - :mod:`envs.reasoning.tokenizer`: :class:`CharTokenizer`.
@@ -20,6 +21,7 @@ from __future__ import annotations
 from envs.reasoning.tasks import (
     DEFAULT_TOKENIZER,
     MAX_ENUMERATION_LEN,
+    SPLITS,
     AdditionTask,
     BitsTask,
     BooleanTask,
@@ -31,6 +33,7 @@ from envs.reasoning.tasks import (
     answer_baselines,
     available_tasks,
     make_task,
+    problem_split,
     register_task,
     task_env_id,
     task_env_stem,
@@ -44,6 +47,7 @@ __all__ = [
     "DEFAULT_CHARS",
     "DEFAULT_TOKENIZER",
     "MAX_ENUMERATION_LEN",
+    "SPLITS",
     "AdditionTask",
     "BitsTask",
     "BooleanTask",
@@ -60,6 +64,7 @@ __all__ = [
     "available_tasks",
     "make_task",
     "parse_arithmetic",
+    "problem_split",
     "register_task",
     "task_env_class",
     "task_env_id",

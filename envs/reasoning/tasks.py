@@ -24,7 +24,7 @@ object, empty, huge, unicode); the final-answer rule is documented in
 | sequence    | string     | op ("reverse", "copy", "sort"), length (5, 1-32), alphabet              |
 | countdown   | expression | num_numbers (4, 2-6), max_number (10, 2-1000)                           |
 | boolean     | integer    | depth (2, 1-6), ops (("and", "or", "xor"))                              |
-| bits        | string     | op ("reverse", "copy", "sort", "parity"), length (3, 1-8); enumerable   |
+| bits        | string     | op ("reverse", "copy", "sort", "parity"), length (3, 1-16); enumerable  |
 
 Token view: ``task.tokenizer`` (a :class:`~envs.reasoning.tokenizer.CharTokenizer`),
 ``task.encode_prompt(prompt)`` (``[<bos>] + ids``), ``task.decode_completion(ids)`` and the
@@ -43,11 +43,21 @@ task; the registry-parametrised tests then cover it (``check_env`` included).
 Randomness: ``sample`` and ``sample_batch`` draw only from the ``rng`` passed in, so a seed fixes
 the problem sequence. ``sample_batch(rng, n)`` follows the same distribution as ``n`` calls of
 ``sample`` but not necessarily the same stream.
+
+Train and test partitions: every problem belongs to one of :data:`SPLITS` by a stable hash of its
+prompt text (:func:`problem_split`), so the two are disjoint by construction, for every task and
+every seed. ``sample(rng, split="test")`` and ``sample_batch(rng, n, split="train")`` draw from one
+partition (the task's distribution restricted to it); ``split=None`` (the default) draws from all
+problems, the same stream as before partitions existed::
+
+    train, _ = task.sample_batch(rng, 64, split="train")
+    test, _ = task.sample_batch(rng, 64, split="test")   # no prompt of test is in any train draw
 """
 
 from __future__ import annotations
 
 import abc
+import hashlib
 import itertools
 import re
 from collections.abc import Callable, Sequence
@@ -70,6 +80,7 @@ from envs.reasoning.verify import (
 __all__ = [
     "DEFAULT_TOKENIZER",
     "MAX_ENUMERATION_LEN",
+    "SPLITS",
     "AdditionTask",
     "BitsTask",
     "BooleanTask",
@@ -80,6 +91,7 @@ __all__ = [
     "SequenceTask",
     "available_tasks",
     "make_task",
+    "problem_split",
     "register_task",
     "task_env_id",
     "task_env_stem",
@@ -231,6 +243,28 @@ def _check_answer(answer: Any) -> str:
     return answer
 
 
+#: The partitions of every task's problems (:func:`problem_split`).
+SPLITS = ("train", "test")
+#: Draws in a row that may fall outside the wanted partition before sampling gives up: a
+#: partition that rare is (nearly) empty, e.g. one of the two prompts of ``bits`` length 1.
+MAX_SPLIT_REJECTS = 10_000
+
+
+def problem_split(prompt: str) -> str:
+    """The partition of the problem ``prompt``: ``"train"`` or ``"test"``, by the last bit of its
+    text's BLAKE2b hash (the same on every machine and Python version, unlike ``hash``). About
+    half the problems fall in each; the partition is a property of the problem alone, so every
+    seed, rule and rung agrees on it and the two never share a problem."""
+    digest = hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest()
+    return SPLITS[digest[-1] & 1]
+
+
+def _check_split(split: Any) -> str | None:
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)} or None; got {split!r}")
+    return split
+
+
 def _digits_string(rng: np.random.Generator, length: int, alphabet: str) -> str:
     return "".join(alphabet[i] for i in rng.integers(len(alphabet), size=length))
 
@@ -277,16 +311,32 @@ class ReasoningTask(abc.ABC):
     def _sample(self, rng: np.random.Generator) -> tuple[str, str]:
         """One (prompt, answer) pair drawn from ``rng``."""
 
-    def sample(self, rng: np.random.Generator) -> tuple[str, str]:
-        """One problem: ``(prompt, answer)``, the prompt ending in ``"Answer:"``."""
-        return self._sample(_check_rng(rng))
+    def sample(self, rng: np.random.Generator, split: str | None = None) -> tuple[str, str]:
+        """One problem: ``(prompt, answer)``, the prompt ending in ``"Answer:"``; from the
+        partition ``split`` (:data:`SPLITS`; None: any problem)."""
+        return self._draw(_check_rng(rng), _check_split(split))
 
-    def sample_batch(self, rng: np.random.Generator, n: int) -> tuple[list[str], list[str]]:
-        """``n`` problems: ``(prompts, answers)``, two lists of length ``n``."""
-        rng = _check_rng(rng)
+    def sample_batch(
+        self, rng: np.random.Generator, n: int, split: str | None = None
+    ) -> tuple[list[str], list[str]]:
+        """``n`` problems: ``(prompts, answers)``, two lists of length ``n``; from the partition
+        ``split`` (:data:`SPLITS`; None: any problem)."""
+        rng, split = _check_rng(rng), _check_split(split)
         n = _int_knob("n", n, 0, 10**9)
-        pairs = [self._sample(rng) for _ in range(n)]
+        pairs = [self._draw(rng, split) for _ in range(n)]
         return [p for p, _ in pairs], [a for _, a in pairs]
+
+    def _draw(self, rng: np.random.Generator, split: str | None) -> tuple[str, str]:
+        """One problem of ``split`` by rejection (the task's distribution within the partition);
+        a ``ValueError`` naming the split when :data:`MAX_SPLIT_REJECTS` draws in a row miss it."""
+        for _ in range(MAX_SPLIT_REJECTS if split is not None else 1):
+            prompt, answer = self._sample(rng)
+            if split is None or problem_split(prompt) == split:
+                return prompt, answer
+        raise ValueError(
+            f"split: no {split!r} problem in {MAX_SPLIT_REJECTS} draws of {self!r}; its problems "
+            "are too few to partition (a harder knob setting has more)"
+        )
 
     def extract_answer(self, completion: Any) -> str | None:
         """The candidate answer of ``completion`` under this task's rule, or None."""
@@ -669,6 +719,8 @@ _BITS_TOKENIZER = CharTokenizer("01")
 _BITS_PROMPT = re.compile(r"bits ([01]+)")
 #: Largest ``max_len`` that :meth:`BitsTask.enumerate_completions` accepts (2**17 - 1 sequences).
 MAX_ENUMERATION_LEN = 16
+#: The longest bit string of the ``bits`` task, and the longest it enumerates exactly.
+MAX_BITS, MAX_ENUMERABLE_BITS = 16, 8
 
 
 @register_task("bits")
@@ -698,9 +750,12 @@ class BitsTask(ReasoningTask):
     Per knob setting there are ``2^length`` prompts (uniform) and A = ``length`` (``1`` for
     parity); the token env's default T = A + 1 gives ``2^(length+2) - 1`` completions per prompt
     for copy/reverse/sort (length 1..8: 7, 15, 31, 63, 127, 255, 511, 1023) and 7 for parity,
-    so the joint space has at most ``256 * 1023 = 261,888`` (prompt, completion) pairs.
+    so the enumerable joint space has at most ``256 * 1023 = 261,888`` (prompt, completion)
+    pairs: :meth:`enumerate_prompts` covers lengths up to :data:`MAX_ENUMERABLE_BITS` (8). Longer
+    strings, up to 16 bits (65,536 prompts, 32,768-odd per partition), are for sampled training,
+    where a held-out partition of thousands of problems is what a rung needs.
 
-    Knobs: ``op``, ``length`` (1-8, default 3).
+    Knobs: ``op``, ``length`` (1-16, default 3; exact enumeration up to 8).
     """
 
     answer_kind = "string"
@@ -716,7 +771,8 @@ class BitsTask(ReasoningTask):
 
     def __init__(self, op: str = "reverse", length: int = 3) -> None:
         self.op = _choice_knob("op", op, tuple(self._TEMPLATES))
-        self.length = _int_knob("length", length, 1, 8)
+        self.length = _int_knob("length", length, 1, MAX_BITS)
+        self._splits: dict[str, IntArray] = {}
         self.max_prompt_len = len(self._TEMPLATES[self.op].format("0" * self.length))
         self.max_answer_len = 1 if self.op == "parity" else self.length
         self._zero = self.tokenizer.token_to_id["0"]
@@ -767,7 +823,13 @@ class BitsTask(ReasoningTask):
         return tuple(self.tokenizer.encode(_transform(self.op, bits)))
 
     def enumerate_prompts(self) -> list[tuple[int, ...]]:
-        """All ``2**length`` prompts as id tuples, in binary counting order (uniformly likely)."""
+        """All ``2**length`` prompts as id tuples, in binary counting order (uniformly likely);
+        a ``ValueError`` naming ``length`` beyond :data:`MAX_ENUMERABLE_BITS`."""
+        if self.length > MAX_ENUMERABLE_BITS:
+            raise ValueError(
+                f"length {self.length}: exact enumeration covers bit strings of at most "
+                f"{MAX_ENUMERABLE_BITS} (2**{self.length} prompts); longer ones are for sampling"
+            )
         return [
             (self.tokenizer.bos_id, *(self._one if b else self._zero for b in bits))
             for bits in itertools.product((0, 1), repeat=self.length)
@@ -813,11 +875,33 @@ class BitsTask(ReasoningTask):
         bits = self.tokenizer.decode(self._check_prompt_ids(prompt_ids))
         return self.verify(_transform(self.op, bits), self.decode_completion(completion_ids))
 
-    def sample_ids_batch(self, rng: np.random.Generator, n: int) -> tuple[IntArray, IntArray]:
-        """``n`` prompts ``[n, length + 1]`` and their answers ``[n, A]`` as ids, vectorised."""
-        rng = _check_rng(rng)
+    def split_bits(self, split: str) -> IntArray:
+        """The bit strings ``[M, length]`` whose prompts lie in the partition ``split``
+        (:func:`problem_split` of their text prompts), in binary counting order."""
+        split = _check_split(split)
+        if split not in self._splits:  # 2**length hashes, once per task
+            every = np.array(list(itertools.product((0, 1), repeat=self.length)), dtype=np.int64)
+            template = self._TEMPLATES[self.op]
+            part = [problem_split(template.format("".join(map(str, row)))) for row in every]
+            for name in SPLITS:
+                self._splits[name] = every[np.array([p == name for p in part], dtype=bool)]
+                self._splits[name].setflags(write=False)
+        return self._splits[split]
+
+    def sample_ids_batch(
+        self, rng: np.random.Generator, n: int, split: str | None = None
+    ) -> tuple[IntArray, IntArray]:
+        """``n`` prompts ``[n, length + 1]`` and their answers ``[n, A]`` as ids, vectorised;
+        from the partition ``split`` (uniform over :meth:`split_bits`; None: any prompt)."""
+        rng, split = _check_rng(rng), _check_split(split)
         n = _int_knob("n", n, 0, 10**9)
-        bits = rng.integers(2, size=(n, self.length))
+        if split is None:
+            bits = rng.integers(2, size=(n, self.length))
+        else:
+            members = self.split_bits(split)
+            if not len(members):
+                raise ValueError(f"split: {self!r} has no {split!r} problem (too few to partition)")
+            bits = members[rng.integers(len(members), size=n)]
         prompts = np.concatenate(
             [np.full((n, 1), self.tokenizer.bos_id), self._zero + bits], axis=1
         ).astype(np.int64)

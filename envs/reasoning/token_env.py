@@ -7,6 +7,7 @@ the task registry: ``@register_task("mod_arith")`` registers ``sandbox/Reasoning
 with these classes as entry points, and this module makes them on first use::
 
     env = gym.make("sandbox/Reasoning-Addition-v0", digits=4)   # knobs pass through
+    test = gym.make("sandbox/Reasoning-Addition-v0", digits=4, split="test")  # one partition
     vec = gym.make_vec("sandbox/Reasoning-Bits-v0", num_envs=512,
                        vectorization_mode="vector_entry_point", op="reverse", length=4)
 
@@ -28,6 +29,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from envs.reasoning.tasks import (
+    SPLITS,
     ReasoningTask,
     available_tasks,
     make_task,
@@ -60,7 +62,12 @@ class _TokenLayout:
         task: str | ReasoningTask | None,
         max_completion_len: int | None,
         knobs: dict[str, Any],
+        split: str | None = None,
     ) -> None:
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)} or None; got {split!r}")
+        #: the partition episodes draw their problems from (None: every problem)
+        self.split = split
         if self.task_name is not None and task is not None:
             raise ValueError(
                 f"task: {type(self).__name__} always runs task {self.task_name!r}; got {task!r} "
@@ -113,7 +120,7 @@ class _TokenLayout:
         if (prompt is None) != (answer is None):
             raise ValueError("options: give both 'prompt' and 'answer', or neither")
         if prompt is None:
-            prompt, answer = self.task.sample(rng)
+            prompt, answer = self.task.sample(rng, split=self.split)
             ids = self.task.encode_prompt(prompt)
             if len(ids) > self.max_prompt_tokens:  # a bug in the task's bound, not user error
                 raise RuntimeError(f"prompt of {len(ids)} tokens exceeds max_prompt_tokens")
@@ -198,10 +205,11 @@ class ReasoningTokenEnv(_TokenLayout, gym.Env[dict[str, Any], int]):
         *,
         max_completion_len: int | None = None,
         render_mode: str | None = None,
+        split: str | None = None,
         **knobs: Any,
     ) -> None:
         _check_render_mode(render_mode)
-        self._setup(task, max_completion_len, knobs)
+        self._setup(task, max_completion_len, knobs, split)
         self.render_mode = render_mode
         self.action_space = self._token_action_space
         self.observation_space = self._token_observation_space
@@ -289,12 +297,13 @@ class ReasoningTokenVectorEnv(_TokenLayout, VectorEnv):
         *,
         max_completion_len: int | None = None,
         render_mode: str | None = None,
+        split: str | None = None,
         **knobs: Any,
     ) -> None:
         _check_render_mode(render_mode)
         if isinstance(num_envs, bool) or not isinstance(num_envs, int | np.integer) or num_envs < 1:
             raise ValueError(f"num_envs must be an integer >= 1; got {num_envs!r}")
-        self._setup(task, max_completion_len, knobs)
+        self._setup(task, max_completion_len, knobs, split)
         self.num_envs = int(num_envs)
         self.render_mode = render_mode
         self.single_action_space = self._token_action_space

@@ -68,9 +68,14 @@ def interrupted_line(signum: int, kept: str, resume: str = RESUME) -> str:
     return f"interrupted ({name}): {kept}; {resume}"
 
 
-def answer_signal(signum: int, kept: str) -> int:
-    """A command's answer to the signal ``signum`` that stopped it: its :func:`interrupted_line`
-    printed once (:func:`~.pool.answer_interrupt`), and the exit status 128 + ``signum``."""
+def answer_signal(stop: int | KeyboardInterrupt, kept: str) -> int:
+    """A command's answer to the signal that stopped it (``stop``: its number, or the
+    ``KeyboardInterrupt`` it raised: Ctrl-C's, or :class:`~.pool.Terminated` for SIGTERM): its
+    :func:`interrupted_line` printed once (:func:`~.pool.answer_interrupt`), and the exit status
+    128 + the signal's number."""
+    if isinstance(stop, KeyboardInterrupt):
+        stop = getattr(stop, "signum", signal.SIGINT)
+    signum = int(stop)
     answer_interrupt("\n" + interrupted_line(signum, kept))
     return 128 + signum
 

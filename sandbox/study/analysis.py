@@ -32,7 +32,7 @@ from .claims import (
     ledger,
     power_lines,
 )
-from .config import MARGINS, MECHANISM, NEVER_BINDS, REFERENCE
+from .config import MARGINS, MECHANISM, NEVER_BINDS, ONE_AXIS, REFERENCE, STEP_SIZE_RULE
 from .rungs import RUNGS, evaluation_only
 
 #: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
@@ -202,6 +202,40 @@ def like_unclipped(scores: pd.DataFrame, rung: str, rule: str, metric: str = "re
         return False
     diff = evidence.paired_difference(table[rule].to_numpy(), table[UNCLIPPED].to_numpy())
     return evidence.within_margin(diff, MARGINS[metric])
+
+
+#: The readings of :func:`one_axis`.
+AXIS_READINGS = ("one axis", "other axes too", "not resolved at this power", "too few rules")
+
+
+def one_axis(summary: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per (rung, metric): Pearson's r, over the rules, between a rule's mean and the share of the
+    advantage-weighted gradient mass it zeroes (``grad_mass_zero_lo + grad_mass_zero_hi``), with
+    its Fisher-z interval (:func:`.evidence.correlation`); the same r as for the rules' effects
+    against any one of them. Rules: those with the shares logged (not an exact flow, not llm.train
+    runs), less :data:`STEP_SIZE_RULE` (its bounds are 1e3 x narrower, so its one point would
+    set r). ``reading``: ``one axis`` where the interval lies beyond +-:data:`ONE_AXIS` (the rung
+    ranks rules by the gradient they discard), ``other axes too`` where it lies within, else
+    not resolved at this power; ``too few rules`` below 4."""
+    s = summary.dropna(subset=["grad_mass_zero_lo", "grad_mass_zero_hi"])
+    s = s[s["rule"] != STEP_SIZE_RULE].assign(
+        zeroed=lambda f: f["grad_mass_zero_lo"] + f["grad_mass_zero_hi"]
+    )
+    out = []
+    for rung, g in s.groupby("rung", sort=False):
+        for metric in MARGINS:
+            r, lo, hi = evidence.correlation(g[metric].to_numpy(), g["zeroed"].to_numpy(), level)
+            if math.isnan(lo):
+                reading = AXIS_READINGS[3]
+            elif lo > ONE_AXIS or hi < -ONE_AXIS:
+                reading = AXIS_READINGS[0]
+            elif lo > -ONE_AXIS and hi < ONE_AXIS:
+                reading = AXIS_READINGS[1]
+            else:
+                reading = AXIS_READINGS[2]
+            out.append((rung, metric, len(g), r, lo, hi, reading))
+    columns = ["rung", "metric", "rules", "r", "lo", "hi", "reading"]
+    return pd.DataFrame(out, columns=columns)
 
 
 def entropy_law(rows: pd.DataFrame) -> pd.DataFrame:

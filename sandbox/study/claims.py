@@ -225,7 +225,9 @@ def ledger(
     seeds both have) with ``lo``/``hi``, ``seeds``, ``verdict`` (:func:`.evidence.verdict`'s
     classes) and ``reason``, ``p`` (the two-sided paired t-test), ``reading`` (``primary``: the
     claim's pre-registered metric; ``secondary``: another reading of it); the claim's
-    ``source``; ``clip_frac_a``/``clip_frac_b`` when the table has ``clip_frac``; the power line:
+    ``source``; ``clip_frac_a``/``clip_frac_b`` when the table has ``clip_frac``, and
+    ``zeroed_a``/``zeroed_b`` (the share of the advantage-weighted gradient mass each rule gives
+    a zero coefficient, ``grad_mass_zero_lo + grad_mass_zero_hi``) when it has those; the power line:
     ``diff_sd`` (SD of the paired differences), ``margin`` (the smallest effect of interest for the
     metric, from ``margins``; NaN if none) and ``seeds_needed`` to resolve it at ``power``.
 
@@ -271,6 +273,12 @@ def ledger(
             if "clip_frac" in scores.columns:
                 clip = _seed_table(scores, rung, "clip_frac", list(claim.rules)).mean()
                 row["clip_frac_a"], row["clip_frac_b"] = clip[claim.rule_a], clip[claim.rule_b]
+            if {"grad_mass_zero_lo", "grad_mass_zero_hi"} <= set(scores.columns):
+                zeroed = sum(
+                    _seed_table(scores, rung, f"grad_mass_zero_{side}", list(claim.rules)).mean()
+                    for side in ("lo", "hi")
+                )
+                row["zeroed_a"], row["zeroed_b"] = zeroed[claim.rule_a], zeroed[claim.rule_b]
             rows.append(row)
     return pd.DataFrame(rows)
 

@@ -40,7 +40,6 @@ from .config import StudyConfig, used_sections
 from .plan import BudgetSpent, rebuild_tables, run_study
 from .rungs import RUNGS
 from .settings import SECTIONS
-from .transfer import read_ledger
 
 #: A hook run before the study: ``prepare(config, out) -> (config, folder or None)``; the folder
 #: (the llm rung's checkpoints) is named by the resume line and removed once every run is a part.
@@ -194,12 +193,13 @@ def budget_spent(exc: BudgetSpent, argv: Sequence[str] | None, prog: str) -> int
     return BUDGET_EXIT
 
 
-def interrupted(signum: int, out: Path, folder: Path | None = None) -> int:
-    """The resume hint after a signal; the exit status 128 + ``signum``."""
+def interrupted(stop: int | KeyboardInterrupt, out: Path, folder: Path | None = None) -> int:
+    """The resume hint after the signal ``stop`` (its number, or the exception it raised); the
+    exit status 128 + its number."""
     kept = f"finished runs are parts in {out / 'parts'}"
     if folder is not None and folder.is_dir():
         kept += f", cut runs' checkpoints in {folder}"
-    return answer_signal(signum, kept)
+    return answer_signal(stop, kept)
 
 
 def main(
@@ -234,12 +234,12 @@ def _main(
     start, out, folder = time.perf_counter(), Path(args.out), None
     try:
         if args.tables_only:  # the recorded study at its recorded calibration, and any --claim
-            rebuild_tables(out, config)
+            tables = rebuild_tables(out, config)
         else:
             if prepare is not None:
                 config, folder = prepare(config, out)
             with terminate_raises():  # SIGTERM between runs: the resume line, as Ctrl-C
-                run_study(
+                tables = run_study(
                     config,
                     out,
                     progress=not args.no_progress,
@@ -256,17 +256,17 @@ def _main(
     except BudgetSpent as exc:  # --time-budget: units left, their command
         return budget_spent(exc, argv, prog)
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM in the pool (its Terminated)
-        return interrupted(getattr(exc, "signum", signal.SIGINT), out, folder)
+        return interrupted(exc, out, folder)
     except SystemExit as exc:  # a trainer in this process: checkpointed on a signal, 128+sig
         if isinstance(exc.code, int) and 128 < exc.code < 128 + signal.NSIG:
             return interrupted(exc.code - 128, out, folder)
         raise
-    return _report(out, args.doc, start)
+    return _report(out, tables["ledger"], args.doc, start)
 
 
-def _report(out: Path, doc: str | None, start: float) -> int:
-    """Print the ledger, write the page with ``--doc``; the exit status."""
-    ledger = read_ledger(out / "ledger.csv")  # no rows: rules that make no claim (--rules dapo)
+def _report(out: Path, ledger: pd.DataFrame, doc: str | None, start: float) -> int:
+    """Print the ledger (no rows: rules that make no claim, ``--rules dapo``), write the page
+    with ``--doc``; the exit status."""
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
         print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")

@@ -27,6 +27,10 @@ STEP_SIZE_RULE = "gspo"
 #: The smallest effect of interest per metric (the power line and the "contradicted" margin):
 #: 0.02 pass@1 (a gap a paper would report), 0.05 nats of entropy.
 MARGINS = {"final_pass": 0.02, "reward_auc": 0.02, "final_entropy": 0.05}
+#: A rung measures one axis where the rules' means correlate with the gradient mass they zero
+#: beyond this |r| with 95% confidence (:func:`.analysis.one_axis`): it then ranks rules by how
+#: much gradient they discard, i.e. by effective step size, whatever else they do.
+ONE_AXIS = 0.8
 #: Rules whose clip share stays below this are flagged: their bounds never bind.
 NEVER_BINDS = 1e-3
 #: Mechanism columns averaged per run (the loss's gradient-mass metrics, the objective's shares).

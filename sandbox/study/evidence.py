@@ -10,6 +10,7 @@ Holm's adjustment over a family of claims, a verdict (five symmetric classes), t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -157,6 +158,24 @@ def residual_sd(table: np.ndarray) -> float:
         return float("nan")
     res = x - x.mean(1, keepdims=True) - x.mean(0, keepdims=True) + x.mean()
     return float(np.sqrt(np.sum(res**2) / ((s - 1) * (r - 1))))
+
+
+def correlation(x: np.ndarray, y: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """Pearson's r of ``x`` and ``y`` with its ``level`` interval by Fisher's z (``atanh r`` is
+    about normal with SE ``1 / sqrt(n - 3)``): ``(r, lo, hi)``. NaN where it is undefined: fewer
+    than 4 points for the interval, fewer than 2 or a constant series for r."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = len(x)
+    if n < 2 or x.std() == 0 or y.std() == 0:
+        return (float("nan"),) * 3
+    r = float(np.clip(np.corrcoef(x, y)[0, 1], -1.0, 1.0))
+    if n < 4:
+        return r, float("nan"), float("nan")
+    from scipy import stats
+
+    half = stats.norm.ppf(0.5 + level / 2) / math.sqrt(n - 3)
+    z = math.atanh(np.clip(r, -1 + 1e-15, 1 - 1e-15))
+    return r, math.tanh(z - half), math.tanh(z + half)
 
 
 def paired_power(n: int, sd: float, effect: float, alpha: float = 0.05) -> float:

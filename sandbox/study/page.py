@@ -36,7 +36,7 @@ from .analysis import (
     same_on_exact_flow,
 )
 from .claims import BOUNDED, CLAIMS, decided_at_margin
-from .config import MARGINS, NEVER_BINDS, REFERENCE, STEP_SIZE_RULE, StudyConfig
+from .config import MARGINS, NEVER_BINDS, ONE_AXIS, REFERENCE, STEP_SIZE_RULE, StudyConfig
 from .rungs import RUNGS
 from .settings import knob_text, section_settings
 
@@ -135,6 +135,8 @@ def ledger_table(ledger: pd.DataFrame) -> str:
     strong = ledger["verdict"].isin([evidence.SUPPORTED, evidence.REVERSED])
     dagger = (strong & ledger["below_margin"].astype(bool)).map({True: " †", False: ""})
     clip = ledger["clip_frac_a"].map(_pct) + " / " + ledger["clip_frac_b"].map(_pct)
+    zeroed = ledger.get("zeroed_a", pd.Series(float("nan"), ledger.index)).map(_pct) + " / "
+    zeroed += ledger.get("zeroed_b", pd.Series(float("nan"), ledger.index)).map(_pct)
     shown = {
         "claim": ledger["claim"],
         "rung": ledger["rung"],
@@ -145,6 +147,7 @@ def ledger_table(ledger: pd.DataFrame) -> str:
         "p (Holm)": ledger["p_holm"].map(_p),
         "seeds": ledger["seeds"],
         "clip share A / B": clip,
+        "zeroed mass A / B": zeroed,
         "SD of diffs": ledger["diff_sd"].map(_num),
         "seeds for the margin": ledger["seeds_needed"].map(_count),
         "why": ledger["reason"],
@@ -315,7 +318,16 @@ def rungs_design(config: dict, sections: dict) -> str:
     about = make_bandit_suite()[b.setting].description
     knobs = ", ".join(f"{k}={v}" for k, v in sorted(t.knobs.items()))
     said = [f"rung_{r}" for r in config.get("rungs", []) if f"rung_{r}" in sentences()]
-    return " ".join(say(name, b=b, t=t, about=about, knobs=knobs) for name in said)
+    held = held_out_set(t.split)
+    start = say("tf_scratch") if t.init is None else say("tf_warm", init=t.init)
+    fields = dict(b=b, t=t, about=about, knobs=knobs, held=held, start=start)
+    return " ".join(say(name, **fields) for name in said)
+
+
+def held_out_set(split: bool) -> str:
+    """Where a rung's held-out problems come from: its task's test partition (``split``), or
+    every problem."""
+    return say("held_out_split" if split else "held_out_any")
 
 
 def llm_ran(summ: pd.DataFrame, bounds: pd.DataFrame, config: dict) -> str:
@@ -333,7 +345,7 @@ def llm_ran(summ: pd.DataFrame, bounds: pd.DataFrame, config: dict) -> str:
         knobs=", ".join(f"{k}={knob_text(v)}" for k, v in sorted(s["task_knobs"].items())),
         group=s["group_size"], tokens=s["max_new_tokens"], mu=int(first.epochs),
         minibatches=config["minibatches"], lr=f"{first.lr:g}", eval_prompts=s["eval_prompts"],
-        eval_k=s["eval_k"], every=s["eval_every"], clip=_pct(ref["clip_frac"].iloc[0]) if len(ref) else "not run",
+        eval_k=s["eval_k"], every=s["eval_every"], held=held_out_set(s.get("split", False)), clip=_pct(ref["clip_frac"].iloc[0]) if len(ref) else "not run",
         ran=_and(f"{r.rule} {r.seeds}" for r in rows.itertuples()),
     )  # fmt: skip
     left = [r for r in config["rules"] if r not in set(rows["rule"])]
@@ -361,16 +373,42 @@ def llm_rung(floor: bool = False) -> str:
     return f"`{s.model}` on `{s.task}` ({knobs})"
 
 
+def axis_text(axis: pd.DataFrame) -> str:
+    """Per rung (``axis.csv``, :func:`.analysis.one_axis`): whether its rules' means move with
+    the gradient mass they zero, metric by metric, with r and its interval."""
+    if axis.empty:
+        return say("no_axis")
+    said = []
+    for rung, g in axis.groupby("rung", sort=False):
+        rules = int(g["rules"].iloc[0])
+        if (g["reading"] == "too few rules").all():
+            said.append(say("axis_few", rung=rung, rules=rules))
+            continue
+        rows = "; ".join(
+            f"`{m}` r = {fmt_interval(r, lo, hi, '+.3f')} ({reading})"
+            for m, r, lo, hi, reading in zip(g["metric"], g["r"], g["lo"], g["hi"], g["reading"], strict=True)
+            if math.isfinite(r)
+        )  # fmt: skip
+        one = ", ".join(f"`{m}`" for m in g.loc[g["reading"] == "one axis", "metric"])
+        if one:
+            said.append(
+                say("axis_one", rung=rung, rules=rules, rows=rows, metrics=one, bound=ONE_AXIS)
+            )
+        else:
+            said.append(say("axis_not_shown", rung=rung, rules=rules, rows=rows))
+    return " ".join(said)
+
+
 # -- reading the tables -----------------------------------------------------------------------
 
 
 def read_tables(out: Path) -> dict[str, pd.DataFrame]:
     """The study's tables in ``out``, rungs in ladder order and claims in ledger order, and the
     exact flow's calibration over mu beside it (``exact_mu``); an optional table a folder
-    predates (``bounds``, ``grad_noise``, ``exact_mu``) is empty."""
+    predates (``bounds``, ``grad_noise``, ``axis``, ``exact_mu``) is empty."""
     names = ("calibration", "summary", "ledger", "ledger_auc", "power", "entropy_law")
     read = {n: pd.read_csv(out / f"{n}.csv") for n in names}
-    optional = {n: out / f"{n}.csv" for n in ("bounds", "grad_noise")}
+    optional = {n: out / f"{n}.csv" for n in ("bounds", "grad_noise", "axis")}
     optional["exact_mu"] = out.parent / EXACT_MU / "calibration.csv"
     for name, path in optional.items():
         read[name] = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=["rung"])
@@ -610,7 +648,7 @@ def mechanism_a(law: pd.DataFrame, summ: pd.DataFrame) -> str:
     law = law.merge(_shares(summ)[["rung", "rule", "hard"]], on=["rung", "rule"], how="left")
     good = law[law.groupby("rule")["corr"].transform("min") >= LAW_HOLDS]  # on every rung
     hard_rest = law[(law["corr"] < LAW_HOLDS) & law["hard"].eq(True)]
-    soft = law[law["hard"].eq(False)]
+    soft = law[law["hard"].eq(False) & law["corr"].notna()]  # NaN: too few steps to correlate
     soft = soft.assign(wrong=soft["predicted_mean"] * soft["observed_mean"] < 0)
     if len(good):
         rules, rungs = _and(good["rule"].unique()), _and(good["rung"].unique())
@@ -736,6 +774,7 @@ def page_values(out: Path, path: Path) -> dict[str, Callable[[], str]]:
         "power_reading": lambda: power_text(t["power"]),
         "mechanism_a": lambda: mechanism_a(law, summ),
         "mechanism_b": lambda: mechanism_b(summ),
+        "one_axis": lambda: axis_text(t["axis"]),
         "mechanism_c": lambda: mechanism_c(t["grad_noise"], led, auc),
         "rules": lambda: rules_table(summ),
         "power": lambda: _table(t["power"], [*power_cols, "seeds_needed"], **power),

@@ -270,8 +270,9 @@ def run_study(
     workers: int | None = None,
     time_budget: float | None = None,
     note_rules: bool = False,
-) -> pd.DataFrame:
-    """Calibrate, run and analyse (resuming what ``out`` holds); returns the tidy rows.
+) -> dict[str, pd.DataFrame]:
+    """Calibrate, run and analyse (resuming what ``out`` holds); returns the tables
+    (:func:`.tables.write_tables`: by name, ``results`` the tidy rows).
 
     ``time_budget`` (seconds from this call's start): a unit starts only while it is expected to
     end in time (:meth:`RunFolder.expected`), units still running at the end are stopped as on
@@ -300,8 +301,7 @@ def run_study(
     _run(folder, config, study_jobs(config, point), "claims", done, time_budget, **kw)
     files = study_files(folder.parts, config, point)
     rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    write_tables(rows, folder.out, config)
-    return rows
+    return write_tables(rows, folder.out, config)
 
 
 def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[str, pd.DataFrame]:

@@ -49,7 +49,11 @@ ALPHA = 0.05
 CAP_SECONDS = 3600
 PILOT_SEEDS = {"bandit_sampled": 16, "tiny_tf": 8}
 
-#: The candidates of each rung: its section's settings.
+#: A warm-started candidate's warm start: to partial competence (held-out pass 0.3 on the test
+#: partition), at most 400 supervised steps (:class:`~sandbox.train.warm_start.WarmStartConfig`).
+WARM = {"target": 0.3, "steps": 400}
+#: The candidates of each rung: its section's settings (``warm_start``: a tiny_tf candidate's
+#: warm start, :func:`resolved` to the file its ``init`` names).
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
     "bandit_sampled": [
         {"setting": s, "steps": n}
@@ -60,14 +64,43 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
         {"task": "bits", "knobs": {"op": "reverse", "length": 2}, "steps": 40},
         {"task": "bits", "knobs": {"op": "sort", "length": 3}, "steps": 40},
         {"task": "bits", "knobs": {"op": "reverse", "length": 3}, "steps": 80},
+        # issue 38: thousands of problems, held-out ones from the test partition, every replicate
+        # from one warm start (made once into OUT/warm_start by sandbox.train.warm_start)
+        *(
+            {"task": task, "knobs": knobs, "steps": 40, "split": True, "warm_start": WARM}
+            for task, knobs in (
+                ("bits", {"op": "reverse", "length": 10}),
+                ("addition", {"digits": 2}),
+                ("sequence", {"op": "reverse", "length": 4, "alphabet": "digits"}),
+            )
+        ),
     ],
 }
 
 
 def label(candidate: dict[str, Any]) -> str:
-    """A candidate's folder name: its settings as key=value, knobs flattened."""
-    pairs = [sorted(v.items()) if isinstance(v, dict) else [(k, v)] for k, v in candidate.items()]
-    return ",".join(f"{k}={v}" for settings in pairs for k, v in settings)
+    """A candidate's folder name: its settings as key=value, knobs flattened (another mapping's
+    keys prefixed with its name: ``warm_start.target=0.3``)."""
+
+    def pairs(key: str, value: Any) -> list[tuple[str, Any]]:
+        if not isinstance(value, dict):
+            return [(key, value)]
+        prefix = "" if key == "knobs" else f"{key}."
+        return [(prefix + k, v) for k, v in sorted(value.items())]
+
+    return ",".join(f"{k}={v}" for key, value in candidate.items() for k, v in pairs(key, value))
+
+
+def resolved(candidate: dict[str, Any], cache: Path) -> dict[str, Any]:
+    """A candidate's section settings: its ``warm_start``, if any, made (or found) in ``cache``
+    (:func:`~sandbox.train.warm_start.ensure_warm_start`) and named by ``init``."""
+    if "warm_start" not in candidate:
+        return candidate
+    from sandbox.train.warm_start import WarmStartConfig, ensure_warm_start
+
+    rest = {k: v for k, v in candidate.items() if k != "warm_start"}
+    warm = WarmStartConfig(task=rest["task"], task_knobs=rest["knobs"], **candidate["warm_start"])
+    return {**rest, "init": str(ensure_warm_start(warm, cache))}
 
 
 def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> dict[str, Any]:
@@ -80,13 +113,13 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
     config = StudyConfig(rungs=[rung], sections=sections, **settings)
     timing = out / "pilot_seconds.json"
     start = time.perf_counter()
-    run_study(config, out, progress=False, workers=1)
+    tables = run_study(config, out, progress=False, workers=1)
     if not timing.exists():
         timing.write_text(json.dumps({"seconds": round(time.perf_counter() - start, 1)}) + "\n")
     return {
-        "ledger": pd.read_csv(out / "ledger.csv"),
-        "bounds": pd.read_csv(out / "bounds.csv").set_index("rung"),
-        "summary": pd.read_csv(out / "summary.csv"),
+        "ledger": tables["ledger"],
+        "bounds": tables["bounds"].set_index("rung"),
+        "summary": tables["summary"],
         "seconds": json.loads(timing.read_text())["seconds"],
     }
 
@@ -205,7 +238,9 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     for rung in rungs:
         for candidate in CANDIDATES[rung]:
             name = label(candidate)
-            found = pilot(rung, candidate, out / "pilots" / rung / name)
+            found = pilot(
+                rung, resolved(candidate, out / "warm_start"), out / "pilots" / rung / name
+            )
             table = assess(rung, found).assign(
                 rung=rung,
                 candidate=name,

@@ -166,6 +166,10 @@ def _bandit(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> Ru
 def _tiny_tf(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     tf, shared = config.section("tf"), _shared(config, job.rule)
     shared["train"].update(eval_prompts=tf.eval_prompts, eval_k=tf.eval_k)
+    if tf.split:  # only when on: the specs of a study without it stay as they were
+        shared["train"]["split"] = True
+    if tf.init is not None:
+        shared["train"]["init"] = tf.init
     return RunSpec.make(
         "tiny_tf",
         task_setting(tf.task, tf.knobs),
@@ -215,7 +219,8 @@ def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
     task, n = make_task(tf.task, **tf.knobs), tf.eval_prompts
     if config.rng is None:  # a run made before per-replicate sets: all scored base seed 0's one
         return task_bounds(task, [task.sample_batch(np.random.default_rng([0, HELD_OUT]), n)[1]])
-    return task_bounds(task, [held_out_problems(task, 0, n, s)[1] for s in range(tf.seeds)])
+    sets = [held_out_problems(task, 0, n, s, tf.split)[1] for s in range(tf.seeds)]
+    return task_bounds(task, sets)
 
 
 register_rung(Rung("bandit_exact", _bandit, "bandit", bounds=_bandit_bounds))

@@ -201,14 +201,31 @@ class TfSettings:
     )
     eval_prompts: int = arg(512, "tiny_tf held-out problems (fixed by the seed)")
     eval_k: int = arg(2, "tiny_tf samples per held-out problem")
+    split: bool = arg(
+        False,
+        "tiny_tf trains on the task's train partition and scores held-out problems from its test "
+        "partition (disjoint by construction; envs.reasoning.problem_split)",
+    )
+    init: str | None = arg(
+        None,
+        "tiny_tf warm start: a file of python -m sandbox.train.warm_start every replicate starts "
+        "from (None: from scratch)",
+    )
     seeds: int = arg(119, "paired seeds per rule on tiny_tf")
 
     def __post_init__(self) -> None:
         settle(self, "tf", lrs=step_sizes, epochs=mu_grid, knobs=knobs)
 
     def check(self) -> None:
-        """The task exists with these knobs."""
+        """The task exists with these knobs, and a warm start fits them."""
         check_task("tf_task, tf_knobs", self.task, self.knobs)
+        if self.init is not None:
+            from sandbox.train import SequenceTrainConfig
+
+            try:
+                SequenceTrainConfig(task=self.task, task_knobs=dict(self.knobs), init=self.init)
+            except ValueError as exc:
+                raise ValueError(f"tf_{exc}") from None
 
 
 register_section("bandit", BanditSettings)

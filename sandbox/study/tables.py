@@ -25,6 +25,7 @@ from .analysis import (
     entropy_law,
     gradient_noise,
     ladder_order,
+    one_axis,
     rule_summary,
     run_scores,
     rung_power,
@@ -40,7 +41,8 @@ def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    entropy_law, grad_noise, bounds; transfer, transfer_agreement) and the figures; returns the tables.
+    entropy_law, grad_noise, bounds, axis; transfer, transfer_agreement) and the figures; returns the
+    tables by name, ``results`` the tidy rows.
 
     The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
     :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
@@ -63,12 +65,14 @@ def write_tables(
             "power": rung_power(scores),
             "bounds": rung_bounds(bounds) if bounds is not None else pd.DataFrame(),
         }
+        tables["axis"] = one_axis(tables["summary"])
         for name, table in tables.items():
             write_csv(table, out / f"{name}.csv")
-        tables["transfer"], tables["transfer_agreement"] = write_transfer(out)  # from the ledgers
+        ledgers = [tables["ledger"], tables["ledger_auc"]]
+        tables["transfer"], tables["transfer_agreement"] = write_transfer(out, ledgers)
         plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
         plot_mechanism(tables["summary"], out / "mechanism.png")
-        return tables
+        return {"results": rows, **tables}
 
 
 @contextmanager

@@ -72,8 +72,13 @@ def read_ledger(path: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
-        read = dict.fromkeys([*COLUMNS, *AT_MARGIN_COLUMNS])  # once each; at_margin is computed
-        return pd.DataFrame(columns=[c for c in read if c != "at_margin"])
+        return _no_rows()
+
+
+def _no_rows() -> pd.DataFrame:
+    """A ledger without rows, with the columns :func:`transfer_table` reads."""
+    read = dict.fromkeys([*COLUMNS, *AT_MARGIN_COLUMNS])  # once each; at_margin is computed
+    return pd.DataFrame(columns=[c for c in read if c != "at_margin"])
 
 
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:
@@ -170,15 +175,17 @@ def transfer_agreement(
     return pd.DataFrame(rows, columns=AGREEMENT_COLUMNS)
 
 
-def write_transfer(out: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Read the ledgers (:data:`LEDGERS`, those present) of the results folder ``out`` and write
-    ``transfer.csv`` (:func:`transfer_table`) and ``transfer_agreement.csv``
-    (:func:`transfer_agreement`) there, each only when its bytes change; returns both tables."""
+def write_transfer(
+    out: str | Path, ledgers: Sequence[pd.DataFrame]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From a study's ``ledgers`` (the tables of :data:`LEDGERS`, as the study just computed
+    them), write ``transfer.csv`` (:func:`transfer_table`) and ``transfer_agreement.csv``
+    (:func:`transfer_agreement`) into the results folder ``out``, each only when its bytes
+    change; returns both tables."""
     out = Path(out)
-    found = [out / name for name in LEDGERS if (out / name).exists()]
-    if not found:
-        raise ValueError(f"out: no {' or '.join(LEDGERS)} in {out}")
-    table = transfer_table(*(read_ledger(path) for path in found))
+    if not ledgers:
+        raise ValueError(f"ledgers: none given for {out}")
+    table = transfer_table(*(ledger if len(ledger.columns) else _no_rows() for ledger in ledgers))
     agreement = transfer_agreement(table)
     write_csv(table, out / "transfer.csv")
     write_csv(agreement, out / "transfer_agreement.csv")

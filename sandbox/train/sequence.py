@@ -79,7 +79,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from envs.reasoning import ReasoningTask, available_tasks, make_task
+from envs.reasoning import SPLITS, ReasoningTask, available_tasks, make_task
 from sandbox.advantages import ADVANTAGE_METHODS, seed_advantages
 from sandbox.aggregate import AGGREGATION_MODES
 from sandbox.configs import arg, built_objective, check_group_size, check_int
@@ -130,6 +130,11 @@ class SequenceTrainConfig:
     max_new_tokens: int | None = arg(None, "completion budget (None: the task's answer length + 1)")
     eval_prompts: int = arg(0, "held-out prompts evaluated after the last step (0: none)")
     eval_k: int = arg(1, "samples per held-out prompt (pass@1 = mean over the k samples)")
+    split: bool = arg(
+        False,
+        "train on the task's train partition and draw held-out problems from its test partition "
+        "(envs.reasoning.problem_split: disjoint by construction); False: both from every problem",
+    )
     grad_mass: bool = arg(False, "log the advantage-weighted gradient mass shares (sandbox.loss)")
     entropy_law: bool = arg(
         False,
@@ -141,6 +146,11 @@ class SequenceTrainConfig:
         False, "log the rule's gradient noise against its deterministic counterpart's (NSR)"
     )
     temperature: float = arg(1.0, "sampling temperature")
+    init: str | None = arg(
+        None,
+        "warm start: a file of python -m sandbox.train.warm_start whose one model every replicate "
+        "starts from (None: from scratch, each replicate its own random weights)",
+    )
     d_model: int = arg(32, "transformer width")
     n_layers: int = arg(2, "transformer layers")
     n_heads: int = arg(4, "attention heads")
@@ -155,11 +165,19 @@ class SequenceTrainConfig:
         """Raise ``ValueError`` naming the first invalid field."""
         if self.task not in available_tasks():
             raise ValueError(f"task must be one of {available_tasks()}, got {self.task!r}")
-        make_task(self.task, **self.task_knobs)
+        task = make_task(self.task, **self.task_knobs)
+        if not isinstance(self.split, bool):
+            raise ValueError(f"split must be True or False, got {self.split!r}")
+        for part in SPLITS if self.split else ():  # both partitions hold a problem
+            task.sample(np.random.default_rng(0), split=part)
         for name in ("seeds", "steps", "prompts_per_step", "epochs", "minibatches", "eval_k"):
             check_int(name, getattr(self, name))
         check_int("group_size", self.group_size)
         check_int("eval_prompts", self.eval_prompts, 0)
+        if self.init is not None:  # the file exists and fits this task and model shape
+            from .warm_start import load_warm_start
+
+            load_warm_start(self.init, self)
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(
                 f"advantage must be one of {sorted(ADVANTAGE_METHODS)}, got {self.advantage!r}"
@@ -232,14 +250,16 @@ class SequenceBatch:
 
 
 def held_out_problems(
-    task: ReasoningTask, seed: int, n: int, replicate: int
+    task: ReasoningTask, seed: int, n: int, replicate: int, split: bool = False
 ) -> tuple[list[str], list[str]]:
     """The ``n`` held-out (prompt, answer) pairs of replicate ``replicate`` (seed index s in
     ``[0, S)``) of a run with base seed ``seed``: their own random stream
     (:data:`sandbox.streams.HELD_OUT`), fixed by ``(seed, replicate)`` alone, so every rule and
     every step count sees the same set for a replicate (pairs stay pairs) while the replicates
-    score distinct sets (the study's answer baselines are computed on them too)."""
-    return task.sample_batch(np.random.default_rng([seed, HELD_OUT, replicate]), n)
+    score distinct sets (the study's answer baselines are computed on them too). ``split``: from
+    the task's test partition (training then draws from its train partition)."""
+    rng = np.random.default_rng([seed, HELD_OUT, replicate])
+    return task.sample_batch(rng, n, split="test" if split else None)
 
 
 class SequenceTrainer:
@@ -266,6 +286,13 @@ class SequenceTrainer:
         S = config.seeds
         model_config, dtype = config.model_config(), self.dtype
         self.model = TinyTransformer(model_config, num_models=S, seed=config.seed, dtype=dtype)
+        if config.init is not None:  # every replicate from the one warm-started model
+            from .warm_start import load_warm_start
+
+            state = load_warm_start(config.init, config)
+            self.model.load_state_dict(
+                {k: v.to(dtype).expand(S, *v.shape[1:]).clone() for k, v in state.items()}
+            )
         self.model.to(self.device)
         self.reference = None
         if config.kl_coef > 0:
@@ -307,7 +334,8 @@ class SequenceTrainer:
     def _prompts(self) -> tuple[Tensor, Tensor, list[str]]:
         cfg = self.config
         G = cfg.group_size
-        prompts, answers = self.task.sample_batch(self.rng, cfg.seeds * cfg.prompts_per_step)
+        split = "train" if cfg.split else None
+        prompts, answers = self.task.sample_batch(self.rng, cfg.seeds * cfg.prompts_per_step, split)
         ids, mask = self._encode(prompts, G)
         return ids, mask, [a for a in answers for _ in range(G)]
 
@@ -316,7 +344,8 @@ class SequenceTrainer:
         base seed and s)."""
         cfg = self.config
         return [
-            held_out_problems(self.task, cfg.seed, cfg.eval_prompts, s) for s in range(cfg.seeds)
+            held_out_problems(self.task, cfg.seed, cfg.eval_prompts, s, cfg.split)
+            for s in range(cfg.seeds)
         ]
 
     @torch.no_grad()
