@@ -131,7 +131,7 @@ def test_study_tables_are_the_same_bytes_whatever_the_order_of_the_parts(tmp_pat
     write_tables(shuffled, tmp_path / "b", config)
     a, b = _files(tmp_path / "a"), _files(tmp_path / "b")
     names = {"results.parquet", "calibration.png", "mechanism.png", "provenance.json"}
-    names |= {f"{n}.csv" for n in tables}
+    names |= {f"{n}.csv" for n in tables if n != "results"}  # results: the rows, as parquet
     assert set(a) == set(b) == names
     for name in names - {"provenance.json", "results.parquet"}:
         assert a[name][0] == b[name][0], name

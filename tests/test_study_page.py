@@ -162,7 +162,7 @@ def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
 def test_headroom_sentences_follow_their_tables(folder):
     before = page(folder)
     closed = "bandit_exact, as run, cannot answer the pass-rate claims"
-    assert closed in before and "**Headroom decides 4 of 18 pass-rate rows.**" in before
+    assert closed in before and "**Headroom decides 4 of 20 pass-rate rows.**" in before
     assert "On tiny_tf, 10 of 10 rules' mean `final_pass` beat its answer baseline 0.272" in before
     # the exact rung's pass-rate rows get verdicts and grpo falls below the baseline
     edit(
@@ -171,7 +171,7 @@ def test_headroom_sentences_follow_their_tables(folder):
     edit(folder, "summary.csv", {"rung": "tiny_tf", "rule": "grpo"}, final_pass=0.25)
     after = page(folder)
     assert "as run, cannot answer the pass-rate claims" not in after
-    assert "**Headroom decides 0 of 18 pass-rate rows.**" in after
+    assert "**Headroom decides 0 of 20 pass-rate rows.**" in after
     assert "On tiny_tf, 9 of 10 rules' mean `final_pass` beat its answer baseline 0.272" in after
 
 
