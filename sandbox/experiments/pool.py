@@ -176,10 +176,31 @@ def answer_interrupt(line: str) -> None:
     the command is its process's own (:func:`own_command`): the interrupt is answered and the
     process exits, so a second Ctrl-C changes nothing. Else it would land in the line's print or
     the exit's clean-up (a ``KeyboardInterrupt`` traceback) or, once finalization has reset the
-    handler to the default, kill the process (-2 for the 130 it reports)."""
+    handler to the default, kill the process (-2 for the 130 it reports). Any pool worker still
+    alive is ended first (:func:`end_live_workers`), so the line is the last one printed."""
     if _own_command and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end_live_workers()
     print(line, file=sys.stderr, flush=True)
+
+
+#: Pools of :func:`imap_unordered` not yet shut down or stopped: a second Ctrl-C that lands
+#: before or amid :func:`_stop` (its SIGTERM sent, the wait cut) leaves workers that finish their
+#: step and print after the driver's last line (a fresh-clone CI run, 2026-11-29).
+_LIVE_POOLS: set[ProcessPoolExecutor] = set()
+
+
+def end_live_workers() -> None:
+    """SIGKILL every worker of a pool whose stop an interrupt cut short, and wait for each (at
+    most 5 s): a worker's checkpoint writes are atomic, so a cut one keeps the checkpoint before."""
+    with signals_deferred():
+        for pool in list(_LIVE_POOLS):
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                if process.is_alive():
+                    process.kill()
+                    process.join(timeout=5)
+            pool.shutdown(wait=False, cancel_futures=True)
+            _LIVE_POOLS.discard(pool)
 
 
 @contextlib.contextmanager
@@ -315,6 +336,7 @@ def imap_unordered(
     (:func:`_stop`) and :class:`DeadlineReached` is raised."""
     start_forkserver()  # a no-op once running; started here with SIGINT ignored if not yet
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context(), initializer=_worker_init)
+    _LIVE_POOLS.add(pool)
     folder, finished = tempfile.mkdtemp(prefix="clip-sandbox-pool-"), False
     try:
         with terminate_raises():
@@ -326,6 +348,7 @@ def imap_unordered(
             pool.shutdown(wait=True)
         else:
             _stop(pool)
+        _LIVE_POOLS.discard(pool)  # not reached if an interrupt cut the stop: end_live_workers
         shutil.rmtree(folder, ignore_errors=True)
 
 
