@@ -153,7 +153,6 @@ def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> R
     s = config.section("llm")
     train = {
         **probe_settings(config, job.rule),
-        "grad_mass": True,  # the toy rungs' probe too (sandbox.study.rungs)
         "model": s.model,
         "rollout_backend": s.rollout_backend,
         "max_new_tokens": s.max_new_tokens,

@@ -29,8 +29,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from envs.reasoning.tasks import (
-    SPLITS,
     ReasoningTask,
+    _check_split,
     available_tasks,
     make_task,
     task_env_id,
@@ -64,10 +64,8 @@ class _TokenLayout:
         knobs: dict[str, Any],
         split: str | None = None,
     ) -> None:
-        if split is not None and split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)} or None; got {split!r}")
         #: the partition episodes draw their problems from (None: every problem)
-        self.split = split
+        self.split = _check_split(split)
         if self.task_name is not None and task is not None:
             raise ValueError(
                 f"task: {type(self).__name__} always runs task {self.task_name!r}; got {task!r} "

@@ -195,10 +195,7 @@ def end_live_workers() -> None:
     most 5 s): a worker's checkpoint writes are atomic, so a cut one keeps the checkpoint before."""
     with signals_deferred():
         for pool in list(_LIVE_POOLS):
-            for process in list((getattr(pool, "_processes", None) or {}).values()):
-                if process.is_alive():
-                    process.kill()
-                    process.join(timeout=5)
+            _kill(list((getattr(pool, "_processes", None) or {}).values()))
             pool.shutdown(wait=False, cancel_futures=True)
             _LIVE_POOLS.discard(pool)
 
@@ -300,11 +297,16 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         # now"), which propagates once this is done: a stop abandoned here left the pool's
         # shutdown, at the driver's exit, waiting on a live worker for good (issue 39)
         with signals_deferred():
-            for process in processes:
-                if process.is_alive():
-                    process.kill()
-                    process.join(timeout=5)
+            _kill(processes)
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill(processes: list[Any]) -> None:
+    """SIGKILL each of ``processes`` still alive and wait for it (at most 5 s each)."""
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
 
 
 class DeadlineReached(Exception):

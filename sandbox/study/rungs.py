@@ -125,18 +125,19 @@ def unregister_rung(name: str) -> None:
 
 def probe_settings(config: StudyConfig, rule: str) -> dict[str, Any]:
     """The ``train`` settings of a sampled run on any rung, toy or llm: the study's aggregation
-    (the paper's, else token-mean) and the mechanism probes, (a) the entropy-covariance law and,
-    for a rule with an expectation, (c) NSR's noise against its decay."""
+    (the paper's, else token-mean) and the mechanism probes, (a) the entropy-covariance law, (b)
+    the gradient-mass shares and, for a rule with an expectation, (c) NSR's noise against its
+    decay."""
     train = {"aggregation": None if config.paper_aggregation else "token-mean", "entropy_law": True}
+    train["grad_mass"] = True
     if objective_of(rule).expectation() is not None:
         train["grad_noise"] = True
     return train
 
 
 def _shared(config: StudyConfig, rule: str) -> dict[str, Any]:
-    """A toy spec's settings every rung shares: :func:`probe_settings`, the gradient-mass probe
-    and the study's dtype."""
-    train = {**probe_settings(config, rule), "grad_mass": True}
+    """A toy spec's settings every rung shares: :func:`probe_settings` and the study's dtype."""
+    train = probe_settings(config, rule)
     if config.dtype is not None:
         train["dtype"] = config.dtype
     return {"minibatches": config.minibatches, "device": config.device, "train": train}

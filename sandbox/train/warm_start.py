@@ -116,8 +116,11 @@ def warm_start(config: WarmStartConfig, log=print) -> tuple[dict[str, torch.Tens
 def save_warm_start(
     state: dict[str, torch.Tensor], config: WarmStartConfig, history: list[dict], path: str | Path
 ) -> Path:
-    """The weights and the settings and evaluations that made them, to ``path`` (atomically)."""
-    from sandbox.experiments.results import _write_atomic
+    """The weights and the settings and evaluations that made them, to ``path`` (atomically, by
+    the results' own writer)."""
+    import io
+
+    from sandbox.experiments.results import write_if_changed
 
     record = {
         "format": FORMAT,
@@ -126,7 +129,10 @@ def save_warm_start(
         "history": history,
         "state": state,
     }
-    return _write_atomic(Path(path), lambda tmp: torch.save(record, tmp))
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    write_if_changed(buffer.getvalue(), path)
+    return Path(path)
 
 
 def ensure_warm_start(config: WarmStartConfig, folder: str | Path, log=print) -> Path:
