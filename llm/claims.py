@@ -133,11 +133,7 @@ class LlmSettings:
             raise ValueError(str(exc).replace("--model ", "--llm-model ", 1)) from None
 
 
-register_section(
-    "llm",
-    LlmSettings,
-    execution=("ensemble", "scratch", "checkpoint_every"),  # parts are the same at any value
-)
+register_section("llm", LlmSettings)
 
 
 def llm_epochs(config: StudyConfig) -> list[int]:

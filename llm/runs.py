@@ -44,7 +44,6 @@ bounds the ensemble by how many specs it passes at once (the claims study: its l
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -55,21 +54,14 @@ from typing import Any
 
 import pandas as pd
 
-from sandbox.experiments.runs import BATCH_VARIES, RunSpec, freeze, register_run, thaw, tidy
-
-#: Keys of a spec's ``train`` that choose where and how often a run saves, not what it computes
-#: (left out of :func:`scratch_name`, so changing them keeps a run's checkpoint).
-EXECUTION = ("scratch", "checkpoint_every")
+from sandbox.experiments.runs import BATCH_VARIES, RunSpec, register_run, thaw, tidy
 
 
 def scratch_name(spec: RunSpec) -> str:
-    """The resumable scratch folder's name of ``spec``: its part name's stem (setting, rule,
-    kind, seed) and a hash of the whole spec but :data:`EXECUTION` (the part name alone leaves
-    out the step size, mu and steps: a calibration's runs would share it)."""
-    train = {k: v for k, v in thaw(spec.train).items() if k not in EXECUTION}
-    text = replace(spec, train=freeze(train)).to_json()
-    digest = hashlib.sha1(text.encode()).hexdigest()[:12]
-    return f"{spec.part.removesuffix('.parquet')}__{digest}"
+    """The resumable scratch folder's name of ``spec``: its part's name (its stem and the hash of
+    what it computes, :meth:`~sandbox.experiments.runs.RunSpec.digest`; so changing where or how
+    often it saves keeps a run's checkpoint)."""
+    return spec.part.removesuffix(".parquet")
 
 
 def train_config(spec: RunSpec) -> object:

@@ -303,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Every objective on a suite of settings: sampled runs over seeds and, on "
         "bandits, the exact expected-gradient flow. Steps are 1-based (step s: the s-th rollout "
         "+ update round), as in llm.train. A rerun with the same --name resumes; other settings "
-        "are refused (use another --name or --force).",
+        "compute their own runs beside the folder's (a part's name hashes its settings), and the "
+        "tables hold this command's runs only (--force recomputes them).",
     )
     _add_compare_arguments(p)
     p.set_defaults(func=_compare)

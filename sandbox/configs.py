@@ -290,7 +290,7 @@ def add_study_arguments(
     parser.add_argument(
         "--force",
         action="store_true",
-        help="delete the parts of a folder made with other settings and recompute",
+        help="recompute this command's runs (their parts in the folder are replaced)",
     )
     parser.add_argument(
         "--profile",

@@ -15,9 +15,8 @@ The toy trainers (:mod:`sandbox.train`) and the llm runs (:mod:`llm.streams`, wh
 committed result: a stream's value never changes (a new stream takes a new number).
 
 :data:`RNG` names this scheme in the settings that orchestrators record (compare, sweep, the
-claims study): a folder made with the toy trainers' earlier scheme (one
-generator per run, whose draws interleaved) records none, and its settings check refuses it
-("made with other settings (rng: None -> 'streams-v1')"; ``--force`` recomputes).
+claims study) and in every part's name (:meth:`sandbox.experiments.runs.RunSpec.digest`): a run
+made with another scheme is another part, never read as this scheme's.
 """
 
 from __future__ import annotations

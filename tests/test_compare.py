@@ -69,25 +69,26 @@ def test_a_comparison_is_a_grid_planned_in_compare_layout():
     plan = compare_plan(CompareConfig(**SMALL))
     assert plan.layout == CompareLayout(rules_per_job=None) and plan.seeds == [0]
     parts = plan.parts()
-    assert [name for name, _ in parts[:5]] == [
-        "easy__grpo__sampled.parquet",
-        "easy__grpo__exact.parquet",
-        "easy__nsr_dapo__sampled.parquet",
-        "easy__nsr_dapo__exact.parquet",
-        "easy__clip_cov__sampled.parquet",  # no exact flow: no closed form
+    assert all(name == specs[0].part_of(stem(name)) for name, specs in parts)  # name, then hash
+    assert [stem(name) for name, _ in parts[:5]] == [
+        "easy__grpo__sampled",
+        "easy__grpo__exact",
+        "easy__nsr_dapo__sampled",
+        "easy__nsr_dapo__exact",
+        "easy__clip_cov__sampled",  # no exact flow: no closed form
     ]
     assert len(parts) == 10 and all(len(specs) == 1 for _, specs in parts)
-    jobs = [(job.key, job.parts) for job in plan.jobs(parts)]
+    jobs = [(job.key, tuple(map(stem, job.parts))) for job in plan.jobs(parts)]
     assert jobs[:3] == [
-        ("easy/exact", ("easy__grpo__exact.parquet", "easy__nsr_dapo__exact.parquet")),
-        ("easy/sampled", ("easy__grpo__sampled.parquet", "easy__nsr_dapo__sampled.parquet")),
-        ("easy/sampled", ("easy__clip_cov__sampled.parquet",)),
+        ("easy/exact", ("easy__grpo__exact", "easy__nsr_dapo__exact")),
+        ("easy/sampled", ("easy__grpo__sampled", "easy__nsr_dapo__sampled")),
+        ("easy/sampled", ("easy__clip_cov__sampled",)),
     ]
     assert [key for key, _ in jobs[3:]] == ["mixed/exact", "mixed/sampled", "mixed/sampled"]
     alone = compare_plan(CompareConfig(**SMALL), rules_per_job=1).jobs(parts)
     assert [len(job.parts) for job in alone] == [2, 1, 1, 1] * 2
-    todo = [part for part in parts if part[0] != "easy__grpo__exact.parquet"]
-    assert plan.jobs(todo)[0].parts == ("easy__nsr_dapo__exact.parquet",)
+    todo = [part for part in parts if stem(part[0]) != "easy__grpo__exact"]
+    assert tuple(map(stem, plan.jobs(todo)[0].parts)) == ("easy__nsr_dapo__exact",)
     with pytest.raises(ValueError, match="rules_per_job must be an integer >= 1"):
         compare_plan(CompareConfig(**SMALL), rules_per_job=0)
 
@@ -144,6 +145,11 @@ def test_reasoning_suite_runs_end_to_end(tmp_path):
         CompareConfig(suite="reasoning", settings=["easy"])
 
 
+def stem(name: str) -> str:
+    """A part's readable name: its file name less the hash of its spec and the suffix."""
+    return name.rsplit("__", 1)[0]
+
+
 TINY = dict(
     objectives=["dapo"], settings=["needle"], seeds=2, steps=3, prompts_per_step=2, minibatches=2
 )
@@ -153,34 +159,31 @@ TINY = dict(
     "change",
     [{"steps": 2}, {"lr": 0.1}, {"seeds": 3}, {"optimizer": "adam"}, {"seed": 1}, {"epochs": 1}],
 )
-def test_compare_refuses_to_mix_parts_made_with_other_settings(tmp_path, change):
+def test_compare_never_mixes_parts_made_with_other_settings(tmp_path, change):
+    """Other settings name other parts: computed beside the old ones, the tables (and
+    ``config.json``) this command's alone; the old settings again reuse their parts."""
     out = tmp_path / "r"
     first, _ = run_compare(CompareConfig(**TINY), out, workers=1, progress=False, figures=False)
-    config_before = (out / "config.json").read_text()
+    old = {p.name for p in (out / "parts").glob("*.parquet")}
     key = next(iter(change))
-    with pytest.raises(ValueError, match=rf"other settings \({key}: "):
-        run_compare(CompareConfig(**{**TINY, **change}), out, workers=1, progress=False)
-    # nothing was touched: the old config and results still describe the old parts
-    assert (out / "config.json").read_text() == config_before
-    pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), first)
-    # --force recomputes everything with the new settings (no old part survives)
     again, _ = run_compare(
-        CompareConfig(**{**TINY, **change}),
-        out,
-        workers=1,
-        progress=False,
-        figures=False,
-        force=True,
+        CompareConfig(**{**TINY, **change}), out, workers=1, progress=False, figures=False
     )
     assert json.loads((out / "config.json").read_text())[key] == change[key]
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), again)
     if key == "steps":
         assert again["step"].max() == 2
     if key == "seeds":
         assert set(again.loc[again["kind"] == "sampled", "seed"]) == {0, 1, 2}
-    assert len(list((out / "parts").glob("*.parquet"))) == 2
+    new = {p.name for p in (out / "parts").glob("*.parquet")} - old
+    assert len(old) == len(new) == 2  # the sampled run and the exact flow, of each settings
+    stamps = {n: (out / "parts" / n).stat().st_mtime_ns for n in old}
+    back, _ = run_compare(CompareConfig(**TINY), out, workers=1, progress=False, figures=False)
+    pd.testing.assert_frame_equal(back, first)
+    assert all((out / "parts" / n).stat().st_mtime_ns == t for n, t in stamps.items())
 
 
-def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
+def test_compare_cli_reports_only_its_own_runs_and_refuses_bad_flags(tmp_path, capsys):
     base = [
         "compare",
         "--out",
@@ -203,9 +206,9 @@ def test_compare_cli_refuses_stale_runs_and_bad_flags(tmp_path, capsys):
     ]
     assert main([*base, "--steps", "3"]) == 0
     capsys.readouterr()
-    assert main([*base, "--steps", "2"]) == 2
-    assert "steps: 3 -> 2" in capsys.readouterr().err
-    assert pd.read_parquet(tmp_path / "r" / "results.parquet")["step"].max() == 3
+    assert main([*base, "--steps", "2"]) == 0  # other settings: its own runs, its own tables
+    capsys.readouterr()
+    assert pd.read_parquet(tmp_path / "r" / "results.parquet")["step"].max() == 2
     for bad in ("0", "-1", "two"):
         with pytest.raises(SystemExit) as exit_info:
             main([*base[:-3], "--workers", bad])

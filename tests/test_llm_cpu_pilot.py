@@ -77,7 +77,10 @@ def test_the_pilot_writes_its_tables_and_resumes_without_rerunning(tmp_path, cap
     assert main([*TINY, "--out", str(out)]) == 0
     assert "2 of 2 runs already done" in capsys.readouterr().err
     assert stamps == {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("*.parquet")}
-    assert main([*TINY, "--lr", "2e-3", "--out", str(out)]) == 2  # other settings: refused
+    # other settings: their own parts beside the first ones, which stay as they are
+    assert main([*TINY, "--lr", "2e-3", "--out", str(out)]) == 0
+    now = {p.name: p.stat().st_mtime_ns for p in (out / "parts").glob("*.parquet")}
+    assert len(now) == 4 and all(now[name] == stamp for name, stamp in stamps.items())
 
 
 def test_a_sigterm_to_the_pilot_is_one_line_and_the_same_command_resumes(tmp_path):

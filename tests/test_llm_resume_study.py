@@ -165,9 +165,10 @@ def test_scratch_name_ignores_where_and_how_often_it_saves_not_what_it_computes(
     name = llm.runs.scratch_name(spec(scratch="a", checkpoint_every=1))
     assert name == llm.runs.scratch_name(spec(scratch="b", checkpoint_every=5))
     assert name == llm.runs.scratch_name(spec())
-    # a calibration's runs at two step sizes share their part name but not their scratch
+    # a calibration's runs at two step sizes share their readable stem, not their part or scratch
     other = RunSpec.make(**{**json.loads(spec().to_json()), "lr": 2e-2})
-    assert other.part == spec().part and llm.runs.scratch_name(other) != name
+    assert other.stem() == spec().stem() and other.part != spec().part
+    assert llm.runs.scratch_name(other) != name
 
 
 def test_a_finished_scratch_run_is_read_not_trained(tmp_path, trained_steps):

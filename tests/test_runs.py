@@ -21,6 +21,7 @@ from sandbox.experiments.runs import (
     RunKind,
     RunSpec,
     available_runs,
+    freeze,
     has_exact_flow,
     register_run,
     run_kind,
@@ -154,9 +155,34 @@ def test_traits_of_the_registered_kinds():
 def test_spec_label_and_part_name():
     spec = RunSpec.make("bandit_sampled", "needle", "nsr", params={"sigma": 0.1, "noise": "band"})
     assert spec.label == "nsr[noise=band,sigma=0.1]"  # parameters sorted by name
-    assert spec.part == "needle__nsr__noise=band__sigma=0.1__bandit_sampled__seed0.parquet"
+    stem = "needle__nsr__noise=band__sigma=0.1__bandit_sampled__seed0"
+    assert spec.part == f"{stem}__{spec.digest()}.parquet" and len(spec.digest()) == 12
     other = RunSpec.make("bandit_sampled", "needle", "nsr", params={"sigma": 0.1}, seed=1)
-    assert other.part == "needle__nsr__sigma=0.1__bandit_sampled__seed1.parquet"
+    assert other.part.startswith("needle__nsr__sigma=0.1__bandit_sampled__seed1__")
+
+
+def test_a_part_is_named_by_every_setting_that_changes_its_result_and_no_other():
+    """The digest in a part's name changes with any field of the spec and any ``train`` key that
+    changes what the run computes, and not with where or how the run executes
+    (:data:`~sandbox.experiments.runs.EXECUTION`: its scratch folder, checkpoints, progress)."""
+    spec = RunSpec.make("tiny_tf", "bits", "dapo", train={"eval_k": 2, "progress": False})
+    changed = [
+        replace(spec, lr=0.25),
+        replace(spec, steps=101),
+        replace(spec, seeds=2),
+        replace(spec, epochs=2),
+        replace(spec, group_size=4),
+        replace(spec, device="cuda"),
+        replace(spec, definition=freeze({"task": "bits", "length": 3})),
+        replace(spec, params=freeze({"eps_high": 0.3})),
+        RunSpec.make("tiny_tf", "bits", "dapo", train={"eval_k": 3, "progress": False}),
+        RunSpec.make("tiny_tf", "bits", "dapo", train={"eval_k": 2, "dtype": "float64"}),
+    ]
+    names = {spec.part, *(other.part for other in changed)}
+    assert len(names) == len(changed) + 1  # every one its own part
+    for execution in ({"scratch": "x"}, {"checkpoint_every": 5}, {"progress": True}):
+        same = RunSpec.make("tiny_tf", "bits", "dapo", train={"eval_k": 2, **execution})
+        assert same.part == spec.part, execution
 
 
 def test_batched_exact_flows_equal_one_at_a_time():

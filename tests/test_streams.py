@@ -200,65 +200,36 @@ def test_paired_rewards_stay_paired_after_the_first_update_with_a_small_step():
 # -- results made with the earlier scheme -----------------------------------------------------
 
 
-def test_a_folder_made_with_the_earlier_scheme_is_refused_in_one_line(tmp_path, capsys):
-    """A comparison folder whose config.json records no rng (made with one generator per run)
-    is refused by the real command, one line naming rng; --force recomputes it."""
+def test_a_part_is_named_with_the_scheme_so_another_scheme_recomputes(tmp_path, monkeypatch):
+    """The scheme is in every part's hash (:meth:`RunSpec.digest`): parts made under another
+    scheme are other parts, so the real command computes its own and reports only them."""
+    import sandbox.streams
     from sandbox.cli import main
 
-    args = [
-        "compare",
-        "--out",
-        str(tmp_path),
-        "--name",
-        "r",
-        "--objectives",
-        "dapo",
-        "--settings",
-        "needle",
-        "--seeds",
-        "2",
-        "--steps",
-        "2",
-        "--prompts-per-step",
-        "2",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
+    args = ["compare", "--out", str(tmp_path), "--name", "r", "--objectives", "dapo"]
+    args += ["--settings", "needle", "--seeds", "2", "--steps", "2", "--prompts-per-step", "2"]
+    args += ["--workers", "1", "--no-progress"]
     assert main(args) == 0
     record = tmp_path / "r" / "config.json"
     assert json.loads(record.read_text())["rng"] == RNG
-    old = json.loads(record.read_text())
-    del old["rng"]
-    record.write_text(json.dumps(old))
-    capsys.readouterr()
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "other settings (rng: None -> 'streams-v1')" in err
-    assert main([*args, "--force"]) == 0
-    assert json.loads(record.read_text())["rng"] == RNG
+    first = {p.name for p in (tmp_path / "r" / "parts").iterdir()}
+    monkeypatch.setattr(sandbox.streams, "RNG", "streams-v0")  # as if made by another scheme
+    assert main(args) == 0
+    both = {p.name for p in (tmp_path / "r" / "parts").iterdir()}
+    assert first < both and len(both) == 2 * len(first)
 
 
 def test_the_study_and_compare_record_the_scheme_and_refuse_an_earlier_one(tmp_path):
-    from sandbox.experiments.results import changed_settings, check_settings
-    from sandbox.study import StudyConfig, part_fields, read_record
+    from sandbox.study import StudyConfig, read_record
 
     study = StudyConfig()
-    assert study.rng == RNG and study.fields_of_parts()["rng"] == RNG
+    assert study.rng == RNG
     assert CompareConfig().training_fields()["rng"] == RNG
-    # a study record written before rng was recorded reads as rng None ...
+    # a study record written before rng was recorded reads as rng None, and refuses to run
     out = tmp_path / "s"
-    (out / "parts").mkdir(parents=True)
-    (out / "parts" / "x.parquet").write_bytes(b"")
+    out.mkdir()
     values = {k: v for k, v in dataclasses.asdict(study).items() if k != "rng"}
     (out / "config.json").write_text(json.dumps(values, default=str))
     assert read_record(out)[0].rng is None
-    # ... and its parts are refused, naming the change
-    with pytest.raises(ValueError, match=r"other settings \(rng: None -> 'streams-v1'\)"):
-        check_settings(
-            out,
-            study.fields_of_parts(),
-            compare=lambda previous, now: changed_settings(part_fields(previous), now),
-        )
     with pytest.raises(ValueError, match="rng: this code trains with"):
         read_record(out)[0].validate()

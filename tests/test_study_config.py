@@ -5,57 +5,47 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from sandbox.configs import check_number
-from sandbox.experiments.results import changed_settings
-from sandbox.study import StudyConfig, part_fields, read_record
+from sandbox.study import StudyConfig, read_record
 from sandbox.study.claims import Claim
-from sandbox.study.plan import check_time_budget
+from sandbox.study.plan import calibration_jobs, check_time_budget, job_part
 from sandbox.study.settings import TfSettings
 
 pytest.importorskip("transformers")
-from llm.claims import LlmSettings
+import llm.claims  # noqa: F401  (registers the llm rung and its section)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_llm_sections_execution_settings_are_no_part_fields():
-    """``ensemble``, ``scratch`` and ``checkpoint_every`` choose how llm runs execute: a record
-    that differs from a run only in them is not refused."""
-    record = asdict(
-        StudyConfig(
-            rungs=["bandit_sampled", "llm"],
-            sections={"llm": {"lrs": [1e-3], "seeds": 3, "ensemble": 2, "scratch": "/tmp/x"}},
-        )
-    )
-    fields = part_fields(record)
-    assert (fields["llm_lrs"], fields["llm_seeds"]) == ([1e-3], 3)
-    assert not {"llm_ensemble", "llm_scratch", "llm_checkpoint_every"} & set(fields)
-    new = StudyConfig(
-        rungs=["bandit_sampled", "llm"],
-        sections={"llm": LlmSettings(lrs=[1e-3], seeds=3, ensemble=4, checkpoint_every=5)},
-    )
-    assert changed_settings(fields, new.fields_of_parts()) == []
+def parts(config: StudyConfig) -> list[str]:
+    """The part names of ``config``'s calibration runs (each names its run spec's hash)."""
+    return [job_part(config, job) for job in calibration_jobs(config)]
 
 
-def test_a_section_no_rung_uses_makes_no_part_and_may_join_later():
-    """The tf section's settings are no part fields of a bandit-only study; a run that adds
-    tiny_tf to the folder (its own tf settings) is not refused for them, while a changed bandit
-    setting still is."""
-    from sandbox.study.config import changed_parts
+def test_the_llm_sections_execution_settings_name_the_same_parts():
+    """``ensemble``, ``scratch`` and ``checkpoint_every`` choose how llm runs execute: a run that
+    differs only in them finds the same parts; a setting that changes what a run computes
+    (``max_new_tokens``) names other parts."""
 
-    bandit = StudyConfig(rungs=["bandit_sampled"], sections={"tf": {"steps": 7}})
-    assert not any(k.startswith("tf_") for k in bandit.fields_of_parts())
-    record = asdict(bandit)
-    grown = StudyConfig(rungs=["bandit_sampled", "tiny_tf"], sections={"tf": {"steps": 9}})
-    assert changed_parts(record, grown.fields_of_parts()) == []
-    other = StudyConfig(rungs=["bandit_sampled", "tiny_tf"], sections={"bandit": {"steps": 5}})
-    steps = bandit.section("bandit").steps
-    assert changed_parts(record, other.fields_of_parts()) == [f"bandit_steps: {steps} -> 5"]
+    def study(**llm: object) -> StudyConfig:
+        return StudyConfig(rungs=["llm"], sections={"llm": {"lrs": [1e-3], "seeds": 3, **llm}})
+
+    first = parts(study(ensemble=2, scratch="/tmp/x"))
+    assert parts(study(ensemble=4, checkpoint_every=5)) == first
+    assert set(parts(study(max_new_tokens=9))).isdisjoint(first)
+
+
+def test_a_section_no_rung_uses_changes_no_part():
+    """The tf settings leave a bandit-only study's parts as they are; a changed bandit setting
+    names other parts."""
+    bandit = parts(StudyConfig(rungs=["bandit_sampled"]))
+    assert parts(StudyConfig(rungs=["bandit_sampled"], sections={"tf": {"steps": 7}})) == bandit
+    other = parts(StudyConfig(rungs=["bandit_sampled"], sections={"bandit": {"steps": 5}}))
+    assert set(other).isdisjoint(bandit)
 
 
 def test_a_new_record_holds_the_sections_and_reads_back(tmp_path):

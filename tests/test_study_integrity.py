@@ -74,42 +74,35 @@ def _parts(out: Path) -> dict[str, tuple[bytes, int]]:
     return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "parts").iterdir()}
 
 
-def test_a_study_folder_made_with_other_settings_is_refused_then_forced(
+def test_a_study_of_other_settings_computes_its_own_parts_and_never_mixes_them(
     tmp_path, in_process, fast_study
 ):
+    """Other settings name other parts (each part's name ends in its spec's hash): the study
+    computes them beside the old ones, its tables hold only its own runs, and the old command
+    finds its parts again and rebuilds its tables, recomputing nothing."""
     out = _copy_of(fast_study, tmp_path)
     before = pd.read_csv(out / "scores.csv")
     old = _parts(out)
     steps = pd.read_parquet(out / "results.parquet")["step"].max()
-    # the refusal as a user sees it: the real command, one line
-    changed = _run("-m", "llm.claims", *FAST, "--bandit-steps", "5", "--out", str(out))
-    _one_line_error(changed, f"bandit_steps: {steps} -> 5")
-    pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)  # untouched
-    assert _parts(out) == old
-    same = in_process(claims, *FAST, "--out", str(out))  # the same command resumes
-    assert same.returncode == 0 and "runs already done" in same.stderr, same.stderr
-    # forced with other settings and two of the four rules: a fresh study of those two, so no
-    # part of the old settings stays beside the new ones (nsr_dapo's and gspo's go too)
-    kept = ("dapo", "grpo")
-    forced = in_process(
-        claims, *FAST, "--rules", *kept, "--bandit-steps", "5", "--force", "--out", str(out)
-    )
-    assert forced.returncode == 0, forced.stderr
-    new = _parts(out)
-    study = {n for n in old if n.startswith("study__")}
+    changed = in_process(claims, *FAST, "--bandit-steps", "5", "--out", str(out))
+    assert changed.returncode == 0, changed.stderr
+    new = {n: v for n, v in _parts(out).items() if n not in old}
+    assert all(_parts(out)[n] == v for n, v in old.items())  # the old parts untouched
+    study = {n.rsplit("__", 1)[0] for n in old if n.startswith("study__")}
     assert len(study) == 4 and len(old) > len(study)  # a part per rule, and calibration parts
-    assert sorted(new) == sorted(n for n in old if n.split("__")[2] in kept)
-    for name, (data, stamp) in new.items():
-        assert stamp > old[name][1], name  # every part recomputed
-        if name in study:  # the study's parts depend on the steps (calibration's do not)
-            assert data != old[name][0], name
-    scores = pd.read_csv(out / "scores.csv")
-    assert sorted(scores["rule"]) == sorted(before.loc[before["rule"].isin(kept), "rule"])
+    # the study's runs again; calibration's are reused (--quick calibrates over its own steps)
+    assert {n.rsplit("__", 1)[0] for n in new} == study
     results = pd.read_parquet(out / "results.parquet")
-    assert results["step"].max() == 5 and set(results["rule"]) == set(kept)  # none mixed
-    # the folder now records the forced settings: the old command is refused in turn
-    again = in_process(claims, *FAST, "--rules", *kept, "--out", str(out))
-    _one_line_error(again, f"5 -> {steps}")
+    assert results["step"].max() == 5 and steps != 5  # none of the old runs mixed in
+    same = in_process(claims, *FAST, "--out", str(out))  # the old command: its parts, reused
+    assert same.returncode == 0 and "running the other 0" in same.stderr, same.stderr
+    pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)
+    # forced: the plan's parts recomputed, to the same bytes' worth of rows
+    forced = in_process(claims, *FAST, "--force", "--out", str(out))
+    assert forced.returncode == 0, forced.stderr
+    for name, (_, stamp) in old.items():
+        assert _parts(out)[name][1] > stamp, name
+    pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)
 
 
 @pytest.mark.parametrize(
@@ -131,7 +124,7 @@ def test_an_out_path_that_is_a_file_is_one_line(tmp_path, command):
     assert blocker.read_text() == "not a folder"
 
 
-def test_a_compare_run_of_a_subset_adds_to_the_tables_and_says_what_was_done(tmp_path, in_process):
+def test_a_compare_run_of_a_subset_reports_its_runs_and_says_what_was_done(tmp_path, in_process):
     base = ["compare", "--out", str(tmp_path), "--name", "x", "--settings", "easy", "--seeds", "2"]
     base += ["--steps", "3", "--workers", "1", "--no-progress"]
     assert in_process(cli, *base, "--objectives", "grpo", "dapo", "sapo").returncode == 0
@@ -139,7 +132,8 @@ def test_a_compare_run_of_a_subset_adds_to_the_tables_and_says_what_was_done(tmp
     assert subset.returncode == 0, subset.stderr
     assert "4 of 4 runs already done" in subset.stderr  # sampled + exact per rule
     summary = pd.read_csv(tmp_path / "x" / "summary.csv")
-    assert set(summary["objective"]) == {"grpo", "dapo", "sapo"}  # not shrunk to the subset
+    assert set(summary["objective"]) == {"grpo", "dapo"}  # this command's runs, reused
+    assert len(list((tmp_path / "x" / "parts").glob("*.parquet"))) == 6  # sapo's stay on disk
 
 
 def test_sweep_with_the_ray_backend_but_no_ray_fails_before_writing(tmp_path, monkeypatch):
@@ -198,21 +192,21 @@ def test_an_out_folder_that_cannot_be_written_is_one_line(command):
     assert "cannot be written" in proc.stderr.strip().splitlines()[-1], proc.stderr
 
 
-def test_force_on_parts_that_cannot_be_deleted_is_one_line(tmp_path, in_process, fast_study):
+def test_force_on_a_part_that_cannot_be_replaced_is_one_line(tmp_path, in_process, fast_study):
     out = _copy_of(fast_study, tmp_path)
     stuck = sorted((out / "parts").glob("*.parquet"))[0]
     lock = subprocess.run(["chattr", "+i", str(stuck)], capture_output=True)
     if lock.returncode != 0:
         pytest.skip(f"chattr +i is not available here: {lock.stderr.decode().strip()}")
     try:
-        proc = _run("-m", "llm.claims", *FAST, "--bandit-steps", "5", "--force", "--out", str(out))
+        proc = _run("-m", "llm.claims", *FAST, "--force", "--out", str(out))
     finally:
         subprocess.run(["chattr", "-i", str(stuck)], check=True)
-    _one_line_error(proc, "--force cannot delete the old parts")
+    _one_line_error(proc, "cannot write the part")
     assert stuck.name in proc.stderr
-    # the folder still says what its remaining parts were made with: the forced command is
-    # refused again, naming the change
-    _one_line_error(in_process(claims, *FAST, "--bandit-steps", "5", "--out", str(out)), "-> 5")
+    # the part is whole: the same command without --force reuses it
+    again = in_process(claims, *FAST, "--out", str(out))
+    assert again.returncode == 0, again.stderr
 
 
 def test_a_sweep_resume_says_what_was_already_done(tmp_path, in_process):

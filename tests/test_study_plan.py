@@ -73,7 +73,7 @@ def test_mu_grids_read_an_int_as_a_grid_of_one_and_name_a_bad_value():
 
 def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
     from sandbox.study import calibration_jobs
-    from sandbox.study.plan import job_spec
+    from sandbox.study.plan import job_part, job_spec
 
     config = StudyConfig(
         rungs=["bandit_sampled", "tiny_tf"],
@@ -89,7 +89,8 @@ def test_calibration_jobs_cross_each_rungs_step_sizes_with_its_mu_grid():
         ("tiny_tf", 3e-3, 8),
     ]
     assert [job_spec(config, j).epochs for j in jobs] == [2, 4, 4, 8, 8]
-    assert len({j.part for j in jobs}) == 5  # mu is in the part name
+    assert len({j.stem for j in jobs}) == 5  # mu is in the part's readable name
+    assert len({job_part(config, j) for j in jobs}) == 5
 
 
 def test_calibration_on_a_real_bandit_picks_the_step_size_whose_dapo_clip_share_is_in_band():

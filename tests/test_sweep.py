@@ -2,6 +2,7 @@
 
 import dataclasses
 import inspect
+import json
 import signal
 from pathlib import Path
 
@@ -80,6 +81,11 @@ TINY_RUN_IDS = [
     "easy__nsr__noise=band__sigma=0.1__seed0",
     "easy__nsr__noise=band__sigma=0.1__seed1",
 ]
+
+
+def run_ids(parts: Path) -> list[str]:
+    """The run ids of the parts in ``parts``: each file's name less its hash and suffix."""
+    return sorted(p.name.rsplit("__", 1)[0] for p in parts.iterdir())
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -238,7 +244,7 @@ def test_example_sweeps_validate_and_one_run_each_works(path):
     )
     spec = specs[0]
     assert spec.setting == plan.settings[0] and (spec.seeds, spec.steps) == (2, 2)
-    assert name == f"{run_id(spec)}.parquet"
+    assert name == f"{run_id(spec)}__{spec.digest()}.parquet"
     [job] = smoke.jobs([(name, specs)])  # the engine's job for this one run
     [frame] = run_parts(*job.args)
     assert set(frame["objective"]) == {spec.label} and frame["expected_reward"].notna().all()
@@ -268,7 +274,7 @@ def test_run_columns_and_custom_env(tiny):
     plan = parse_sweep(spec)
     run = plan.runs()[0]
     [job] = plan.jobs(plan.parts())  # one run: one job, one part
-    assert job.key == run_id(run) and job.parts == (f"{run_id(run)}.parquet",)
+    assert job.key == run_id(run) and job.parts == (run.part_of(run_id(run)),)
     [frame] = run_parts(*job.args)  # one frame per part of the job
     label = "nsr[seed=7,sigma=0.2]"
     assert set(frame["objective"]) == set(frame["variant"]) == {label}
@@ -306,7 +312,7 @@ def test_the_two_layouts_have_one_interface_and_no_code_asks_which_it_has(tiny):
 def test_local_sweep_end_to_end_with_one_and_two_workers(tiny, tmp_path):
     results, scores = run_sweep(tiny, tmp_path / "w1", workers=1, progress=False)
     out = tmp_path / "w1"
-    assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    assert run_ids(out / "parts") == sorted(TINY_RUN_IDS)
     assert (out / "results.parquet").exists() and (out / "plan.json").exists()
     for name in FIGURES:
         assert (out / f"{name}.png").stat().st_size > 5_000, name
@@ -341,7 +347,7 @@ def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
     first, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
     parts = out / "parts"
     stamps = _mtimes(parts)
-    missing = f"{TINY_RUN_IDS[2]}.parquet"
+    missing = next(p.name for p in parts.iterdir() if p.name.startswith(f"{TINY_RUN_IDS[2]}__"))
     (parts / missing).unlink()
     calls = []
     real = sweep.run_specs
@@ -378,31 +384,38 @@ def test_interrupted_sweep_keeps_complete_parts_and_resumes(tiny, tmp_path, monk
     with pytest.raises(SweepRunError, match=r"run easy__dapo__seed1 failed: .*simulated crash"):
         run_sweep(tiny, out, workers=1, progress=False, figures=False)
     files = sorted(p.name for p in (out / "parts").iterdir())
-    assert files == [f"{TINY_RUN_IDS[0]}.parquet"]  # one complete part, no temp files
+    assert run_ids(out / "parts") == [TINY_RUN_IDS[0]]  # one complete part, no temp files
     assert not (out / "results.parquet").exists()
     stamp = (out / "parts" / files[0]).stat().st_mtime_ns
 
     monkeypatch.setattr(sweep, "run_specs", real)
     results, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
-    assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    assert run_ids(out / "parts") == sorted(TINY_RUN_IDS)
     assert (out / "parts" / files[0]).stat().st_mtime_ns == stamp
     assert set(results["run_id"]) == set(TINY_RUN_IDS)
 
 
-def test_resume_refuses_changed_training_fields(tiny, tmp_path):
+def test_changed_training_fields_compute_their_own_parts_and_report_only_them(tiny, tmp_path):
+    """A changed shared field names other parts: they are computed beside the old ones, the
+    tables hold only the new runs, and the old settings find theirs again (nothing recomputed);
+    ``force`` recomputes the plan's parts."""
     out = tmp_path / "changed"
-    run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    first, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    stamps = _mtimes(out / "parts")
     longer = dataclasses.replace(tiny, config=dataclasses.replace(tiny.config, steps=4))
-    with pytest.raises(ValueError, match=r"shared\.steps: 3 -> 4.*--force"):
-        run_sweep(longer, out, workers=1, progress=False, figures=False)
-    (out / "parts" / "stale__other__seed0.parquet").write_bytes(b"")  # a part of another grid
-    results, _ = run_sweep(longer, out, workers=1, progress=False, figures=False, force=True)
-    assert results["step"].max() == 4  # steps 1..4 (1-based)
-    # --force with other shared fields starts afresh: no part of the old settings survives
-    assert sorted(p.stem for p in (out / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    results, _ = run_sweep(longer, out, workers=1, progress=False, figures=False)
+    assert results["step"].max() == 4 and first["step"].max() == 3  # steps 1..4 (1-based)
+    assert run_ids(out / "parts") == sorted(TINY_RUN_IDS * 2)  # both settings' runs, side by side
+    assert json.loads((out / "plan.json").read_text())["shared"]["steps"] == 4  # this command's
+    again, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
+    pd.testing.assert_frame_equal(again, first)  # the old settings' runs, none of the new ones
+    now = _mtimes(out / "parts")
+    assert all(now[name] == stamp for name, stamp in stamps.items())  # reused, not recomputed
+    run_sweep(tiny, out, workers=1, progress=False, figures=False, force=True)
+    assert all(_mtimes(out / "parts")[name] != stamp for name, stamp in stamps.items())
 
 
-def test_a_grown_sweep_reuses_its_runs_and_a_dropped_train_field_is_refused(tmp_path):
+def test_a_grown_sweep_reuses_its_runs_and_a_dropped_train_field_makes_new_ones(tmp_path):
     out = tmp_path / "grow"
     first = parse_sweep({**BASE_GROW, "settings": ["easy"]})
     run_sweep(first, out, workers=1, progress=False, figures=False)
@@ -411,10 +424,13 @@ def test_a_grown_sweep_reuses_its_runs_and_a_dropped_train_field_is_refused(tmp_
     run_sweep(parse_sweep(BASE_GROW), out, workers=1, progress=False, figures=False)
     now = _mtimes(out / "parts")
     assert all(now[name] == stamp for name, stamp in stamps.items())
-    assert sorted(now) == sorted([*stamps, "needle__dapo__seed0.parquet"])
-    # a [train] field removed changes every run: refused, naming it
-    with pytest.raises(ValueError, match=r"train\.aggregation: 'token-mean' -> None.*--force"):
-        run_sweep(parse_sweep({**BASE_GROW, "train": {}}), out, workers=1, progress=False)
+    assert run_ids(out / "parts") == ["easy__dapo__seed0", "needle__dapo__seed0"]
+    # a [train] field removed changes every run: two new parts, the old ones untouched
+    run_sweep(
+        parse_sweep({**BASE_GROW, "train": {}}), out, workers=1, progress=False, figures=False
+    )
+    assert len(_mtimes(out / "parts")) == 4
+    assert all(_mtimes(out / "parts")[name] == stamp for name, stamp in now.items())
 
 
 def test_seeds_and_steps_overrides_for_a_smoke_run(tiny, tmp_path, capsys):
@@ -485,7 +501,7 @@ def test_ray_backend_matches_the_local_one(tiny, tmp_path):
         assert ray.is_initialized()  # an instance the caller started is left running
     finally:
         ray.shutdown()
-    assert sorted(p.stem for p in (tmp_path / "ray" / "parts").iterdir()) == sorted(TINY_RUN_IDS)
+    assert run_ids(tmp_path / "ray" / "parts") == sorted(TINY_RUN_IDS)
     local, _ = run_sweep(tiny, tmp_path / "local", workers=1, progress=False, figures=False)
     pd.testing.assert_frame_equal(results, local)
     assert len(scores) == 2

@@ -192,10 +192,9 @@ class CompareConfig:
         return dict((self.objective_params or {}).get(objective, {}))
 
     def training_fields(self) -> dict[str, Any]:
-        """What every finished part depends on besides its (setting, objective, parameters),
-        which its file name records: a part is reused only while these are unchanged. With them
-        the trainers' random-number scheme (``rng``, :data:`sandbox.streams.RNG`): a folder made
-        with another is refused."""
+        """The fields every run of the comparison shares, besides its (setting, objective,
+        parameters), with the trainers' random-number scheme (``rng``,
+        :data:`sandbox.streams.RNG`): a sweep's ``plan.json`` records them."""
         skip = ("objectives", "settings", "objective_params")
         fields = {k: v for k, v in asdict(self).items() if k not in skip}
         return json.loads(json.dumps(with_rng(fields)))

@@ -1,10 +1,12 @@
 """The one planner of compare, sweep and the claims study: a results folder that resumes.
 
 :class:`RunFolder` owns what every orchestrator needs around its runs: the folder checked before
-any work and refused if made with other settings, the settings record, the "N of M runs already
-done" line, the progress bar, the pool (here, :mod:`.pool`, or Ray) and the atomic write of each
-finished part. An orchestrator plans :class:`Job` s and analyses the parts; its worker function
-runs :func:`~.runs.run_specs`, never a trainer.
+any work, the record of the command's settings, the "N of M runs already done" line, the progress
+bar, the pool (here, :mod:`.pool`, or Ray) and the atomic write of each finished part. A part is
+named by what made it (:attr:`.runs.RunSpec.part`), so a changed setting names other parts: a
+command computes what is missing and never reads a run of other settings. An orchestrator plans
+:class:`Job` s and analyses the parts; its worker function runs :func:`~.runs.run_specs`, never a
+trainer.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from sandbox.configs import check_int
 
 from .pool import DeadlineReached, answer_interrupt, signals_deferred
 from .results import (
-    check_settings,
     git_commit,
     prepare_out_dir,
     record_run,
@@ -97,30 +98,25 @@ def check_backend(backend: str, workers: Any = None) -> None:
 
 
 class RunFolder:
-    """A results folder ``out`` with ``parts/``, checked (:func:`~.results.check_settings`, with
-    ``settings``, ``record``, ``force``, ``hint``, ``compare``) on construction; ``record`` is
-    then written with ``contents`` (default ``settings``). ``device``: where the runs compute,
-    for the folder's provenance (:func:`~.results.record_run`; not a setting)."""
+    """A results folder ``out`` with ``parts/``, checked writable on construction
+    (:func:`~.results.prepare_out_dir`); ``record`` (a JSON file in it) is then written with
+    ``contents``, the settings of this command (the folder's tables are this command's).
+    ``force``: every part is computed again. ``device``: where the runs compute, for the
+    folder's provenance (:func:`~.results.record_run`)."""
 
     def __init__(
         self,
         out: str | Path,
-        settings: Mapping[str, Any],
+        contents: Mapping[str, Any],
         *,
         record: str = "config.json",
-        contents: Mapping[str, Any] | None = None,
         force: bool = False,
-        hint: str | None = None,
-        compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] | None = None,
         device: str = "cpu",
     ) -> None:
         self.out = prepare_out_dir(out)
         self.parts = self.out / "parts"
-        extra = {k: v for k, v in (("hint", hint), ("compare", compare)) if v}
-        check_settings(self.out, settings, record=record, force=force, **extra)
-        self.parts.mkdir(parents=True, exist_ok=True)
         remove_temp_files(self.parts)
-        write_text(json.dumps(contents or settings, indent=2, default=str), self.out / record)
+        write_text(json.dumps(contents, indent=2, default=str), self.out / record)
         self.force = force
         self.device = device
         self._fresh = not any(self.parts.glob("*.parquet"))  # earlier runs' entries are stale
@@ -135,6 +131,16 @@ class RunFolder:
         if job.cost in self.longest:
             return self.longest[job.cost]
         return max([job.estimate, *self.longest.values()])
+
+    def _write(self, frame: Any, part: str) -> None:
+        """The finished ``part`` on disk, whole (:func:`~.results.write_parquet_atomic`), or a
+        one-line ``ValueError`` naming it."""
+        try:
+            write_parquet_atomic(frame, self.parts / part)
+        except OSError as exc:
+            raise ValueError(
+                f"cannot write the part {self.parts / part}: {exc.strerror or exc}"
+            ) from None
 
     def done(self, part: str) -> bool:
         """A finished part that this run keeps (``force`` recomputes every part)."""
@@ -205,7 +211,7 @@ class RunFolder:
                     # __del__ prints a traceback: it acts once the job's parts are on disk.
                     with signals_deferred():
                         for part, frame in zip(job.parts, frames, strict=True):
-                            write_parquet_atomic(frame, self.parts / part)
+                            self._write(frame, part)
                             count += 1
                             bar.update()
                         del left[id(job)]

@@ -1,15 +1,16 @@
 """Result storage: one tidy parquet part per finished run, written atomically; tables, figures
 and pages that change only when their content does; the provenance of a results folder.
 
-Each finished run is written as ``parts/<key>.parquet`` (temp file, then ``os.replace``), so an
+Each finished run is written as ``parts/<name>.parquet`` (temp file, then ``os.replace``), so an
 interrupted run loses nothing and a restart skips finished parts. Every table, figure and page
 derived from them goes through :func:`write_if_changed`: replaced atomically, and only when its
 bytes (a parquet file: its frame) differ, so rebuilding an unchanged folder rewrites nothing.
 
-``provenance.json`` records where a folder's results were made (:func:`provenance`): one entry
-in ``runs`` per command that computed parts (:func:`record_run`), and ``tables`` for the last
-command that changed the derived files (:func:`recording_tables`). It is not a setting: the
-settings check (:func:`check_settings`) never reads it.
+A part's name says what made it (:attr:`.runs.RunSpec.part`: a readable stem and a hash of the
+run's settings), so a folder holds runs of any settings side by side, and a command reads only
+the parts its own runs name. ``provenance.json`` records where a folder's results were made
+(:func:`provenance`): one entry in ``runs`` per command that computed parts (:func:`record_run`),
+and ``tables`` for the last command that changed the derived files (:func:`recording_tables`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,60 +152,6 @@ def prepare_out_dir(out_dir: str | Path, flag: str = "--out", sub: str = "parts"
     except OSError as exc:
         raise ValueError(f"{flag} {out_dir} cannot be written: {exc.strerror or exc}") from None
     return out_dir
-
-
-def changed_settings(
-    previous: Mapping[str, Any], now: Mapping[str, Any], *, removed: bool = False, prefix: str = ""
-) -> list[str]:
-    """``key: old -> new`` for every key of ``now`` whose JSON value differs from the one in the
-    ``previous`` record (a key the record lacks counts as ``None``; keys only the record has, such
-    as which rules ran, are not settings of the parts). ``removed``: keys only the record has
-    count too (``key: old -> None``), and the keys go in sorted order. ``prefix`` goes before each
-    key (``shared.``)."""
-    now = json.loads(json.dumps(now, default=str))
-    keys = sorted(set(previous) | set(now)) if removed else list(now)
-    return [
-        f"{prefix}{k}: {previous.get(k)!r} -> {now.get(k)!r}"
-        for k in keys
-        if previous.get(k) != now.get(k)
-    ]
-
-
-def check_settings(
-    out_dir: str | Path,
-    settings: Mapping[str, Any],
-    *,
-    record: str = "config.json",
-    force: bool = False,
-    hint: str = "run the same command as before to resume, or use another --out, or --force to recompute",
-    compare: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] = changed_settings,
-) -> None:
-    """Refuse a results folder whose finished parts were made with other ``settings`` (what
-    every part depends on besides its file name), as recorded in its ``record`` (JSON); parts
-    without a readable record are refused too. ``force`` deletes the parts instead (a one-line
-    ``ValueError`` if it cannot). ``compare(previous, settings)`` lists the changes."""
-    out_dir = Path(out_dir)
-    parts = out_dir / "parts"
-    if not any(parts.glob("*.parquet")):
-        return
-    try:
-        previous = json.loads((out_dir / record).read_text())
-        changed = compare(previous, settings)
-    except (OSError, ValueError):
-        changed = [f"no readable {record}"]
-    if not changed:
-        return
-    if not force:
-        raise ValueError(
-            f"{out_dir} holds runs made with other settings ({'; '.join(changed)}); {hint}"
-        )
-    try:
-        shutil.rmtree(parts)
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise ValueError(
-            f"--force cannot delete the old parts in {parts}: {exc.strerror or exc}{where}"
-        ) from None
 
 
 def read_parts(parts_dir: str | Path) -> pd.DataFrame:

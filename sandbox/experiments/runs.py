@@ -37,6 +37,11 @@ SAMPLED, EXACT = "sampled", "exact"
 BATCH_VARIES = ("rule", "params", "seed")
 #: A study's score names and the kind's columns they read, unless the kind says otherwise.
 SCORE_COLUMNS = (("pass_rate", "pass_rate"), ("train_reward", "reward"))
+#: Keys of a spec's ``train`` that choose where and how a run executes (saves, shows progress),
+#: not what it computes: left out of :meth:`RunSpec.digest`.
+EXECUTION = ("scratch", "checkpoint_every", "progress")
+#: Hex digits of :meth:`RunSpec.digest` in a part's name.
+DIGEST = 12
 
 
 @dataclass(frozen=True)
@@ -218,14 +223,31 @@ class RunSpec:
 
     @property
     def part(self) -> str:
-        """A stable part file name: setting, rule slug, kind, base seed."""
-        return self.file_name()
+        """The part file of this run: :meth:`stem`, then :meth:`digest`. A run of other settings
+        is another part, so a results folder holds the runs of any settings side by side and a
+        command computes those it lacks."""
+        return self.part_of(self.stem())
 
-    def file_name(self, kind: bool = True) -> str:
-        """:attr:`part`; ``kind`` False: without the kind (a sweep's part, which holds the
-        sampled run and its exact flow)."""
+    def stem(self, kind: bool = True) -> str:
+        """The readable start of the part name: setting, rule slug, kind, base seed; ``kind``
+        False: without the kind (a sweep's run id, whose part holds the sampled run and its exact
+        flow)."""
         fields = (*variant_slug(self.rule, dict(self.params)), *([self.kind] if kind else []))
-        return part_name(self.setting, *fields, f"seed{self.seed}")
+        return part_name(self.setting, *fields, f"seed{self.seed}").removesuffix(".parquet")
+
+    def part_of(self, stem: str) -> str:
+        """``<stem>__<digest>.parquet``: a part named by ``stem`` and what made it."""
+        return f"{stem}__{self.digest()}.parquet"
+
+    def digest(self) -> str:
+        """A hash of every field that changes the run's result: the whole spec but the ``train``
+        keys of :data:`EXECUTION`, with the trainers' random-number scheme
+        (:data:`sandbox.streams.RNG`)."""
+        from sandbox.streams import RNG
+
+        train = {k: v for k, v in thaw(self.train).items() if k not in EXECUTION}
+        text = replace(self, train=freeze(train)).to_json() + RNG
+        return hashlib.sha1(text.encode()).hexdigest()[:DIGEST]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)

@@ -11,8 +11,10 @@ run starts; a bad name or value raises ``ValueError`` naming the field (``grid[1
 One run is one (setting, variant, base seed): the sampled trainer over ``seeds`` seeds and, where
 the objective has one (:func:`with_exact_flow`), the exact expected-gradient flow.
 :func:`run_sweep` writes each finished part atomically in ``<out>/parts/``, named as the plan's
-layout says (:class:`SweepLayout`, :class:`CompareLayout`); a restart skips finished parts, so an
-interrupted sweep loses nothing and recomputes nothing. Runs go to a local process pool or to Ray
+layout says (:class:`SweepLayout`, :class:`CompareLayout`): a readable stem and a hash of what made
+the run (:meth:`~.runs.RunSpec.digest`). A restart skips finished parts, so an interrupted sweep
+loses nothing and recomputes nothing; a changed setting names other parts, which it computes, and
+its tables hold its own runs only. Runs go to a local process pool or to Ray
 tasks (the driver writes the parts: workers need no shared disk). At the end: ``results.parquet``
 (tidy; ``objective`` holds the variant label such as ``nsr[noise=band,sigma=0.1]``),
 ``summary.csv`` (final scores) and the standard figures.
@@ -55,7 +57,6 @@ from .compare import (
 from .planner import Job, RunFolder, check_backend
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import (
-    changed_settings,
     part_name,
     recording_tables,
     write_csv,
@@ -105,33 +106,27 @@ Parts = list[tuple[str, list[RunSpec]]]  # (part file name, the specs whose fram
 
 @dataclass(frozen=True)
 class SweepLayout:
-    """A sweep's: a part per run (its sampled run and exact flow, so named without the kind:
-    :meth:`~.runs.RunSpec.file_name`), a job each named by its run id, ``plan.json``, tables of
-    the plan's runs with :data:`RUN_COLUMNS` and the variants' parameters, the plan printed
-    before the runs. The interface of every layout."""
+    """A sweep's: a part per run (its sampled run and exact flow, so named by its run id,
+    :func:`run_id`), a job each named by its run id, ``plan.json``, tables with :data:`RUN_COLUMNS`
+    and the variants' parameters, the plan printed before the runs. The interface of every
+    layout."""
 
     rules_per_job = 1  # at most this many sampled parts per job (None: :func:`chunks`)
     title = "sweep {name}"  # the progress bar's description
-    job_key = "{part}"  # a job's name (part: its first part's name less .parquet)
+    job_key = "{part}"  # a job's name (part: its first run's id, :func:`run_id`)
     size = "{runs} runs ({seeds} seeds x {steps} steps each)"  # :func:`main`'s last line
-    hint = "use --force to recompute them, or another --out/--name"  # refusal of a folder
 
     def parts(self, runs: list[RunSpec]) -> Parts:
         """The part files of ``runs``, in their order."""
-        return [(run.file_name(kind=False), with_exact_flow(run)) for run in runs]
+        return [(run.part_of(run_id(run)), with_exact_flow(run)) for run in runs]
 
     def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
-        """The results folder, refused if its parts were made with other training fields."""
-        record = dict(compare=changed_fields, record="plan.json", contents=plan.to_dict())
-        return RunFolder(out_dir, plan.training_fields(), force=force, hint=self.hint, **record)
+        """The results folder, its record ``plan.json``."""
+        return RunFolder(out_dir, plan.to_dict(), record="plan.json", force=force)
 
     def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
         """A part's frame with its run's columns (:func:`add_run_columns`)."""
         return add_run_columns(frame, spec)
-
-    def stored(self, names: list[str], parts_dir: Path) -> list[str]:
-        """The parts the results hold, in order: the plan's ``names``."""
-        return names
 
     def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
         """The final scores with each variant's base objective and parameters."""
@@ -153,31 +148,25 @@ class SweepLayout:
 class CompareLayout:
     """Compare's (:func:`compare_plan`): a part per (setting, rule, flow), a setting's exact flows
     in one job and its sampled runs in chunks of ``rules_per_job`` (:func:`chunks`),
-    ``config.json``, tables of every part in the folder (a later run of a subset of rules adds to
-    them, never shrinks them), the highlighted rules first in the figures."""
+    ``config.json``, the highlighted rules first in the figures."""
 
     rules_per_job: int | None = None
     title = "compare"
     job_key = "{setting}/{flow}"
     size = "{objectives} objectives x {settings} settings, {seeds} seeds x {steps} steps"
-    hint = (
-        "run the same command as before to resume, or use another --name, or --force to recompute"
-    )
 
     def parts(self, runs: list[RunSpec]) -> Parts:
         flows = [s for run in runs for s in with_exact_flow(run)]
-        return [(part_name(s.setting, s.label, run_kind(s.kind).flow), [s]) for s in flows]
+        stems = [part_name(s.setting, s.label, run_kind(s.kind).flow) for s in flows]
+        return [
+            (s.part_of(n.removesuffix(".parquet")), [s]) for n, s in zip(stems, flows, strict=True)
+        ]
 
     def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
-        settings, contents = plan.config.training_fields(), with_rng(asdict(plan.config))
-        return RunFolder(out_dir, settings, force=force, hint=self.hint, contents=contents)
+        return RunFolder(out_dir, with_rng(asdict(plan.config)), force=force)
 
     def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
         return frame
-
-    def stored(self, names: list[str], parts_dir: Path) -> list[str]:
-        others = sorted({p.name for p in parts_dir.glob("*.parquet")} - set(names))
-        return names + others
 
     def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
         return scores
@@ -251,8 +240,8 @@ class SweepPlan:
             groups += [(SAMPLED, c) for c in chunks(sampled, self.layout.rules_per_job)]
             for flow, group in groups:
                 names, specs = zip(*group, strict=True)
-                part = names[0].removesuffix(".parquet")
-                key = self.layout.job_key.format(setting=setting, flow=flow, part=part)
+                first = run_id(specs[0][0])  # the readable name of its first run
+                key = self.layout.job_key.format(setting=setting, flow=flow, part=first)
                 jobs.append(Job(key, names, (self.suite, list(specs), self.layout)))
         return jobs
 
@@ -302,8 +291,9 @@ def _param_column(name: str, taken: Iterable[str] = ()) -> str:
 
 
 def run_id(spec: RunSpec) -> str:
-    """Stable across processes and restarts: the run's part name less ``.parquet``."""
-    return spec.file_name(kind=False).removesuffix(".parquet")
+    """Stable across processes and restarts: the run's readable name (setting, rule slug, base
+    seed; :meth:`~.runs.RunSpec.stem` without the kind), the start of its part's name."""
+    return spec.stem(kind=False)
 
 
 def with_exact_flow(spec: RunSpec) -> list[RunSpec]:
@@ -564,29 +554,9 @@ class SweepRunError(RuntimeError):
     """A run failed; the runs finished before it are saved, a rerun resumes after them."""
 
 
-def changed_fields(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """What makes a folder's finished runs stale: a shared or ``[train]`` field added, removed or
-    changed, or another definition of a setting both plans have (a sweep may add or drop
-    settings, variants and base seeds and reuse what is finished)."""
-    changed = [
-        line
-        for group in ("shared", "train")
-        for line in changed_settings(
-            previous.get(group, {}), now[group], removed=True, prefix=f"{group}."
-        )
-    ]
-    old_defs = previous.get("setting_defs", {})
-    changed += [
-        f"setting {s}: {old_defs[s]} -> {d}"
-        for s, d in now["setting_defs"].items()
-        if s in old_defs and old_defs[s] != d
-    ]
-    return changed
-
-
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
-    """The finished parts its layout keeps (:meth:`SweepLayout.stored`), as one tidy frame."""
-    names = plan.layout.stored([name for name, _ in plan.parts()], Path(parts_dir))
+    """The plan's parts (never another run in the folder), as one tidy frame."""
+    names = [name for name, _ in plan.parts()]
     results = pd.concat([pd.read_parquet(Path(parts_dir) / n) for n in names], ignore_index=True)
     # a parameter that is a string for one objective and a number for another: store as text
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
@@ -611,9 +581,8 @@ def run_sweep(
     ``backend="local"``: a process pool of ``workers`` processes (default ``min(cpus, 4)``; 1 runs
     in this process), which draws the figures too. ``backend="ray"``: one Ray task per job on the
     cluster at ``address``, or on a local Ray instance with ``workers`` CPUs (all CPUs if None);
-    an already initialised Ray is used as it is. Finished parts are reused while the folder's
-    record shows the same training fields; otherwise a ``ValueError`` (``force``: recompute
-    everything). Ctrl-C or SIGTERM stop at once with ``KeyboardInterrupt``
+    an already initialised Ray is used as it is. The plan's finished parts are reused (their
+    names say what made them; ``force``: recompute them), the others computed. Ctrl-C or SIGTERM stop at once with ``KeyboardInterrupt``
     (:class:`~.pool.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
     finished part is on disk, and the same call resumes with the missing ones.
     """

@@ -4,7 +4,7 @@ seed (``python -m llm.claims``).
 What is where:
 
 - :mod:`.claims`: claims as records, the ledger, Holm, headroom;
-- :mod:`.evidence`: paired intervals, power, tau-b, the verdict classes;
+- :mod:`.evidence`: paired intervals, power, the verdict classes;
 - :mod:`.config`: :class:`StudyConfig`, the study's constants, a folder's record (``config.json``);
 - :mod:`.settings`: each rung's typed settings by section, and their value checks;
 - :mod:`.rungs`: :class:`Rung`, :data:`RUNGS`, the toy rungs and their bounds, :class:`StudyJob`;
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from .analysis import calibration_curve, run_scores, study_ledger
 from .claims import CLAIMS, Bounds, Claim, ledger
-from .config import MARGINS, REFERENCE, StudyConfig, part_fields, read_record, with_folder
+from .config import MARGINS, REFERENCE, StudyConfig, read_record, with_folder
 from .plan import (
     BudgetSpent,
     calibrate,
@@ -50,7 +50,6 @@ __all__ = [
     "calibration_curve",
     "calibration_jobs",
     "ledger",
-    "part_fields",
     "probe_settings",
     "read_record",
     "rebuild_tables",

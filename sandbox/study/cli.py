@@ -36,7 +36,7 @@ from sandbox.experiments.planner import answer_signal
 from sandbox.experiments.pool import own_command, terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
-from .config import StudyConfig, used_sections
+from .config import StudyConfig
 from .plan import BudgetSpent, rebuild_tables, run_study
 from .rungs import RUNGS
 from .settings import SECTIONS
@@ -151,7 +151,7 @@ def parse_study_args(
     args.time_budget = time_budget(args.time_budget)
     settings = profile_settings(args, StudyConfig, dict(profiles), "claims")
     sections = {name: dict(settings.pop(name, {})) for name in SECTIONS}
-    used = used_sections(settings.get("rungs", StudyConfig().rungs))
+    used = {RUNGS[r].section for r in settings.get("rungs", StudyConfig().rungs) if r in RUNGS}
     for name in SECTIONS:
         given = flag_values(args, SECTIONS[name].settings, f"{name}_")
         for key, value in given.items():

@@ -1,5 +1,5 @@
 """The claims study's settings (:class:`StudyConfig`), its constants, and a study folder's record
-(``config.json``) with what its parts depend on (:func:`part_fields`)."""
+(``config.json``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.configs import arg, check_device, check_number
-from sandbox.experiments.results import changed_settings, write_text
+from sandbox.experiments.results import write_text
 from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
 
@@ -75,7 +75,7 @@ class StudyConfig:
     rng: str | None = arg(
         RNG,
         "the toy trainers' random-number scheme (sandbox.streams.RNG; recorded, not a flag): a "
-        "folder recorded with another, or None (made before it was recorded), is refused; "
+        "study recorded with another, or None (made before it was recorded), does not run; "
         "--tables-only rebuilds its tables as they were made",
     )
     device: str = arg("cpu", "cpu | cuda")
@@ -165,11 +165,6 @@ class StudyConfig:
         if twice:
             raise ValueError(f"claims: the name(s) {twice} are used twice (the papers' included)")
 
-    def fields_of_parts(self) -> dict[str, Any]:
-        """:func:`part_fields` of this config: a folder's parts are reused only while these are
-        unchanged."""
-        return part_fields(asdict(self))
-
 
 #: The study's own fields (a section's are under ``sections``).
 FIELDS = tuple(f.name for f in fields(StudyConfig))
@@ -179,38 +174,6 @@ def study_claims(config: StudyConfig | None) -> tuple[Claim, ...]:
     """The claims a study's ledger tests: the papers' (:data:`.claims.CLAIMS`) and its own
     (``--claim``, ``--claims FILE``)."""
     return CLAIMS if config is None else (*CLAIMS, *map(claim_from_record, config.claims))
-
-
-def part_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of a study (a :class:`StudyConfig` as a dict, or a folder's ``config.json``)
-    that its parts depend on besides their names (rung, rule, step size, base seed). Not among
-    them: the rules, rungs and claims (a folder's study grows by them: :func:`with_folder`), the
-    calibrated point, and a section's execution settings (:attr:`.settings.Section.execution`).
-    The step-size and mu grids are among them: another grid calibrates to another point."""
-    skip = ("rules", "rungs", "claims", "sections", CALIBRATED)
-    out = {k: v for k, v in values.items() if k not in skip}
-    sections = values.get("sections") or {}
-    used = used_sections(values.get("rungs") or ())
-    for name, section in SECTIONS.items():
-        if name not in used:  # no rung of it runs: its settings make no part
-            continue
-        settings = asdict(section_settings(name, sections.get(name)))
-        out.update({f"{name}_{k}": v for k, v in settings.items() if k not in section.execution})
-    return out
-
-
-def used_sections(rungs: Sequence[str]) -> set[str]:
-    """The settings sections of ``rungs`` (those registered)."""
-    return {RUNGS[r].section for r in rungs if r in RUNGS}
-
-
-def changed_parts(previous: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    """The planner's comparison of a folder's record with a run's :func:`part_fields`: every
-    changed setting, except those of a section no rung of the record used (its parts do not
-    depend on them)."""
-    new = [f"{n}_" for n in SECTIONS if n not in used_sections(previous.get("rungs") or ())]
-    now = {k: v for k, v in now.items() if not any(k.startswith(p) for p in new)}
-    return changed_settings(part_fields(previous), now)
 
 
 #: The key of a study folder's ``config.json`` that records each rung's calibrated point.
@@ -272,7 +235,7 @@ def with_folder(config: StudyConfig, out: str | Path, force: bool = False) -> St
     try:
         previous, _ = read_record(out)
     except ValueError:
-        return config  # the planner refuses an unreadable record
+        return config  # an unreadable record: this study alone (its record replaces it)
     rules = list(dict.fromkeys([*previous.rules, *config.rules]))
     rungs = list(dict.fromkeys([*previous.rungs, *config.rungs]))
     claims = joined_claims(previous.claims, config.claims, out)

@@ -1,8 +1,9 @@
 """The claims study's plan: calibrate each rung, then run every claim rule paired by seed.
 
 Both phases are run specs (:mod:`sandbox.experiments.runs`) through the one planner
-(:class:`~sandbox.experiments.planner.RunFolder`: resumable parts, progress, the refusal of a
-folder made with other settings); a part is named by its :attr:`.rungs.StudyJob.part`.
+(:class:`~sandbox.experiments.planner.RunFolder`: resumable parts, progress); a part is named by
+its job and the hash of its run spec (:func:`job_part`), so a study of other settings computes
+its own parts beside those of earlier ones and reads only its own.
 
 1. **Calibration**: the reference rule ``dapo`` on each rung's step-size grid times its mu grid,
    ``calib_seeds`` seeds, ``calib_steps`` steps (default: the rung's run length). Its clip share
@@ -35,7 +36,6 @@ import pandas as pd
 
 from sandbox.configs import check_number
 from sandbox.experiments.planner import Job, RunFolder, check_workers
-from sandbox.experiments.results import read_parts
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
@@ -44,7 +44,6 @@ from .claims import Claim
 from .config import (
     REFERENCE,
     StudyConfig,
-    changed_parts,
     joined_claims,
     read_record,
     record_calibration,
@@ -145,6 +144,12 @@ def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
 
 
+def job_part(config: StudyConfig, job: StudyJob) -> str:
+    """The part file of ``job``: its readable :attr:`~.rungs.StudyJob.stem`, then the digest of
+    its run spec (:meth:`~sandbox.experiments.runs.RunSpec.digest`: what made the run)."""
+    return job_spec(config, job).part_of(job.stem)
+
+
 def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame]:
     """The runs of a group of :func:`job_groups` in one :func:`~.runs.run_specs` call, as
     :func:`job_rows`."""
@@ -178,7 +183,7 @@ def _unit(config: StudyConfig, group: tuple[StudyJob, ...]) -> Job:
     )
     return Job(
         f"{first.rung}/{first.rule}/{lrs}/{first.epochs}/{seeds}",
-        tuple(j.part for j in group),
+        tuple(job_part(config, j) for j in group),
         (config, group),
         cost=f"{first.phase}/{first.rung}",
         estimate=float(guess(config, group)) if guess is not None else 0.0,
@@ -196,7 +201,7 @@ def _run(
 ) -> int:
     """Run the unfinished ``jobs`` in groups; the count of units done so far (``done`` and this
     call's), or :class:`BudgetSpent` if the time budget left some."""
-    left = [j for j in jobs if not folder.done(j.part)]
+    left = [j for j in jobs if not folder.done(job_part(config, j))]
     todo = [_unit(config, group) for group in job_groups(config, left)]
 
     def written(job: Job) -> None:  # the job's parts are on disk: a rung's clean-up may run
@@ -214,12 +219,22 @@ def _run(
     return done
 
 
+def calibration_rows(parts: Path, config: StudyConfig) -> pd.DataFrame:
+    """The rows of the calibration parts of ``config`` in ``parts`` that are finished (never a
+    part of another study's settings)."""
+    files = [Path(parts) / job_part(config, j) for j in calibration_jobs(config)]
+    found = [pd.read_parquet(f) for f in files if f.exists()]
+    if not found:
+        raise ValueError(f"no calibration parts of this study's settings in {parts}")
+    return pd.concat(found, ignore_index=True)
+
+
 def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
     """The parts of the study ``config`` in ``parts``: its calibration grid and its rules at each
     rung's calibrated ``point``, never a run at another step size or mu."""
     rungs = [r for r in config.rungs if r in point]
     at = replace(config, rungs=rungs)
-    wanted = {j.part for j in calibration_jobs(config) + study_jobs(at, dict(point))}
+    wanted = {job_part(config, j) for j in calibration_jobs(config) + study_jobs(at, dict(point))}
     return [f for f in sorted(Path(parts).glob("*.parquet")) if f.name in wanted]
 
 
@@ -249,15 +264,15 @@ def check_time_budget(value: Any) -> float:
 
 def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
     """Units still to run in the calibration and in the study."""
-    calib = [j for j in calibration_jobs(config) if not folder.done(j.part)]
+    calib = [j for j in calibration_jobs(config) if not folder.done(job_part(config, j))]
     open_rungs = {j.rung for j in calib}
     done_rungs = replace(config, rungs=[r for r in config.rungs if r not in open_rungs])
     point = {}
     if done_rungs.rungs:
-        point = calibrate(calibration_curve(read_parts(folder.parts)), done_rungs)
+        point = calibrate(calibration_curve(calibration_rows(folder.parts, config)), done_rungs)
     for rung in open_rungs:  # any grid point: the count of units is the same at every one
         point[rung] = (RUNGS[rung].grid(config)[0], RUNGS[rung].epochs(config)[0])
-    study = [j for j in study_jobs(config, point) if not folder.done(j.part)]
+    study = [j for j in study_jobs(config, point) if not folder.done(job_part(config, j))]
     return len(job_groups(config, calib)), len(job_groups(config, study))
 
 
@@ -284,19 +299,12 @@ def run_study(
     config.validate()
     config = with_folder(config, out, force)
     config.validate()
-    folder = RunFolder(
-        out,
-        config.fields_of_parts(),
-        contents=asdict(config),
-        force=force,
-        compare=changed_parts,
-        device=config.device,
-    )
+    folder = RunFolder(out, asdict(config), force=force, device=config.device)
     if note_rules and (note := rules_note(config)) is not None:
         print(note, file=sys.stderr, flush=True)
     kw = {"progress": progress, "workers": workers, "deadline": deadline}
     done = _run(folder, config, calibration_jobs(config), "calibration", 0, time_budget, **kw)
-    point = calibrate(calibration_curve(read_parts(folder.parts)), config)
+    point = calibrate(calibration_curve(calibration_rows(folder.parts, config)), config)
     record_calibration(folder.out, config, point)
     _run(folder, config, study_jobs(config, point), "claims", done, time_budget, **kw)
     files = study_files(folder.parts, config, point)
@@ -321,7 +329,7 @@ def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[s
     elif config is None:
         raise ValueError(f"--tables-only: no config.json in {out}")
     if point is None:
-        curve = calibration_curve(read_parts(out / "parts"))
+        curve = calibration_curve(calibration_rows(out / "parts", config))
         point = calibrate(
             curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
         )

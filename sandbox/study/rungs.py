@@ -45,11 +45,12 @@ class StudyJob:
     seed: int
 
     @property
-    def part(self) -> str:
-        """The job's part file name (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``):
-        parts on disk are found again by it, so it never changes."""
+    def stem(self) -> str:
+        """The readable start of the job's part name
+        (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``; the part adds the hash of its
+        run spec: :func:`.plan.job_part`)."""
         lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
-        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
+        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")[:-8]
 
     def group_key(self, varies: Sequence[str]) -> StudyJob:
         """What the jobs that may run as one group share: the job less its seed and, where its

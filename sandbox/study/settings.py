@@ -22,12 +22,10 @@ from sandbox.experiments.compare import check_setting_names, check_task
 
 @dataclass(frozen=True)
 class Section:
-    """A registered section: its ``settings`` dataclass and ``execution``, the fields that choose
-    how its runs execute, not what they compute (left out of :func:`~.config.part_fields`)."""
+    """A registered section: its name and ``settings`` dataclass."""
 
     name: str
     settings: type
-    execution: tuple[str, ...] = ()
 
 
 SECTIONS: dict[str, Section] = {}
@@ -38,17 +36,13 @@ def unknown(kind: str, name: str, names: Iterable[str]) -> ValueError:
     return ValueError(f"{kind}s: unknown {kind} {name!r}; {kind}s: {', '.join(names)}")
 
 
-def register_section(name: str, settings: type, execution: tuple[str, ...] = ()) -> type:
+def register_section(name: str, settings: type) -> type:
     """Add the section ``name`` (``llm.claims`` adds ``llm``); ``settings`` is a frozen dataclass
     with a ``seeds`` field, its fields declared with :func:`~sandbox.configs.arg`."""
     names = [f.name for f in dataclasses.fields(settings)]
     if "seeds" not in names:
         raise ValueError(f"section {name!r}: its settings need a 'seeds' field (paired seeds)")
-    if set(execution) - set(names):
-        raise ValueError(
-            f"section {name!r}: execution names no field {sorted(set(execution) - set(names))}"
-        )
-    SECTIONS[name] = Section(name, settings, execution)
+    SECTIONS[name] = Section(name, settings)
     return settings
 
 
