@@ -1,13 +1,11 @@
 """sandbox.study.page: docs/claims.md from page.md and a study folder's tables.
 
-- the committed folder gives the committed page byte for byte, twice, without rewriting it;
-- a tiny study folder (``python -m llm.claims --quick``, its ``main`` in this process, from another
-  working directory) gives a page with every placeholder filled and says its transfer table is
-  absent;
-- a result sentence follows the tables: a copy of the tables with a flipped verdict or headroom
-  flips the sentence that states it;
-- a placeholder without a value, a table that lacks a value and a NaN in the prose are errors
-  naming the placeholder.
+- the committed folder gives the committed page byte for byte, twice, without rewriting it, and
+  from the folder alone (nothing beside it is read);
+- every profile and rung subset of ``python -m llm.claims --quick`` (its ``main`` in this
+  process, from another working directory) writes its page with every placeholder filled;
+- a cell of the page follows its table; a table the folder lacks says so; a column a table lacks
+  and a placeholder without a value are errors naming them.
 """
 
 from __future__ import annotations
@@ -21,10 +19,10 @@ import pandas as pd
 import pytest
 
 import llm.claims  # registers the llm rung (whose baseline the page cites); runs the tiny study
-from sandbox.study.page import TEMPLATE, page_values, placeholders, render, write_doc
+from sandbox.study.page import TABLE, TEMPLATE, VALUE, cell, page_values, render, write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
-LEFT = re.compile(r"\$\{?[A-Za-z_]")  # a placeholder string.Template would fill
+LEFT = re.compile(r"\{\{")  # a placeholder left unfilled
 
 
 @pytest.fixture
@@ -76,234 +74,93 @@ def test_the_committed_folder_gives_the_committed_page_byte_for_byte(folder, mon
     assert path.stat().st_mtime_ns == stamp
 
 
-def test_a_tiny_study_folder_gives_a_page_with_every_placeholder_filled(
-    tmp_path, in_process, monkeypatch
-):
-    out, doc = tmp_path / "study", tmp_path / "claims.md"
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.chdir(tmp_path)  # the page cites folders beside the study's, never the cwd's
-    # --workers 1: the runs in this process (a pool's start costs more than these tiny runs)
-    argv = ["--quick", "--rungs", "bandit_exact", "bandit_sampled", "tiny_tf", "--no-progress"]
-    argv += ["--workers", "1"]
-    proc = in_process(llm.claims.main, *argv, "--out", str(out), "--doc", str(doc))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = doc.read_text()
-    assert not LEFT.search(text), LEFT.search(text)
-    assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
-    assert "![calibration](study/calibration.png)" in text
-    assert "Agreement of signs between rungs:" in text  # every study writes transfer.csv
-    # the tiny folder's own numbers, not the committed run's
-    bounds = pd.read_csv(out / "bounds.csv").set_index("rung")
-    assert f"its answer baseline {bounds.loc['tiny_tf', 'floor']:.3f}" in text
-    seeds = pd.read_csv(out / "summary.csv")["seeds"].max()
-    assert f"The toy rungs' {seeds} paired seeds" in text
+def test_the_page_is_written_from_the_study_folder_alone(folder, tmp_path):
+    """The folders beside the study's (the exact flow's mu grid, the regime pilot, the llm task
+    pilot) are cited by name, never read: without them the page is the same."""
+    alone = tmp_path / "alone" / "results" / "claims"
+    shutil.copytree(folder, alone)
+    (alone.parents[1] / "docs").mkdir()
+    assert page(alone) == (ROOT / "docs" / "claims.md").read_text()
 
 
 @pytest.mark.parametrize(
     "rungs",
     [
+        ["bandit_exact", "bandit_sampled", "tiny_tf"],  # toy only
         ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],  # --quick as it comes
         ["bandit_exact"],  # exact only: no paired seeds, an empty power table
         ["bandit_sampled"],
     ],
-    ids=["quick", "exact-only", "sampled-only"],
+    ids=["toy-only", "quick", "exact-only", "sampled-only"],
 )
-def test_every_rung_subset_of_a_quick_study_writes_its_page(tmp_path, in_process, rungs):
+def test_every_rung_subset_of_a_quick_study_writes_its_page(
+    tmp_path, in_process, monkeypatch, rungs
+):
     """``llm.claims --quick --doc`` on each rung subset writes a page with every placeholder
-    filled and no nan (it refused on the llm rung's tied seeds, ``$grad_noise``, and on an
-    exact-only study's empty ``power.csv``)."""
-    pytest.importorskip("transformers")
+    filled, its own tables' cells (not the committed run's) and nothing from the working
+    directory."""
+    if "llm" in rungs:
+        pytest.importorskip("transformers")
     out, doc = tmp_path / "study", tmp_path / "claims.md"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
     argv = ["--quick", "--rungs", *rungs, "--no-progress", "--workers", "1", "--out", str(out)]
     proc = in_process(llm.claims.main, *argv, "--doc", str(doc))
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = doc.read_text()
     assert not LEFT.search(text), LEFT.search(text)
     assert re.search(r"\bnan\b", text, re.IGNORECASE) is None
-    ran = text.split("## The llm rung")[1].split("\n\n")[1]  # what ran, from the folder alone
-    if "llm" in rungs:
-        assert "`tiny` on `addition` (digits=1)" in ran and "dapo 3, grpo 3, gspo 3" in ran
-        assert "dapo's final held-out pass@1 is" in ran and "answer floor" in ran
-    else:
-        assert ran.startswith("No SmolLM2 run is in this folder")
+    assert "![calibration](study/calibration.png)" in text
+    summary = pd.read_csv(out / "summary.csv")
+    for row in summary.itertuples():
+        assert f"| {row.rung} | {row.rule} | {row.seeds} | {cell(row.lr)} |" in text
+    assert ("| llm |" in text) == ("llm" in rungs)
 
 
-def test_a_flipped_verdict_flips_the_summary_and_the_mechanism_sentence(folder):
+def test_a_cell_of_the_page_follows_its_table(folder):
     before = page(folder)
-    line = section(before, "- **bandit_sampled** — supported:")
-    assert "reversed: kl_cov_keeps_entropy (survives Holm), clip_beats_unclipped" in line
-    nsr = 'The paper\'s "consistently more effective" has no support on the toys'
-    assert nsr in section(before, "- **Mechanism (c)**")
+    row = "| kl_cov_keeps_entropy | bandit_sampled | final_entropy |"
+    assert f"{row} " in before and "| reversed |" in before.split(row)[1].split("\n")[0]
     edit(
         folder,
         "ledger.csv",
         {"claim": "kl_cov_keeps_entropy", "rung": "bandit_sampled"},
         verdict="supported",
     )
-    edit(
-        folder,
-        "ledger_auc.csv",
-        {"claim": "nsr_beats_its_decay", "rung": "bandit_sampled"},
-        verdict="supported",
-    )
     after = page(folder)
-    line = section(after, "- **bandit_sampled** — supported:")
-    assert "reversed: clip_beats_unclipped (survives Holm)" in line
-    assert "clip_cov_keeps_entropy (survives Holm), kl_cov_keeps_entropy (survives Holm)" in line
-    mechanism = section(after, "- **Mechanism (c)**")
-    assert nsr not in mechanism
-    assert (
-        "A gain of nsr_dapo over nsr_decay_dapo is supported on bandit_sampled `reward_auc`"
-        in mechanism
-    )
-    assert "bandit_sampled `reward_auc` (secondary): supported" in mechanism
+    assert "| supported |" in after.split(row)[1].split("\n")[0]
 
 
-def test_headroom_sentences_follow_their_tables(folder):
-    before = page(folder)
-    closed = "bandit_exact, as run, cannot answer the pass-rate claims"
-    assert closed in before and "**Headroom decides 4 of 20 pass-rate rows.**" in before
-    assert "On tiny_tf, 10 of 10 rules' mean `final_pass` beat its answer baseline 0.272" in before
-    # the exact rung's pass-rate rows get verdicts and grpo falls below the baseline
-    edit(
-        folder, "ledger.csv", {"rung": "bandit_exact", "metric": "final_pass"}, verdict="equivalent"
-    )
-    edit(folder, "summary.csv", {"rung": "tiny_tf", "rule": "grpo"}, final_pass=0.25)
-    after = page(folder)
-    assert "as run, cannot answer the pass-rate claims" not in after
-    assert "**Headroom decides 0 of 20 pass-rate rows.**" in after
-    assert "On tiny_tf, 9 of 10 rules' mean `final_pass` beat its answer baseline 0.272" in after
-
-
-def test_the_template_has_a_value_for_every_placeholder_and_nothing_else(folder):
-    values = page_values(folder, folder.parents[1] / "docs" / "claims.md")
-    assert placeholders(TEMPLATE.read_text()) == set(values)
-
-
-def test_a_placeholder_without_a_value_is_an_error_naming_it():
-    with pytest.raises(ValueError, match=r"placeholder \$nope has no value"):
-        render("a ${nope} b", {})
-    with pytest.raises(ValueError, match=r"placeholder \$empty has no value in the tables"):
-        render("a $empty b", {"empty": lambda: ""})
-    with pytest.raises(ValueError, match=r"page.md line 2: a '\$' that is no placeholder"):
-        render("ok\ncosts 5$", {})
-    assert render("costs 5$$, $x", {"x": lambda: "y"}) == "costs 5$, y"
-
-
-def test_a_value_the_tables_lack_is_an_error_naming_the_placeholder(folder):
+def test_a_table_the_folder_lacks_says_so_and_a_column_it_lacks_is_an_error(folder):
+    (folder / "grad_noise.csv").unlink()  # as in a folder written before mechanism check (c)
+    assert "(no `grad_noise.csv` in this folder)" in page(folder)
     power = pd.read_csv(folder / "power.csv").drop(columns=["seeds_needed"])
     power.to_csv(folder / "power.csv", index=False)
-    with pytest.raises(ValueError, match=r"placeholder \$power: KeyError: 'seeds_needed'"):
-        page(folder)
+    assert "| rung | metric | seeds | rules | residual_sd | diff_sd | margin |\n" in page(folder)
+    with pytest.raises(ValueError, match=r"page.md: ledger.csv has no column\(s\) \['nope'\]"):
+        render("{{ledger.csv: claim nope}}", folder, folder / "x.md")
 
 
-def test_nan_in_a_result_sentence_is_an_error_naming_the_placeholder(folder):
-    edit(folder, "grad_noise.csv", {"rung": "tiny_tf"}, rescue_to_signal=float("nan"))
-    with pytest.raises(ValueError, match=r"placeholder \$mechanism_c has no value in the tables"):
-        page(folder)
+def test_a_placeholder_without_a_value_is_an_error_naming_it(folder):
+    with pytest.raises(ValueError, match=r"page.md: \{\{nope\}\} has no value"):
+        render("a {{nope}} b", folder, folder / "x.md")
+    names = set(VALUE.findall(TEMPLATE.read_text()))
+    assert names == set(page_values(folder, folder / "x.md"))  # every value is used
+    tables = {name for name, _ in TABLE.findall(TEMPLATE.read_text())}
+    assert {f.name for f in folder.glob("*.csv")} - tables <= {"scores.csv", "calibration_mu.csv"}
 
 
-def test_the_transfer_table_is_printed_from_the_folder_when_present(folder):
-    rows = [
-        (
-            "nsr_beats_dapo",
-            "final_pass",
-            "bandit_sampled",
-            0.01,
-            -0.002,
-            0.022,
-            "not resolved at this power",
-        ),
-        ("nsr_beats_dapo", "final_pass", "tiny_tf", -0.03, -0.05, -0.01, "reversed"),
+def test_a_cell_is_printed_one_way():
+    assert [cell(x) for x in (0.0734512, 880.0, 1e-05, float("nan"), None, True, False)] == [
+        "0.07345",
+        "880",
+        "1e-05",
+        "—",
+        "—",
+        "yes",
+        "no",
     ]
-    columns = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"]
-    rows = [(*r, False) for r in rows]  # at_margin: neither decides the claim at the margin
-    columns += ["at_margin"]
-    pd.DataFrame(rows, columns=columns).to_csv(folder / "transfer.csv", index=False)
-    text = section(page(folder), "## Transfer measured on claim effects")
-    assert "| claim | metric | bandit_sampled | tiny_tf |" in text
-    assert (
-        "| nsr_beats_dapo | final_pass | +0.0100 [-0.0020, +0.0220] (not resolved at this power) "
-        "| -0.0300 [-0.0500, -0.0100] (reversed) |"
-    ) in text
-    pd.DataFrame(rows, columns=columns).drop(columns=["verdict"]).to_csv(
-        folder / "transfer.csv", index=False
-    )
-    with pytest.raises(
-        ValueError, match=r"placeholder \$transfer: .*lacks the columns \['verdict'\]"
-    ):
-        page(folder)
-
-
-def test_the_same_reading_on_every_rung_lists_only_claims_decided_at_the_margin():
-    from sandbox.study.page import summary_text
-
-    # (claim, rung, verdict, estimate, lo, hi, holm, margin): "keeps" is reversed on both
-    # rungs, but on y its interval [-0.034, -0.007] lies inside +-0.05 (an effect under half
-    # its margin, as kl_cov_keeps_entropy on tiny_tf); "past" is supported on both, but Holm takes
-    # it back on y; "both" is supported past the margin and Holm on both rungs; "exact" is an
-    # exact difference (one run, no test) of +0.03 beyond the margin 0.02 on x and supported on y
-    rows = [
-        ("keeps", "x", "reversed", -0.33, -0.36, -0.30, "survives", 0.05, 99),
-        ("keeps", "y", "reversed", -0.021, -0.034, -0.007, "survives", 0.05, 119),
-        ("past", "x", "supported", 0.08, 0.07, 0.09, "survives", 0.02, 99),
-        ("past", "y", "supported", 0.04, 0.025, 0.055, "does not survive", 0.02, 119),
-        ("both", "x", "supported", 0.09, 0.08, 0.10, "survives", 0.02, 99),
-        ("both", "y", "supported", 0.12, 0.07, 0.16, "survives", 0.02, 119),
-        ("exact", "x", "supported", 0.03, None, None, "no decision", 0.02, 1),
-        ("exact", "y", "supported", 0.05, 0.03, 0.07, "survives", 0.02, 119),
-        ("flips", "x", "supported", 0.05, 0.04, 0.06, "survives", 0.02, 99),
-        ("flips", "y", "reversed", -0.05, -0.06, -0.04, "survives", 0.02, 119),
-    ]
-    columns = ["claim", "rung", "verdict", "estimate", "lo", "hi", "holm", "margin", "seeds"]
-    text = summary_text(pd.DataFrame(rows, columns=columns))
-    assert (
-        "decided at the margin on each (supported or reversed, surviving Holm, the whole "
-        "interval beyond ±m): both (supported), exact (supported)."
-    ) in " ".join(text.split())
-    assert (
-        "The same verdict on every rung, not decided at the margin on each: keeps (reversed), "
-        "past (supported)."
-    ) in " ".join(text.split())
-    assert "Readings that change between rungs: flips." in " ".join(text.split())
-
-
-def test_the_page_prints_the_gradient_noise_table_or_says_it_was_not_logged(folder):
-    (folder / "grad_noise.csv").unlink()  # as in a folder written before mechanism check (c)
-    text = page(folder)
-    assert "(not logged)" in text.split("## Mechanism check (c)")[1].split("\n## ")[0]
-    assert "- **Mechanism (c)**: NSR's gradient noise was not logged in this folder." in text
-    row = {"rung": "tiny_tf", "rule": "nsr_dapo", "seeds": 3, "points": 120}
-    row |= {"rescue_to_signal": 0.01, "sampling_to_signal": 0.5, "variance_ratio": 1.75}
-    row |= {"lo": 0.106903, "hi": 3.393097}
-    pd.DataFrame([row]).to_csv(folder / "grad_noise.csv", index=False)
-    table = page(folder).split("## Mechanism check (c)")[1].split("\n## ")[0]
-    assert "| tiny_tf | nsr_dapo | 3 | 120 | 0.0100 | 0.5000 | 1.7500 [0.1069, 3.3931] |" in table
-
-
-def test_every_sentence_of_the_template_is_said_and_every_said_one_exists():
-    """``page.md``'s sentence list against ``page.py``: each ``- name:`` item is said (by name,
-    or by a name page.py builds from a prefix: ``rung_<rung>``, ``pairing_<scheme>``), each name
-    said is in the list, and every line of the list is an item, an indented continuation of one
-    or a group heading ending in ``:`` (an unindented continuation would be dropped silently)."""
-    from sandbox.study import page as page_module
-    from sandbox.study.page import SENTENCES, sentences
-
-    code = Path(page_module.__file__).read_text()
-    said = set(re.findall(r"say\(\s*[\"'](\w+)[\"']", code))
-    prefixes = tuple(re.findall(r'f"(\w+_)\{', code))
-    assert {"rung_", "pairing_", "held_out_"} <= set(prefixes)
-    named = set(sentences())
-    assert said <= named, sorted(said - named)
-    unsaid = [n for n in named - said if not n.startswith(prefixes)]
-    assert unsaid == [], unsaid
-    body = TEMPLATE.read_text().partition(SENTENCES)[2].split("-->", 1)[1]
-    stray = [
-        line
-        for line in body.splitlines()
-        if line.strip() and not line.startswith(("- ", "  ")) and not line.endswith(":")
-    ]
-    assert stray == [], stray
+    assert cell("a|b") == "a\\|b" and cell(float("inf")) == "∞"
 
 
 def test_the_provenance_list_says_what_each_entry_did_not_record(tmp_path):
@@ -354,31 +211,3 @@ def test_one_interval_format_serves_every_table():
     assert fmt_interval(1.234, nan, nan, ".2f", alone=" (no interval)") == "1.23 (no interval)"
     assert fmt_interval(0.5, 0.1, nan) == "+0.5000"
     assert fmt_ci(0.25, 0.75, ".2f") == "[0.25, 0.75]"
-
-
-def test_a_rung_whose_seeds_had_no_sampling_variance_reads_n_a_not_nan(folder):
-    """A rung where every group's rewards tied on every step (the tiny Llama of a quick study)
-    has no variance ratio: its table row says n/a and the mechanism sentence leaves it out, where
-    the page used to refuse to build (``$grad_noise has no value``)."""
-    row = {"rung": "tiny_tf", "rule": "nsr_dapo", "seeds": 3, "points": 120}
-    row |= {"rescue_to_signal": 0.01, "sampling_to_signal": 0.5, "variance_ratio": 1.75}
-    row |= {"lo": 0.106903, "hi": 3.393097}
-    tied = {**row, "rung": "llm", "seeds": 0, "points": 3, "variance_ratio": float("nan")}
-    tied |= {"rescue_to_signal": float("nan"), "lo": float("nan"), "hi": float("nan")}
-    pd.DataFrame([row, tied]).to_csv(folder / "grad_noise.csv", index=False)
-    text = page(folder)
-    table = text.split("## Mechanism check (c)")[1].split("\n## ")[0]
-    assert "| llm | nsr_dapo | 0 | 3 | n/a | 0.5000 | n/a |" in table
-    assert "(llm)" not in text.split("- **Mechanism (c)**")[1].split("\n")[0]
-
-
-def test_the_page_says_where_each_rungs_held_out_problems_come_from():
-    """With the partition on, the rung's bullet says its held-out problems are the task's test
-    partition; off (every committed run so far), that they may repeat training problems."""
-    from sandbox.study.page import rungs_design
-
-    config = {"rungs": ["tiny_tf"]}
-    on = rungs_design(config, {"tf": {"split": True}})
-    off = rungs_design(config, {})
-    assert "test partition, disjoint from every training problem" in on
-    assert "may repeat training problems" in off and "disjoint" not in off

@@ -96,10 +96,9 @@ def test_the_command_writes_the_file_and_refuses_a_bad_value_by_name(tmp_path, c
 
 def test_the_tiny_tf_rung_starts_from_the_warm_start_it_is_given(made, tmp_path):
     """``--tf-init FILE``: the rung's specs carry it (none without: the committed study's specs),
-    the page says so, and a file that does not fit the rung's task is refused before any run."""
+    and a file that does not fit the rung's task is refused before any run."""
     from llm.claims import parse_args
     from sandbox.study import StudyJob
-    from sandbox.study.page import rungs_design
     from sandbox.study.plan import job_spec
 
     job = StudyJob("study", "tiny_tf", "dapo", 1e-3, 2, 0)
@@ -108,9 +107,6 @@ def test_the_tiny_tf_rung_starts_from_the_warm_start_it_is_given(made, tmp_path)
     knobs = ["--tf-task", "bits", "--tf-knobs", "op=reverse", "length=4"]
     warm, _ = parse_args(["--quick", "--rungs", "tiny_tf", *knobs, "--tf-init", str(made[3])])
     assert dict(job_spec(warm, job).train)["init"] == str(made[3])
-    said = rungs_design({"rungs": ["tiny_tf"]}, {"tf": {"init": "w.pt"}})
-    assert "one supervised warm start (`w.pt`" in said
-    assert "trained from scratch" in rungs_design({"rungs": ["tiny_tf"]}, {})
     with pytest.raises(ValueError, match=r"^tf_init: .*was made for"):
         warm.section("tf").__class__(
             task="bits", knobs={"op": "copy", "length": 4}, init=str(made[3])

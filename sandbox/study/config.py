@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,10 +164,6 @@ class StudyConfig:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"claims: the name(s) {twice} are used twice (the papers' included)")
-
-
-#: The study's own fields (a section's are under ``sections``).
-FIELDS = tuple(f.name for f in fields(StudyConfig))
 
 
 def study_claims(config: StudyConfig | None) -> tuple[Claim, ...]:
