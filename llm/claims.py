@@ -136,12 +136,6 @@ class LlmSettings:
 register_section("llm", LlmSettings)
 
 
-def llm_epochs(config: StudyConfig) -> list[int]:
-    """The llm rung's mu grid: its ``epochs``, else the study's."""
-    epochs = config.section("llm").epochs
-    return list(config.epochs if epochs is None else epochs)
-
-
 def llm_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: int) -> RunSpec:
     """One llm.train run (one seed: the seed fixes prompts, eval set and first rollouts), with the
     aggregation and mechanism probes of the toy rungs (:func:`sandbox.study.probe_settings`; the
@@ -228,7 +222,6 @@ register_rung(
     Rung(
         "llm",
         llm_spec,
-        epochs=llm_epochs,
         members=lambda config: config.section("llm").ensemble,
         written=llm.runs.remove_scratch,  # kept until the run's part is written
         bounds=llm_bounds,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from llm.claims import llm_epochs, llm_spec, main, parse_args
+from llm.claims import llm_spec, main, parse_args
 from sandbox.study import RUNGS, StudyJob, calibration_jobs
 
 
 def test_llm_flag_sets_the_rungs_grids_and_calibration_crosses_them():
     grids = ["--llm-lrs", "1e-3", "2e-3", "--llm-epochs", "2", "4", "--llm-ensemble", "2"]
     config, _ = parse_args(["--quick", "--rungs", "llm", *grids])
-    assert config.section("llm").ensemble == 2 and llm_epochs(config) == [2, 4]
+    assert config.section("llm").ensemble == 2 and RUNGS["llm"].epochs(config) == [2, 4]
     jobs = calibration_jobs(config)
     assert sorted((j.lr, j.epochs) for j in jobs) == [(1e-3, 2), (1e-3, 4), (2e-3, 2), (2e-3, 4)]
     assert RUNGS["llm"].grid(config) == [1e-3, 2e-3]

@@ -135,9 +135,6 @@ class StudyConfig:
             check = getattr(self.sections[name], "check", None)
             if check is not None:
                 check()  # ValueError naming the section's setting
-        for rung in self.rungs:
-            if RUNGS[rung].check is not None:
-                RUNGS[rung].check(self)  # ValueError naming the rung's setting
 
     def section(self, name: str) -> Any:
         """The settings of section ``name`` (:mod:`.settings`), e.g. ``config.section("tf")``."""
@@ -197,8 +194,6 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
 def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
     """Write ``config.json`` with the calibrated point of every rung."""
     values = asdict(config)
-    if values["rng"] is None:  # a record made before rng was recorded stays without it
-        del values["rng"]
     record = {**values, CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
     write_text(json.dumps(record, indent=2, default=str), Path(out) / "config.json")
 

@@ -22,7 +22,6 @@ from sandbox.experiments.runs import (
     optimum,
     run_kind,
 )
-from sandbox.streams import HELD_OUT
 
 from .claims import Bounds
 from .settings import section_settings, task_setting, unknown
@@ -62,19 +61,18 @@ class StudyJob:
 @dataclass(frozen=True)
 class Rung:
     """A rung: a run kind (``kind``, default the rung's name) and its settings ``section``
-    (default the rung's name; ``config.section(name)``, whose ``seeds`` are the rung's paired
-    seeds). What the kind is (deterministic or sampled, with replicates or one seed per spec, its
-    columns, whether it logs step 0) is read from :attr:`traits`, never repeated here.
+    (default the rung's name; ``config.section(name)``: its ``seeds`` are the rung's paired
+    seeds, its ``lrs`` the step-size grid, its ``steps`` the run length and its ``epochs``, where
+    it has one that is not None, the μ grid, else the study's). What the kind is (deterministic
+    or sampled, with replicates or one seed per spec, its columns, whether it logs step 0) is read
+    from :attr:`traits`, never repeated here. At most five hooks:
 
     - ``spec(config, job, *, seeds, steps)``: the :class:`RunSpec` of a :class:`StudyJob` (its
       ``epochs`` is replaced by the job's);
-    - ``grid``, ``steps``: its step-size grid and run length (default the section's ``lrs`` and
-      ``steps``); ``epochs``: its mu grid (default the study's);
     - ``members(config)``: on a kind without replicates, how many of one rule's runs one job
       runs through :func:`~.runs.run_specs` together (``llm``: one ensemble; default 1), each
       still its own part: paired seeds, or calibration step sizes where the kind's batch varies
       in ``lr`` (:meth:`StudyJob.group_key`);
-    - ``check(config)``: a ``ValueError`` naming a bad setting beyond its section's own checks;
     - ``written(spec)``: called once a run's part is written (``llm``: its scratch folder goes);
     - ``bounds(config)``: the ceiling and answer baseline of its pass metrics, for the headroom
       rule (:func:`~.claims.headroom`);
@@ -85,26 +83,33 @@ class Rung:
     spec: Callable[..., RunSpec]
     section: str = ""
     kind: str = ""
-    grid: Callable[[StudyConfig], list[float]] | None = None
-    steps: Callable[[StudyConfig], int] | None = None
-    epochs: Callable[[StudyConfig], list[int]] = lambda c: c.epochs
     members: Callable[[StudyConfig], int] | None = None
-    check: Callable[[StudyConfig], None] | None = None
     written: Callable[[RunSpec], None] | None = None
     bounds: Callable[[StudyConfig], Bounds] | None = None
     unit_seconds: Callable[[StudyConfig, Sequence[StudyJob]], float] | None = None
 
     def __post_init__(self) -> None:
-        section = self.section or self.name
-        object.__setattr__(self, "section", section)
+        object.__setattr__(self, "section", self.section or self.name)
         object.__setattr__(self, "kind", self.kind or self.name)
-        object.__setattr__(self, "grid", self.grid or (lambda c: c.section(section).lrs))
-        object.__setattr__(self, "steps", self.steps or (lambda c: c.section(section).steps))
 
     @property
     def traits(self) -> RunKind:
         """The rung's run kind with its traits (``ValueError`` naming an unregistered kind)."""
         return run_kind(self.kind)
+
+    def grid(self, config: StudyConfig) -> list[float]:
+        """The step sizes calibration tries: the section's ``lrs``."""
+        return list(config.section(self.section).lrs)
+
+    def steps(self, config: StudyConfig) -> int:
+        """The run length: the section's ``steps``."""
+        return config.section(self.section).steps
+
+    def epochs(self, config: StudyConfig) -> list[int]:
+        """The μ grid calibration tries: the section's ``epochs`` where it has one (not None),
+        else the study's."""
+        own = getattr(config.section(self.section), "epochs", None)
+        return list(config.epochs if own is None else own)
 
 
 RUNGS: dict[str, Rung] = {}
@@ -219,17 +224,13 @@ def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
 
     tf = config.section("tf")
     task, n = make_task(tf.task, **tf.knobs), tf.eval_prompts
-    if config.rng is None:  # a run made before per-replicate sets: all scored base seed 0's one
-        return task_bounds(task, [task.sample_batch(np.random.default_rng([0, HELD_OUT]), n)[1]])
     sets = [held_out_problems(task, 0, n, s, tf.split)[1] for s in range(tf.seeds)]
     return task_bounds(task, sets)
 
 
 register_rung(Rung("bandit_exact", _bandit, "bandit", bounds=_bandit_bounds))
 register_rung(Rung("bandit_sampled", _bandit, "bandit", bounds=_bandit_bounds))
-register_rung(
-    Rung("tiny_tf", _tiny_tf, "tf", epochs=lambda c: c.section("tf").epochs, bounds=_tiny_tf_bounds)
-)
+register_rung(Rung("tiny_tf", _tiny_tf, "tf", bounds=_tiny_tf_bounds))
 
 
 def rung_rules(config: StudyConfig, rung: str) -> list[str]:
