@@ -11,7 +11,7 @@ from sandbox.exact import exact_flow
 from sandbox.experiments import CompareConfig, load_results, run_compare
 from sandbox.experiments.compare import parse_objective_params, run_spec
 from sandbox.experiments.plots import mean_ci
-from sandbox.experiments.sweep import CompareLayout, compare_plan
+from sandbox.experiments.sweep import RUN_COLUMNS, compare_plan, run_id
 from sandbox.objectives import get_objective
 
 SMALL = dict(
@@ -62,33 +62,39 @@ def test_compare_writes_results_summary_figures_and_resumes(tmp_path):
     assert all(p.stat().st_mtime_ns == stamps[p] for p in parts)
 
 
-def test_a_comparison_is_a_grid_planned_in_compare_layout():
-    """The sweep engine's plan of a comparison: a part per (setting, rule, flow), in plan order;
-    per setting the exact flows in one job, then the sampled runs in two near-equal jobs (one per
-    run with rules_per_job=1); only the parts asked for are planned."""
+def test_a_comparison_is_a_grid_planned_and_stored_as_any_sweep():
+    """The sweep engine's plan of a comparison: a part per (run, flow), in plan order, named as a
+    sweep's (run id, flow, hash); per setting the exact flows in one job, then the sampled runs in
+    two near-equal jobs (one per run with rules_per_job=1); only the parts asked for are
+    planned."""
     plan = compare_plan(CompareConfig(**SMALL))
-    assert plan.layout == CompareLayout(rules_per_job=None) and plan.seeds == [0]
+    assert plan.rules_per_job is None and plan.seeds == [0] and not plan.describe
     parts = plan.parts()
     assert all(name == specs[0].part_of(stem(name)) for name, specs in parts)  # name, then hash
+    assert all(stem(name).startswith(run_id(specs[0])) for name, specs in parts)
     assert [stem(name) for name, _ in parts[:5]] == [
-        "easy__grpo__sampled",
-        "easy__grpo__exact",
-        "easy__nsr_dapo__sampled",
-        "easy__nsr_dapo__exact",
-        "easy__clip_cov__sampled",  # no exact flow: no closed form
+        "easy__grpo__seed0__sampled",
+        "easy__grpo__seed0__exact",
+        "easy__nsr_dapo__seed0__sampled",
+        "easy__nsr_dapo__seed0__exact",
+        "easy__clip_cov__seed0__sampled",  # no exact flow: no closed form
     ]
     assert len(parts) == 10 and all(len(specs) == 1 for _, specs in parts)
     jobs = [(job.key, tuple(map(stem, job.parts))) for job in plan.jobs(parts)]
     assert jobs[:3] == [
-        ("easy/exact", ("easy__grpo__exact", "easy__nsr_dapo__exact")),
-        ("easy/sampled", ("easy__grpo__sampled", "easy__nsr_dapo__sampled")),
-        ("easy/sampled", ("easy__clip_cov__sampled",)),
+        ("easy/exact", ("easy__grpo__seed0__exact", "easy__nsr_dapo__seed0__exact")),
+        ("easy/sampled", ("easy__grpo__seed0__sampled", "easy__nsr_dapo__seed0__sampled")),
+        ("easy__clip_cov__seed0", ("easy__clip_cov__seed0__sampled",)),  # one run: its id
     ]
-    assert [key for key, _ in jobs[3:]] == ["mixed/exact", "mixed/sampled", "mixed/sampled"]
+    assert [key for key, _ in jobs[3:]] == [
+        "mixed/exact",
+        "mixed/sampled",
+        "mixed__clip_cov__seed0",
+    ]
     alone = compare_plan(CompareConfig(**SMALL), rules_per_job=1).jobs(parts)
     assert [len(job.parts) for job in alone] == [2, 1, 1, 1] * 2
-    todo = [part for part in parts if stem(part[0]) != "easy__grpo__exact"]
-    assert tuple(map(stem, plan.jobs(todo)[0].parts)) == ("easy__nsr_dapo__exact",)
+    todo = [part for part in parts if stem(part[0]) != "easy__grpo__seed0__exact"]
+    assert tuple(map(stem, plan.jobs(todo)[0].parts)) == ("easy__nsr_dapo__seed0__exact",)
     with pytest.raises(ValueError, match="rules_per_job must be an integer >= 1"):
         compare_plan(CompareConfig(**SMALL), rules_per_job=0)
 
@@ -141,6 +147,9 @@ def test_reasoning_suite_runs_end_to_end(tmp_path):
     assert set(results["kind"]) == {"sampled"} and set(results["suite"]) == {"reasoning"}
     assert len(results) == 2 * 2 * 2 and set(scores["objective"]) == {"dapo", "gspo"}
     assert (tmp_path / "r" / "final_scores.png").exists()
+    # stored as any sweep: its record, the run columns, the variants' table in the summary
+    assert (tmp_path / "r" / "plan.json").exists() and set(RUN_COLUMNS) <= set(results.columns)
+    assert set(scores["base_objective"]) == {"dapo", "gspo"}
     with pytest.raises(ValueError, match="unknown setting 'easy'"):
         CompareConfig(suite="reasoning", settings=["easy"])
 
@@ -161,7 +170,7 @@ TINY = dict(
 )
 def test_compare_never_mixes_parts_made_with_other_settings(tmp_path, change):
     """Other settings name other parts: computed beside the old ones, the tables (and
-    ``config.json``) this command's alone; the old settings again reuse their parts."""
+    ``plan.json``) this command's alone; the old settings again reuse their parts."""
     out = tmp_path / "r"
     first, _ = run_compare(CompareConfig(**TINY), out, workers=1, progress=False, figures=False)
     old = {p.name for p in (out / "parts").glob("*.parquet")}
@@ -169,7 +178,10 @@ def test_compare_never_mixes_parts_made_with_other_settings(tmp_path, change):
     again, _ = run_compare(
         CompareConfig(**{**TINY, **change}), out, workers=1, progress=False, figures=False
     )
-    assert json.loads((out / "config.json").read_text())[key] == change[key]
+    recorded = json.loads((out / "plan.json").read_text())
+    assert (recorded["seed"] if key == "seed" else recorded["shared"][key]) == (
+        [change[key]] if key == "seed" else change[key]
+    )
     pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), again)
     if key == "steps":
         assert again["step"].max() == 2

@@ -216,7 +216,7 @@ def test_a_compare_run_records_its_provenance_which_is_not_a_setting(tmp_path, i
     assert len(record["runs"]) == 1 and record["runs"][0]["parts"] == 2  # sampled + exact
     _check_entry(record["runs"][0], "-m sandbox.cli compare --out")
     _check_entry(record["tables"], "-m sandbox.cli compare --out")
-    assert "provenance" not in json.loads((out / "config.json").read_text())
+    assert "provenance" not in json.loads((out / "plan.json").read_text())
 
     # the same command on "another machine": its provenance differs, the folder is resumed
     record["runs"][0].update(cpu_model="another CPU", torch="0.0", torch_threads=64)

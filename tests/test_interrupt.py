@@ -318,9 +318,9 @@ def test_sigterm_stops_a_sweep_without_orphans(tmp_path):
     code, err = _finish(proc, children)
     assert code == 128 + signal.SIGTERM, err
     done = list(parts.glob("*.parquet"))
-    assert 1 <= len(done) < 16 and "run the same command again to resume" in err
-    for path in done:  # sampled 4 seeds x 40 steps + the exact flow's 40 rows
-        assert len(pd.read_parquet(path)) == 4 * 40 + 40
+    assert 1 <= len(done) < 32 and "run the same command again to resume" in err
+    for path in done:  # a sampled run: 4 seeds x 40 steps; an exact flow: 40 rows
+        assert len(pd.read_parquet(path)) == (4 * 40 if "__sampled__" in path.name else 40)
 
 
 def test_pool_never_forks_the_driver_even_after_autograd_ran(tmp_path):

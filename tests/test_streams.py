@@ -210,8 +210,8 @@ def test_a_part_is_named_with_the_scheme_so_another_scheme_recomputes(tmp_path, 
     args += ["--settings", "needle", "--seeds", "2", "--steps", "2", "--prompts-per-step", "2"]
     args += ["--workers", "1", "--no-progress"]
     assert main(args) == 0
-    record = tmp_path / "r" / "config.json"
-    assert json.loads(record.read_text())["rng"] == RNG
+    record = tmp_path / "r" / "plan.json"
+    assert json.loads(record.read_text())["shared"]["rng"] == RNG
     first = {p.name for p in (tmp_path / "r" / "parts").iterdir()}
     monkeypatch.setattr(sandbox.streams, "RNG", "streams-v0")  # as if made by another scheme
     assert main(args) == 0

@@ -218,4 +218,5 @@ def test_a_sweep_resume_says_what_was_already_done(tmp_path, in_process):
     assert in_process(cli, *base).returncode == 0
     again = in_process(cli, *base)
     assert again.returncode == 0, again.stderr
-    assert "2 of 2 runs already done" in again.stderr and "running the other 0" in again.stderr
+    # two runs, each a sampled part and an exact flow's
+    assert "4 of 4 runs already done" in again.stderr and "running the other 0" in again.stderr

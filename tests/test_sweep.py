@@ -1,7 +1,6 @@
 """Sweeps: file parsing and validation, grid expansion, local and Ray backends, resume, plot CLI."""
 
 import dataclasses
-import inspect
 import json
 import signal
 from pathlib import Path
@@ -14,7 +13,6 @@ from sandbox.experiments import sweep
 from sandbox.experiments.runs import RunSpec, trainer_config
 from sandbox.experiments.sweep import (
     SweepRunError,
-    describe_plan,
     load_sweep,
     parse_sweep,
     run_id,
@@ -23,7 +21,6 @@ from sandbox.experiments.sweep import (
 )
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
-LAYOUTS = (sweep.SweepLayout, sweep.CompareLayout)
 FIGURES = (
     "reward_vs_step",
     "entropy_vs_step",
@@ -84,8 +81,9 @@ TINY_RUN_IDS = [
 
 
 def run_ids(parts: Path) -> list[str]:
-    """The run ids of the parts in ``parts``: each file's name less its hash and suffix."""
-    return sorted(p.name.rsplit("__", 1)[0] for p in parts.iterdir())
+    """The run ids of the parts in ``parts`` (a part per sampled run or exact flow: each file's
+    name less its flow, hash and suffix), each once."""
+    return sorted({p.name.rsplit("__", 2)[0] for p in parts.iterdir()})
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -244,7 +242,7 @@ def test_example_sweeps_validate_and_one_run_each_works(path):
     )
     spec = specs[0]
     assert spec.setting == plan.settings[0] and (spec.seeds, spec.steps) == (2, 2)
-    assert name == f"{run_id(spec)}__{spec.digest()}.parquet"
+    assert name == f"{run_id(spec)}__sampled__{spec.digest()}.parquet"
     [job] = smoke.jobs([(name, specs)])  # the engine's job for this one run
     [frame] = run_parts(*job.args)
     assert set(frame["objective"]) == {spec.label} and frame["expected_reward"].notna().all()
@@ -273,9 +271,10 @@ def test_run_columns_and_custom_env(tiny):
     }
     plan = parse_sweep(spec)
     run = plan.runs()[0]
-    [job] = plan.jobs(plan.parts())  # one run: one job, one part
-    assert job.key == run_id(run) and job.parts == (run.part_of(run_id(run)),)
-    [frame] = run_parts(*job.args)  # one frame per part of the job
+    exact, sampled = plan.jobs(plan.parts())  # one run: its exact flow and its sampled part
+    assert (exact.key, sampled.key) == (run_id(run), run_id(run))
+    assert sampled.parts == (run.part_of(f"{run_id(run)}__sampled"),)
+    frame = pd.concat([*run_parts(*exact.args), *run_parts(*sampled.args)], ignore_index=True)
     label = "nsr[seed=7,sigma=0.2]"
     assert set(frame["objective"]) == set(frame["variant"]) == {label}
     assert set(frame["base_objective"]) == {"nsr"} and set(frame["run_id"]) == {run_id(run)}
@@ -287,21 +286,6 @@ def test_run_columns_and_custom_env(tiny):
         and len(frame[frame["kind"] == "exact"]) == 2
     )
     assert (frame["optimum"] == 1.0).all()  # the needle arm pays 1
-
-
-def test_the_two_layouts_have_one_interface_and_no_code_asks_which_it_has(tiny):
-    """SweepLayout and CompareLayout answer the same names (methods with the same signatures),
-    so the plan and the engine call whichever the plan holds; none of them compares a layout."""
-    public = [{n for n in vars(cls) if not n.startswith("_")} for cls in LAYOUTS]
-    assert public[0] == public[1] and {"parts", "folder", "summarize", "title"} <= public[0]
-    for name in sorted(public[0]):
-        here, there = (getattr(cls, name) for cls in LAYOUTS)
-        if callable(here):
-            assert inspect.signature(here) == inspect.signature(there), name
-    assert tiny.layout == sweep.SweepLayout() and tiny.layout.header(tiny) == describe_plan(tiny)
-    assert sweep.CompareLayout().header(tiny) is None and tiny.layout.rules_per_job == 1
-    source = inspect.getsource(sweep)
-    assert "layout ==" not in source and "isinstance(plan.layout" not in source
 
 
 # ------------------------------------------------------------------------------------------------
@@ -347,8 +331,9 @@ def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
     first, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
     parts = out / "parts"
     stamps = _mtimes(parts)
-    missing = next(p.name for p in parts.iterdir() if p.name.startswith(f"{TINY_RUN_IDS[2]}__"))
-    (parts / missing).unlink()
+    missing = [p.name for p in parts.iterdir() if p.name.startswith(f"{TINY_RUN_IDS[2]}__")]
+    for name in missing:  # the run's sampled part and its exact flow's
+        (parts / name).unlink()
     calls = []
     real = sweep.run_specs
 
@@ -361,11 +346,11 @@ def test_resume_recomputes_only_missing_runs(tiny, tmp_path):
         again, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
     finally:
         sweep.run_specs = real
-    # one call: the missing run's sampled spec and its exact flow
-    assert calls == [[("easy", "nsr", {"noise": "band", "sigma": 0.1}, 0)] * 2]
+    # two calls: the missing run's exact flow, then its sampled run
+    assert calls == [[("easy", "nsr", {"noise": "band", "sigma": 0.1}, 0)]] * 2
     now = _mtimes(parts)
     assert now.keys() == stamps.keys()
-    assert all(now[name] == stamps[name] for name in stamps if name != missing)
+    assert all(now[name] == stamps[name] for name in stamps if name not in missing)
     pd.testing.assert_frame_equal(again, first)
 
 
@@ -381,10 +366,11 @@ def test_interrupted_sweep_keeps_complete_parts_and_resumes(tiny, tmp_path, monk
         return real(*args, **kwargs)
 
     monkeypatch.setattr(sweep, "run_specs", crash_on_second)
-    with pytest.raises(SweepRunError, match=r"run easy__dapo__seed1 failed: .*simulated crash"):
+    # the first job: the setting's exact flows, batched; the second: the first sampled run
+    with pytest.raises(SweepRunError, match=r"run easy__dapo__seed0 failed: .*simulated crash"):
         run_sweep(tiny, out, workers=1, progress=False, figures=False)
     files = sorted(p.name for p in (out / "parts").iterdir())
-    assert run_ids(out / "parts") == [TINY_RUN_IDS[0]]  # one complete part, no temp files
+    assert len(files) == len(TINY_RUN_IDS) and all("__exact__" in f for f in files)  # no temp
     assert not (out / "results.parquet").exists()
     stamp = (out / "parts" / files[0]).stat().st_mtime_ns
 
@@ -405,7 +391,8 @@ def test_changed_training_fields_compute_their_own_parts_and_report_only_them(ti
     longer = dataclasses.replace(tiny, config=dataclasses.replace(tiny.config, steps=4))
     results, _ = run_sweep(longer, out, workers=1, progress=False, figures=False)
     assert results["step"].max() == 4 and first["step"].max() == 3  # steps 1..4 (1-based)
-    assert run_ids(out / "parts") == sorted(TINY_RUN_IDS * 2)  # both settings' runs, side by side
+    assert run_ids(out / "parts") == sorted(TINY_RUN_IDS)
+    assert len(_mtimes(out / "parts")) == 2 * len(stamps)  # both settings' runs, side by side
     assert json.loads((out / "plan.json").read_text())["shared"]["steps"] == 4  # this command's
     again, _ = run_sweep(tiny, out, workers=1, progress=False, figures=False)
     pd.testing.assert_frame_equal(again, first)  # the old settings' runs, none of the new ones
@@ -429,7 +416,7 @@ def test_a_grown_sweep_reuses_its_runs_and_a_dropped_train_field_makes_new_ones(
     run_sweep(
         parse_sweep({**BASE_GROW, "train": {}}), out, workers=1, progress=False, figures=False
     )
-    assert len(_mtimes(out / "parts")) == 4
+    assert len(_mtimes(out / "parts")) == 2 * len(now)
     assert all(_mtimes(out / "parts")[name] == stamp for name, stamp in now.items())
 
 
@@ -460,7 +447,9 @@ def test_seeds_and_steps_overrides_for_a_smoke_run(tiny, tmp_path, capsys):
     results = pd.read_parquet(tmp_path / "smoke" / "results.parquet")
     sampled = results[results["kind"] == "sampled"]
     assert set(sampled["seed"]) == {0, 1} and set(results["step"]) == {1, 2}
-    assert "4 runs (2 seeds x 2 steps each)" in capsys.readouterr().out
+    assert "4 runs (2 objectives x 1 settings x 2 base seeds; 2 seeds x 2 steps each)" in (
+        capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("name", ["..", "../x", "a/b", "."])
@@ -517,7 +506,10 @@ def test_cli_sweep_dry_run_sweep_and_plot(tmp_path, capsys):
     runs = tmp_path / "runs"
     assert cli(["sweep", str(path), "--out", str(runs), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "2 variants x 1 settings x 2 base seeds = 4 runs" in text and "0 of 4 runs" in text
+    assert (
+        "2 variants x 1 settings x 2 base seeds = 4 runs" in text
+        and "0 of 8 parts finished" in text
+    )
     assert not (runs / "tiny" / "parts").exists()
 
     assert cli(["sweep", str(path), "--out", str(runs), "--workers", "1", "--no-progress"]) == 0

@@ -9,9 +9,9 @@ For each (setting, objective) pair it runs
   sampled runs follow in expectation (rules without a closed form, clip_cov and kl_cov, have none).
 
 A comparison is a grid with one entry per objective and one base seed (:func:`~.sweep.compare_plan`)
-run by the sweep engine in compare's layout (:class:`~.sweep.CompareLayout`: a part per setting,
-rule and kind, named with the hash of its run spec, ``config.json``; an interrupted comparison
-resumes, a rerun with other training fields computes its own parts and reports only them). Then ``results.parquet`` (tidy: one row per setting, objective, kind, seed,
+run by the sweep engine and stored as any sweep (a part per sampled run or exact flow, named with
+the hash of its run spec, ``plan.json``; an interrupted comparison resumes, a rerun with other
+training fields computes its own parts and reports only them). Then ``results.parquet`` (tidy: one row per setting, objective, kind, seed,
 step), ``summary.csv`` and the figures. This module also holds what every grid shares: the suites,
 the training fields (:class:`CompareConfig`) and one run's spec (:func:`run_spec`).
 

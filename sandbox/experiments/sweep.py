@@ -11,8 +11,8 @@ run starts; a bad name or value raises ``ValueError`` naming the field (``grid[1
 One run is one (setting, variant, base seed): the sampled trainer over ``seeds`` seeds and, where
 the objective has one (:func:`with_exact_flow`), the exact expected-gradient flow.
 :func:`run_sweep` writes each finished part atomically in ``<out>/parts/``, named as the plan's
-layout says (:class:`SweepLayout`, :class:`CompareLayout`): a readable stem and a hash of what made
-the run (:meth:`~.runs.RunSpec.digest`). A restart skips finished parts, so an interrupted sweep
+one storage layout of every plan says (a part per sampled run or exact flow: its run id, the flow
+and a hash of what made the run, :meth:`~.runs.RunSpec.digest`). A restart skips finished parts, so an interrupted sweep
 loses nothing and recomputes nothing; a changed setting names other parts, which it computes, and
 its tables hold its own runs only. Runs go to a local process pool or to Ray
 tasks (the driver writes the parts: workers need no shared disk). At the end: ``results.parquet``
@@ -31,7 +31,7 @@ import itertools
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,6 @@ import torch
 from envs.bandit import BanditSetting
 from sandbox.configs import check_int, check_keys, read_mapping
 from sandbox.objectives import get_objective
-from sandbox.streams import with_rng
 from sandbox.train import BanditTrainConfig, SequenceTrainConfig
 
 from .compare import (
@@ -57,7 +56,6 @@ from .compare import (
 from .planner import Job, RunFolder, check_backend
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import (
-    part_name,
     recording_tables,
     write_csv,
     write_parquet_if_changed,
@@ -100,96 +98,19 @@ Parts = list[tuple[str, list[RunSpec]]]  # (part file name, the specs whose fram
 
 
 # ------------------------------------------------------------------------------------------------
-# the layouts: how a plan's runs are stored and reported
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SweepLayout:
-    """A sweep's: a part per run (its sampled run and exact flow, so named by its run id,
-    :func:`run_id`), a job each named by its run id, ``plan.json``, tables with :data:`RUN_COLUMNS`
-    and the variants' parameters, the plan printed before the runs. The interface of every
-    layout."""
-
-    rules_per_job = 1  # at most this many sampled parts per job (None: :func:`chunks`)
-    title = "sweep {name}"  # the progress bar's description
-    job_key = "{part}"  # a job's name (part: its first run's id, :func:`run_id`)
-    size = "{runs} runs ({seeds} seeds x {steps} steps each)"  # :func:`main`'s last line
-
-    def parts(self, runs: list[RunSpec]) -> Parts:
-        """The part files of ``runs``, in their order."""
-        return [(run.part_of(run_id(run)), with_exact_flow(run)) for run in runs]
-
-    def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
-        """The results folder, its record ``plan.json``."""
-        return RunFolder(out_dir, plan.to_dict(), record="plan.json", force=force)
-
-    def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
-        """A part's frame with its run's columns (:func:`add_run_columns`)."""
-        return add_run_columns(frame, spec)
-
-    def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
-        """The final scores with each variant's base objective and parameters."""
-        table = plan.variant_table()
-        scores = scores.merge(table, on="objective", how="left")
-        front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
-        return scores[front + [c for c in scores.columns if c not in front]]
-
-    def highlight(self, plan: SweepPlan) -> list[str] | None:
-        """The line plots' objectives (None: :func:`~.plots.pick_lines`)."""
-        return None
-
-    def header(self, plan: SweepPlan) -> str | None:
-        """What :func:`main` prints before the runs."""
-        return describe_plan(plan)
-
-
-@dataclass(frozen=True)
-class CompareLayout:
-    """Compare's (:func:`compare_plan`): a part per (setting, rule, flow), a setting's exact flows
-    in one job and its sampled runs in chunks of ``rules_per_job`` (:func:`chunks`),
-    ``config.json``, the highlighted rules first in the figures."""
-
-    rules_per_job: int | None = None
-    title = "compare"
-    job_key = "{setting}/{flow}"
-    size = "{objectives} objectives x {settings} settings, {seeds} seeds x {steps} steps"
-
-    def parts(self, runs: list[RunSpec]) -> Parts:
-        flows = [s for run in runs for s in with_exact_flow(run)]
-        stems = [part_name(s.setting, s.label, run_kind(s.kind).flow) for s in flows]
-        return [
-            (s.part_of(n.removesuffix(".parquet")), [s]) for n, s in zip(stems, flows, strict=True)
-        ]
-
-    def folder(self, plan: SweepPlan, out_dir: str | Path, force: bool) -> RunFolder:
-        return RunFolder(out_dir, with_rng(asdict(plan.config)), force=force)
-
-    def run_columns(self, frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
-        return frame
-
-    def summarize(self, plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
-        return scores
-
-    def highlight(self, plan: SweepPlan) -> list[str] | None:
-        """:data:`~.plots.HIGHLIGHT` rules first, then the others, at most 12."""
-        labels = dict(zip([rule for rule, _ in plan.variants], plan.labels(), strict=True))
-        first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
-        return [*first, *[label for label in labels.values() if label not in first]][:12]
-
-    def header(self, plan: SweepPlan) -> str | None:
-        return None
-
-
-# ------------------------------------------------------------------------------------------------
 # the plan
 # ------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class SweepPlan:
-    """A validated grid: shared training fields, settings, base seeds and variants, and the
-    ``layout`` its runs are stored and reported in."""
+    """A validated grid: shared training fields, settings, base seeds and variants. Its runs are
+    stored one way (a sweep's and a comparison's alike): a part per sampled run or exact flow
+    (:meth:`parts`), ``plan.json``, tables with :data:`RUN_COLUMNS` and the variants' parameters.
+    ``rules_per_job``: at most this many sampled runs per job (None: :func:`chunks`' default);
+    ``title``: the progress bar's (default ``sweep NAME``); ``describe``: the plan is printed
+    before the runs; ``highlight``: the line plots' objectives (None:
+    :func:`~.plots.pick_lines`)."""
 
     name: str
     config: CompareConfig  # the shared training fields (and the suite)
@@ -200,7 +121,10 @@ class SweepPlan:
     train: dict[str, Any] = field(default_factory=dict)
     description: str = ""
     source: str | None = field(default=None, compare=False)
-    layout: SweepLayout | CompareLayout = SweepLayout()
+    rules_per_job: int | None = 1
+    title: str = ""
+    describe: bool = True
+    highlight: list[str] | None = None
 
     @property
     def suite(self) -> str:
@@ -225,11 +149,15 @@ class SweepPlan:
 
     def parts(self) -> Parts:
         """Every part file the plan wants, in plan order, with the specs whose frames it holds."""
-        return self.layout.parts(self.runs())
+        return [
+            (spec.part_of(f"{run_id(run)}__{run_kind(spec.kind).flow}"), [spec])
+            for run in self.runs()
+            for spec in with_exact_flow(run)
+        ]
 
     def jobs(self, todo: Parts) -> list[Job]:
         """The jobs of the parts ``todo``: per setting, the parts that are exact flows in one
-        batched job, then the others in chunks of the layout's ``rules_per_job``, each job's
+        batched job, then the others in chunks of :attr:`rules_per_job`, each job's
         specs run as one :func:`~.runs.run_specs` call."""
         jobs = []
         for setting in self.settings:
@@ -237,12 +165,12 @@ class SweepPlan:
             exact = [p for p in here if all(run_kind(s.kind).deterministic for s in p[1])]
             groups = [(EXACT, exact)] if exact else []
             sampled = [p for p in here if p not in exact]
-            groups += [(SAMPLED, c) for c in chunks(sampled, self.layout.rules_per_job)]
+            groups += [(SAMPLED, c) for c in chunks(sampled, self.rules_per_job)]
             for flow, group in groups:
                 names, specs = zip(*group, strict=True)
                 first = run_id(specs[0][0])  # the readable name of its first run
-                key = self.layout.job_key.format(setting=setting, flow=flow, part=first)
-                jobs.append(Job(key, names, (self.suite, list(specs), self.layout)))
+                key = first if len(group) == 1 else f"{setting}/{flow}"
+                jobs.append(Job(key, names, (self.suite, list(specs))))
         return jobs
 
     def finished(self, out_dir: str | Path) -> tuple[int, int]:
@@ -533,20 +461,18 @@ def add_run_columns(frame: pd.DataFrame, spec: RunSpec) -> pd.DataFrame:
     return frame
 
 
-def run_parts(
-    suite: str, parts: list[list[RunSpec]], layout: SweepLayout | CompareLayout
-) -> list[pd.DataFrame]:
+def run_parts(suite: str, parts: list[list[RunSpec]]) -> list[pd.DataFrame]:
     """Worker entry (process pool or Ray task), one thread: a tidy frame per part, from all the
     parts' specs run as one :func:`~.runs.run_specs` call (batched where a kind allows): each
-    spec's frame labelled (:func:`label_frame`), ``optimum`` last, with the layout's
-    :meth:`~SweepLayout.run_columns`."""
+    spec's frame labelled (:func:`label_frame`), ``optimum`` last, with the run's columns
+    (:func:`add_run_columns`)."""
     torch.set_num_threads(1)  # small tensors: threads only contend with the other workers
     frames = iter(run_specs([spec for specs in parts for spec in specs]))
     out = []
     for specs in parts:
         frame = pd.concat([label_frame(next(frames), suite) for _ in specs], ignore_index=True)
         frame = frame[[c for c in frame.columns if c != "optimum"] + ["optimum"]]
-        out.append(layout.run_columns(frame, specs[0]))
+        out.append(add_run_columns(frame, specs[0]))
     return out
 
 
@@ -554,10 +480,29 @@ class SweepRunError(RuntimeError):
     """A run failed; the runs finished before it are saved, a rerun resumes after them."""
 
 
+def summarize(plan: SweepPlan, scores: pd.DataFrame) -> pd.DataFrame:
+    """The final scores with each variant's base objective and parameters."""
+    table = plan.variant_table()
+    scores = scores.merge(table, on="objective", how="left")
+    front = ["setting", "objective", *[c for c in table.columns if c != "objective"]]
+    return scores[front + [c for c in scores.columns if c not in front]]
+
+
+def highlighted(plan: SweepPlan) -> list[str]:
+    """The labels of :data:`~.plots.HIGHLIGHT`'s rules first, then the others, at most 12."""
+    labels = dict(zip([rule for rule, _ in plan.variants], plan.labels(), strict=True))
+    first = [labels[rule] for rule in HIGHLIGHT if rule in labels]
+    return [*first, *[label for label in labels.values() if label not in first]][:12]
+
+
 def collect_results(plan: SweepPlan, parts_dir: str | Path) -> pd.DataFrame:
-    """The plan's parts (never another run in the folder), as one tidy frame."""
+    """The plan's parts (never another run in the folder), as one tidy frame: the runs' columns
+    first, then ``optimum``, :data:`RUN_COLUMNS` and the variants' parameters."""
     names = [name for name, _ in plan.parts()]
     results = pd.concat([pd.read_parquet(Path(parts_dir) / n) for n in names], ignore_index=True)
+    params = [c for c in plan.variant_table().columns if c not in ("objective", "base_objective")]
+    tail = [c for c in ("optimum", *RUN_COLUMNS, *params) if c in results.columns]
+    results = results[[c for c in results.columns if c not in tail] + tail]
     # a parameter that is a string for one objective and a number for another: store as text
     for column in [c for c in results.columns if pd.api.types.is_object_dtype(results[c])]:
         if len({type(v) for v in results[column].dropna()}) > 1:
@@ -587,7 +532,7 @@ def run_sweep(
     finished part is on disk, and the same call resumes with the missing ones.
     """
     check_backend(backend, workers)  # before anything is written
-    folder = plan.layout.folder(plan, out_dir, force)
+    folder = RunFolder(out_dir, plan.to_dict(), record="plan.json", force=force)
     parts = plan.parts()
     folder.run(
         run_parts,
@@ -595,7 +540,7 @@ def run_sweep(
         total=len(parts),
         workers=workers,
         progress=progress,
-        desc=plan.layout.title.format(name=plan.name),
+        desc=plan.title or f"sweep {plan.name}",
         backend=backend,
         address=address,
         error=SweepRunError,
@@ -604,10 +549,10 @@ def run_sweep(
     results = collect_results(plan, folder.parts)
     with recording_tables(folder.out):  # files rewritten only when their bytes change
         write_parquet_if_changed(results, folder.out / "results.parquet")
-        scores = plan.layout.summarize(plan, final_scores(results))
+        scores = summarize(plan, final_scores(results))
         write_csv(scores, folder.out / "summary.csv")
         if figures:
-            render_all(results, folder.out, plan.layout.highlight(plan), scores)
+            render_all(results, folder.out, plan.highlight, scores)
     return results, scores
 
 
@@ -623,27 +568,33 @@ def describe_plan(plan: SweepPlan, out_dir: str | Path | None = None) -> str:
     ]
     if out_dir is not None:
         done, total = plan.finished(out_dir)
-        lines.append(f"  {out_dir}: {done} of {total} runs finished")
+        lines.append(
+            f"  {out_dir}: {done} of {total} parts finished (a sampled run or exact flow each)"
+        )
     return "\n".join(lines)
 
 
 def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> SweepPlan:
     """The comparison as a grid for the sweep engine: one entry per objective with its
-    parameters, the standard settings, one base seed, :class:`CompareLayout`.
+    parameters, the standard settings, one base seed; :data:`~.plots.HIGHLIGHT` rules first in
+    its line plots (at most 12).
     ``rules_per_job``: at most this many sampled runs per job (None: a setting's runs in
     :data:`SAMPLED_JOBS_PER_SETTING` jobs; 1: one job per run)."""
     if rules_per_job is not None:
         check_int("rules_per_job", rules_per_job)
     standard = standard_settings(config.suite)
-    return SweepPlan(
+    plan = SweepPlan(
         name="compare",
         config=config,
         settings=list(config.settings),
         seeds=[config.seed],
         variants=[(rule, freeze(config.params(rule))) for rule in config.objectives],
         setting_defs={setting: standard[setting] for setting in config.settings},
-        layout=CompareLayout(rules_per_job),
+        rules_per_job=rules_per_job,
+        title="compare",
+        describe=False,
     )
+    return replace(plan, highlight=highlighted(plan))
 
 
 def run_compare(
@@ -665,13 +616,15 @@ def main(plan: SweepPlan, out_dir: str | Path, **kwargs: Any) -> pd.DataFrame:
     """Run, then print the final-score table and the wall time (the CLI entry of ``sweep`` and,
     with :func:`compare_plan`, of ``compare``)."""
     start = time.perf_counter()
-    header = plan.layout.header(plan)
-    if header is not None:
-        print(header)
+    if plan.describe:
+        print(describe_plan(plan))
     _, scores = run_sweep(plan, out_dir, **kwargs)
     print(format_scores(scores))
-    counts = dict(runs=len(plan.runs()), objectives=len(plan.variants), settings=len(plan.settings))
-    size = plan.layout.size.format(seeds=plan.config.seeds, steps=plan.config.steps, **counts)
+    size = (
+        f"{len(plan.runs())} runs ({len(plan.variants)} objectives x {len(plan.settings)} settings "
+        f"x {len(plan.seeds)} base seeds; {plan.config.seeds} seeds x {plan.config.steps} steps "
+        "each)"
+    )
     print(
         f"\n{size}: {time.perf_counter() - start:.1f} s. Wrote "
         f"{Path(out_dir) / 'results.parquet'}, summary.csv and figures."
