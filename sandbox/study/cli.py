@@ -57,7 +57,7 @@ class StudyParser(CommandParser):
 
 def section_flags(name: str) -> list[str]:
     """The flag ``--<section>-<field>`` of each setting of section ``name``."""
-    return [flag(f"{name}_{f.name}") for f in dataclasses.fields(SECTIONS[name].settings)]
+    return [flag(f"{name}_{f.name}") for f in dataclasses.fields(SECTIONS[name])]
 
 
 def removed_flags() -> dict[str, str]:
@@ -118,7 +118,7 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
     add_arguments(parser, StudyConfig, unset=True, skip=("sections", "claims", "rng"))
     for name in SECTIONS:
         group = parser.add_argument_group(f"{name} settings", f"rungs: {_rungs_of(name)}")
-        settings, shown, metavars = SECTIONS[name].settings, {}, {}
+        settings, shown, metavars = SECTIONS[name], {}, {}
         defaults, hints = settings(), typing.get_type_hints(settings)
         for f in dataclasses.fields(settings):
             shown[f.name] = str(getattr(defaults, f.name))  # every default, None too
@@ -153,7 +153,7 @@ def parse_study_args(
     sections = {name: dict(settings.pop(name, {})) for name in SECTIONS}
     used = {RUNGS[r].section for r in settings.get("rungs", StudyConfig().rungs) if r in RUNGS}
     for name in SECTIONS:
-        given = flag_values(args, SECTIONS[name].settings, f"{name}_")
+        given = flag_values(args, SECTIONS[name], f"{name}_")
         for key, value in given.items():
             if value is None:
                 continue

@@ -19,16 +19,8 @@ from typing import Any
 from sandbox.configs import arg, check_int, check_keys, check_number
 from sandbox.experiments.compare import check_setting_names, check_task
 
-
-@dataclass(frozen=True)
-class Section:
-    """A registered section: its name and ``settings`` dataclass."""
-
-    name: str
-    settings: type
-
-
-SECTIONS: dict[str, Section] = {}
+#: The registered sections: name -> settings dataclass.
+SECTIONS: dict[str, type] = {}
 
 
 def unknown(kind: str, name: str, names: Iterable[str]) -> ValueError:
@@ -42,7 +34,7 @@ def register_section(name: str, settings: type) -> type:
     names = [f.name for f in dataclasses.fields(settings)]
     if "seeds" not in names:
         raise ValueError(f"section {name!r}: its settings need a 'seeds' field (paired seeds)")
-    SECTIONS[name] = Section(name, settings)
+    SECTIONS[name] = settings
     return settings
 
 
@@ -58,7 +50,7 @@ def section_settings(name: str, value: Any = None) -> Any:
     or setting."""
     if name not in SECTIONS:
         raise unknown("section", name, SECTIONS)
-    cls = SECTIONS[name].settings
+    cls = SECTIONS[name]
     if value is None or isinstance(value, cls):
         return cls() if value is None else value
     if not isinstance(value, Mapping):
