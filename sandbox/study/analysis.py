@@ -78,15 +78,16 @@ def calibration_curve(rows: pd.DataFrame) -> pd.DataFrame:
     return ladder_order(curve, keys)
 
 
-def run_scores(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per study run (rung, rule, seed): the claims' metrics and the mechanism columns; rows in
-    ladder order, then by rule and seed."""
-    study = canonical_rows(rows[rows["phase"] == "study"])
+def run_scores(rows: pd.DataFrame, phase: str = "study") -> pd.DataFrame:
+    """Per run of ``phase`` (rung, rule, seed; and step size for ``tune``, whose rules run at
+    several): the claims' metrics and the mechanism columns; rows in ladder order, then by rule
+    and seed."""
+    study = canonical_rows(rows[rows["phase"] == phase])
     study = study.assign(clip_frac=study["clip_low_frac"] + study["clip_high_frac"])
-    keys = ["rung", "rule", "seed"]
+    keys = ["rung", "rule", "lr", "seed"] if phase == "tune" else ["rung", "rule", "seed"]
     g = study[~evaluation_only(study)].groupby(keys, sort=False)
     scores = g.agg(
-        lr=("lr", "first"),
+        **({} if "lr" in keys else {"lr": ("lr", "first")}),
         epochs=("epochs", "first"),
         reward_auc=("train_reward", "mean"),
         final_entropy=("entropy", "last"),
@@ -143,6 +144,39 @@ def study_ledger(
     lo, hi = table["lo"].fillna(exact), table["hi"].fillna(exact)
     table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
     return table
+
+
+def step_size_choice(rows: pd.DataFrame) -> pd.DataFrame:
+    """The step-size control's choice, by its pre-registered rule: per rung, rule and step size of
+    the tuning runs (phase ``tune``, on seeds disjoint from the study's), the mean ``final_pass``
+    over their seeds; ``chosen``: the rule's highest (the smaller step size at a tie)."""
+    scores = run_scores(rows, "tune")
+    keys = ["rung", "rule", "lr"]
+    table = scores.groupby(keys, as_index=False, sort=False).agg(
+        epochs=("epochs", "first"), seeds=("seed", "nunique"), final_pass=("final_pass", "mean")
+    )
+    table = ladder_order(table.sort_values(keys, kind="stable"), ["rung"])
+    best = table.sort_values(["final_pass", "lr"], ascending=[False, True], kind="stable")
+    chosen = best.dropna(subset=["final_pass"]).groupby(["rung", "rule"]).head(1).index
+    return table.assign(chosen=table.index.isin(chosen)).reset_index(drop=True)
+
+
+def controlled_ledger(
+    scores: pd.DataFrame,
+    claims: Sequence[Claim],
+    bounds: Mapping[str, Bounds] | None,
+    calibrated: pd.DataFrame,
+) -> pd.DataFrame:
+    """The claims read with each rule at its own step size (the control's runs, ``scores`` of
+    phase ``control``), beside the verdict at the calibrated step size (``calibrated``: the
+    study's ledger): ``verdict_calibrated`` and whether the verdict survives (``same``)."""
+    table = study_ledger(scores, claims, bounds, "control")
+    if not len(table):
+        return table
+    keys = ["claim", "rung", "metric"]
+    before = calibrated[[*keys, "verdict"]].rename(columns={"verdict": "verdict_calibrated"})
+    table = table.merge(before, on=keys, how="left")
+    return table.assign(same=table["verdict"] == table["verdict_calibrated"])
 
 
 def same_on_exact_flow(rule_a: str, rule_b: str) -> bool:

@@ -67,6 +67,13 @@ class StudyConfig:
         "calibration steps (0: the rung's own run length; the clip share falls as the policy "
         "sharpens, so a shorter window overstates it)",
     )
+    control_seeds: int = arg(
+        0,
+        "step-size control (0: off): on this many paired seeds disjoint from the study's, every "
+        "rule of a sampled toy rung runs at each step size of the rung's grid (at its calibrated "
+        "mu); the one with the highest mean final_pass is the rule's own, and each rule then "
+        "runs there on the study's seeds (ledger_control.csv)",
+    )
     sections: dict[str, Any] = arg(
         {},
         "each rung's typed settings by section (sandbox.study.settings: bandit, tf; llm from "
@@ -119,7 +126,7 @@ class StudyConfig:
                 raise unknown("rung", rung, RUNGS)
             members_per_job(self, rung)  # ValueError naming the rung's setting
         # the int fields (>= 1; group_size 2: group-relative advantages) and dtype's choices
-        check_fields(self, low={"group_size": 2, "calib_steps": 0})
+        check_fields(self, low={"group_size": 2, "calib_steps": 0, "control_seeds": 0})
         check_number("target_low", self.target_low, above=None)
         check_number("target_high", self.target_high, above=None)
         if not 0 <= self.target_low < self.target_high <= 1:

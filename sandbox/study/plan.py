@@ -39,7 +39,7 @@ from sandbox.experiments.planner import Job, RunFolder, check_workers
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
-from .analysis import calibration_curve
+from .analysis import calibration_curve, step_size_choice
 from .claims import Claim
 from .config import (
     REFERENCE,
@@ -117,6 +117,46 @@ def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -
     return out
 
 
+#: The base seed of the step-size control's tuning runs: their replicates (``TUNE_SEED + s``)
+#: never meet the study's paired seeds (``0 .. seeds - 1``), so the choice is made on seeds the
+#: verdicts are not read on.
+TUNE_SEED = 1_000_000
+
+
+def controlled_rungs(config: StudyConfig) -> list[str]:
+    """The rungs the step-size control covers (``control_seeds`` > 0): the sampled ones whose
+    spec trains every paired seed at once (the toy rungs; the llm rung's cost rules it out)."""
+    if not config.control_seeds:
+        return []
+    traits = {r: RUNGS[r].traits for r in config.rungs}
+    return [r for r, t in traits.items() if t.replicates and not t.deterministic]
+
+
+def tune_jobs(config: StudyConfig, point: Mapping[str, tuple[float, int]]) -> list[StudyJob]:
+    """The control's tuning runs: every rule of a controlled rung at each step size of its grid,
+    at the rung's calibrated mu, on ``control_seeds`` seeds from :data:`TUNE_SEED`."""
+    return [
+        StudyJob("tune", rung, rule, lr, point[rung][1], TUNE_SEED)
+        for rung in controlled_rungs(config)
+        if rung in point
+        for rule in rung_rules(config, rung)
+        for lr in RUNGS[rung].grid(config)
+    ]
+
+
+def control_jobs(
+    config: StudyConfig, point: Mapping[str, tuple[float, int]], chosen: pd.DataFrame
+) -> list[StudyJob]:
+    """The control's runs: each rule of a controlled rung at its own step size (``chosen``:
+    :func:`~.analysis.step_size_choice`'s rows marked ``chosen``) on the study's paired seeds."""
+    own = chosen[chosen["chosen"]]
+    return [
+        StudyJob("control", r.rung, r.rule, float(r.lr), point[r.rung][1], 0)
+        for r in own.itertuples()
+        if r.rung in controlled_rungs(config) and r.rung in point
+    ]
+
+
 def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[StudyJob, ...]]:
     """``jobs`` in groups run as one: the jobs of one :meth:`StudyJob.group_key` (a rule's seeds;
     a calibration's step sizes on a kind that batches across them), in order, at most
@@ -135,10 +175,13 @@ def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[Stud
 
 def job_spec(config: StudyConfig, job: StudyJob) -> RunSpec:
     """The run spec of ``job``: a calibration run trains ``calib_seeds`` seeds for
-    ``calib_steps`` steps (0: the rung's run length), a study run the rung's paired seeds."""
+    ``calib_steps`` steps (0: the rung's run length), a tuning run ``control_seeds`` seeds, a
+    study or control run the rung's paired seeds."""
     r = RUNGS[job.rung]
     if job.phase == "calib":
         seeds, steps = config.calib_seeds, config.calib_steps or r.steps(config)
+    elif job.phase == "tune":
+        seeds, steps = config.control_seeds, r.steps(config)
     else:
         seeds, steps = (config.seeds(job.rung) if r.traits.replicates else 1), r.steps(config)
     return replace(r.spec(config, job, seeds=seeds, steps=steps), epochs=job.epochs)
@@ -219,23 +262,33 @@ def _run(
     return done
 
 
+def read_jobs(parts: Path, config: StudyConfig, jobs: Sequence[StudyJob]) -> pd.DataFrame:
+    """The rows of the finished parts of ``jobs`` in ``parts`` (never a part of another study's
+    settings), in the order of their file names; no rows where none is finished."""
+    names = sorted({job_part(config, j) for j in jobs})
+    found = [pd.read_parquet(Path(parts) / n) for n in names if (Path(parts) / n).exists()]
+    return pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=["phase"])
+
+
 def calibration_rows(parts: Path, config: StudyConfig) -> pd.DataFrame:
-    """The rows of the calibration parts of ``config`` in ``parts`` that are finished (never a
-    part of another study's settings)."""
-    files = [Path(parts) / job_part(config, j) for j in calibration_jobs(config)]
-    found = [pd.read_parquet(f) for f in files if f.exists()]
-    if not found:
+    """The rows of the calibration parts of ``config`` in ``parts`` that are finished."""
+    rows = read_jobs(parts, config, calibration_jobs(config))
+    if rows.empty:
         raise ValueError(f"no calibration parts of this study's settings in {parts}")
-    return pd.concat(found, ignore_index=True)
+    return rows
 
 
-def study_files(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
-    """The parts of the study ``config`` in ``parts``: its calibration grid and its rules at each
-    rung's calibrated ``point``, never a run at another step size or mu."""
-    rungs = [r for r in config.rungs if r in point]
-    at = replace(config, rungs=rungs)
-    wanted = {job_part(config, j) for j in calibration_jobs(config) + study_jobs(at, dict(point))}
-    return [f for f in sorted(Path(parts).glob("*.parquet")) if f.name in wanted]
+def study_rows(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
+    """The rows of the study ``config`` in ``parts``: its calibration grid and its rules at each
+    rung's calibrated ``point`` (never a run at another step size or mu), and with the step-size
+    control its tuning runs and each rule's run at its own step size."""
+    at = replace(config, rungs=[r for r in config.rungs if r in point])
+    jobs = calibration_jobs(config) + study_jobs(at, dict(point)) + tune_jobs(at, point)
+    rows = read_jobs(parts, config, jobs)
+    if (rows["phase"] == "tune").any():
+        control = control_jobs(at, point, step_size_choice(rows))
+        rows = pd.concat([rows, read_jobs(parts, config, control)], ignore_index=True)
+    return rows
 
 
 class BudgetSpent(Exception):
@@ -263,7 +316,8 @@ def check_time_budget(value: Any) -> float:
 
 
 def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
-    """Units still to run in the calibration and in the study."""
+    """Units still to run in the calibration and in the study (the step-size control's
+    included: its tuning runs, then one run per rule and controlled rung)."""
     calib = [j for j in calibration_jobs(config) if not folder.done(job_part(config, j))]
     open_rungs = {j.rung for j in calib}
     done_rungs = replace(config, rungs=[r for r in config.rungs if r not in open_rungs])
@@ -273,7 +327,15 @@ def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
     for rung in open_rungs:  # any grid point: the count of units is the same at every one
         point[rung] = (RUNGS[rung].grid(config)[0], RUNGS[rung].epochs(config)[0])
     study = [j for j in study_jobs(config, point) if not folder.done(job_part(config, j))]
-    return len(job_groups(config, calib)), len(job_groups(config, study))
+    tune = [j for j in tune_jobs(config, point) if not folder.done(job_part(config, j))]
+    if tune or open_rungs:  # each rule's own step size is not known yet: one run each
+        control = [(r, rule) for r in controlled_rungs(config) for rule in rung_rules(config, r)]
+    else:
+        chosen = step_size_choice(read_jobs(folder.parts, config, tune_jobs(config, point)))
+        control = control_jobs(config, point, chosen)
+        control = [j for j in control if not folder.done(job_part(config, j))]
+    rest = len(job_groups(config, study)) + len(job_groups(config, tune)) + len(control)
+    return len(job_groups(config, calib)), rest
 
 
 def run_study(
@@ -306,15 +368,19 @@ def run_study(
     done = _run(folder, config, calibration_jobs(config), "calibration", 0, time_budget, **kw)
     point = calibrate(calibration_curve(calibration_rows(folder.parts, config)), config)
     record_calibration(folder.out, config, point)
-    _run(folder, config, study_jobs(config, point), "claims", done, time_budget, **kw)
-    files = study_files(folder.parts, config, point)
-    rows = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    return write_tables(rows, folder.out, config)
+    done = _run(folder, config, study_jobs(config, point), "claims", done, time_budget, **kw)
+    if controlled_rungs(config):  # the step-size control: tune on other seeds, then rerun
+        tune = tune_jobs(config, point)
+        done = _run(folder, config, tune, "step-size control", done, time_budget, **kw)
+        chosen = step_size_choice(read_jobs(folder.parts, config, tune))
+        control = control_jobs(config, point, chosen)
+        _run(folder, config, control, "own step sizes", done, time_budget, **kw)
+    return write_tables(study_rows(folder.parts, config, point), folder.out, config)
 
 
 def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[str, pd.DataFrame]:
     """``--tables-only``: the tables of the study recorded in ``out/config.json`` (else
-    ``config``; claims in ``config`` join the record's) from :func:`study_files` at the recorded
+    ``config``; claims in ``config`` join the record's) from :func:`study_rows` at the recorded
     calibrated point (without one: calibrated again from the parts)."""
     out = Path(out)
     files = sorted((out / "parts").glob("*.parquet"))
@@ -333,12 +399,11 @@ def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[s
         point = calibrate(
             curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
         )
-    chosen = study_files(out / "parts", config, point)
-    if not any(f.name.startswith("study__") for f in chosen):
+    rows = study_rows(out / "parts", config, point)
+    if not (rows["phase"] == "study").any():
         raise ValueError(
             f"--tables-only: no study parts of {out}/config.json's study in {out}/parts"
         )
-    rows = pd.concat([pd.read_parquet(f) for f in chosen], ignore_index=True)
     if given and (out / "config.json").exists():
         record_calibration(out, config, point)
     return write_tables(rows, out, config)

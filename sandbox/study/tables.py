@@ -22,6 +22,7 @@ from .analysis import (
     calibrated_points,
     calibration_curve,
     canonical_rows,
+    controlled_ledger,
     entropy_law,
     gradient_noise,
     ladder_order,
@@ -29,6 +30,7 @@ from .analysis import (
     rule_summary,
     run_scores,
     rung_power,
+    step_size_choice,
     study_ledger,
 )
 from .claims import Bounds
@@ -41,8 +43,9 @@ def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
-    entropy_law, grad_noise, bounds, axis; transfer, transfer_agreement) and the figures; returns the
-    tables by name, ``results`` the tidy rows.
+    entropy_law, grad_noise, bounds, axis; with the step-size control, step_size_choice and
+    ledger_control; transfer, transfer_agreement) and the figures; returns the tables by name,
+    ``results`` the tidy rows.
 
     The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
     :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
@@ -66,6 +69,10 @@ def write_tables(
             "bounds": rung_bounds(bounds) if bounds is not None else pd.DataFrame(),
         }
         tables["axis"] = one_axis(tables["summary"])
+        if (rows["phase"] == "tune").any():  # the step-size control ran
+            tables["step_size_choice"] = step_size_choice(rows)
+            control = run_scores(rows, "control")
+            tables["ledger_control"] = controlled_ledger(control, claims, bounds, tables["ledger"])
         for name, table in tables.items():
             write_csv(table, out / f"{name}.csv")
         ledgers = [tables["ledger"], tables["ledger_auc"]]
