@@ -148,13 +148,29 @@ def control_jobs(
     config: StudyConfig, point: Mapping[str, tuple[float, int]], chosen: pd.DataFrame
 ) -> list[StudyJob]:
     """The control's runs: each rule of a controlled rung at its own step size (``chosen``:
-    :func:`~.analysis.step_size_choice`'s rows marked ``chosen``) on the study's paired seeds."""
+    :func:`~.analysis.step_size_choice`'s rows marked ``chosen``) on the study's paired seeds,
+    where that is not the calibrated one (there the study's own run is the control's:
+    :func:`own_step_size_rows`)."""
     own = chosen[chosen["chosen"]]
     return [
         StudyJob("control", r.rung, r.rule, float(r.lr), point[r.rung][1], 0)
         for r in own.itertuples()
-        if r.rung in controlled_rungs(config) and r.rung in point
+        if r.rung in controlled_rungs(config) and r.rung in point and r.lr != point[r.rung][0]
     ]
+
+
+def own_step_size_rows(rows: pd.DataFrame, point: Mapping[str, tuple[float, int]]) -> pd.DataFrame:
+    """``rows`` with the control's reading complete: a rule whose own step size is the calibrated
+    one has no control run (:func:`control_jobs`); its study run's rows join as phase
+    ``control``, so the control reads it as the study does (the same run, not a rerun that a
+    float32 trajectory on another CPU would make differ)."""
+    choice = step_size_choice(rows)
+    same = choice[choice["chosen"] & (choice["lr"] == choice["rung"].map(lambda r: point[r][0]))]
+    keys = pd.MultiIndex.from_frame(rows[["rung", "rule"]])
+    take = (rows["phase"] == "study") & keys.isin(
+        list(zip(same["rung"], same["rule"], strict=True))
+    )
+    return pd.concat([rows, rows[take].assign(phase="control")], ignore_index=True)
 
 
 def job_groups(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[tuple[StudyJob, ...]]:
@@ -288,6 +304,7 @@ def study_rows(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float
     if (rows["phase"] == "tune").any():
         control = control_jobs(at, point, step_size_choice(rows))
         rows = pd.concat([rows, read_jobs(parts, config, control)], ignore_index=True)
+        rows = own_step_size_rows(rows, point)
     return rows
 
 
