@@ -38,9 +38,11 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 TMP_SUFFIX = ".tmp"
 
 
-def part_name(*fields: object) -> str:
-    """A filesystem-safe part name from the fields that identify a run."""
-    return "__".join(_SAFE.sub("-", str(f)) for f in fields) + ".parquet"
+def part_stem(*fields: object) -> str:
+    """The readable start of a part's file name, filesystem-safe, from the fields that identify
+    a run (the part adds the hash of its spec and ``.parquet``:
+    :meth:`.runs.RunSpec.part_of`)."""
+    return "__".join(_SAFE.sub("-", str(f)) for f in fields)
 
 
 def _write_atomic(path: Path, write: Callable[[str], None]) -> Path:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sandbox.configs import check_keys
 
-from .results import part_name
+from .results import part_stem
 
 #: Columns every run kind's frame starts with.
 SHARED_COLUMNS = ("kind", "setting", "rule", "seed", "step")
@@ -233,7 +233,7 @@ class RunSpec:
         False: without the kind (a sweep's run id, whose part holds the sampled run and its exact
         flow)."""
         fields = (*variant_slug(self.rule, dict(self.params)), *([self.kind] if kind else []))
-        return part_name(self.setting, *fields, f"seed{self.seed}").removesuffix(".parquet")
+        return part_stem(self.setting, *fields, f"seed{self.seed}")
 
     def part_of(self, stem: str) -> str:
         """``<stem>__<digest>.parquet``: a part named by ``stem`` and what made it."""

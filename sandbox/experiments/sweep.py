@@ -109,8 +109,8 @@ class SweepPlan:
     (:meth:`parts`), ``plan.json``, tables with :data:`RUN_COLUMNS` and the variants' parameters.
     ``rules_per_job``: at most this many sampled runs per job (None: :func:`chunks`' default);
     ``title``: the progress bar's (default ``sweep NAME``); ``describe``: the plan is printed
-    before the runs; ``highlight``: the line plots' objectives (None:
-    :func:`~.plots.pick_lines`)."""
+    before the runs; ``highlight``: the line plots show :data:`~.plots.HIGHLIGHT`'s rules first
+    (:func:`highlighted`; else :func:`~.plots.pick_lines` picks them)."""
 
     name: str
     config: CompareConfig  # the shared training fields (and the suite)
@@ -124,7 +124,7 @@ class SweepPlan:
     rules_per_job: int | None = 1
     title: str = ""
     describe: bool = True
-    highlight: list[str] | None = None
+    highlight: bool = False
 
     @property
     def suite(self) -> str:
@@ -552,7 +552,8 @@ def run_sweep(
         scores = summarize(plan, final_scores(results))
         write_csv(scores, folder.out / "summary.csv")
         if figures:
-            render_all(results, folder.out, plan.highlight, scores)
+            lines = highlighted(plan) if plan.highlight else None
+            render_all(results, folder.out, lines, scores)
     return results, scores
 
 
@@ -583,7 +584,7 @@ def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> Swe
     if rules_per_job is not None:
         check_int("rules_per_job", rules_per_job)
     standard = standard_settings(config.suite)
-    plan = SweepPlan(
+    return SweepPlan(
         name="compare",
         config=config,
         settings=list(config.settings),
@@ -593,8 +594,8 @@ def compare_plan(config: CompareConfig, rules_per_job: int | None = None) -> Swe
         rules_per_job=rules_per_job,
         title="compare",
         describe=False,
+        highlight=True,
     )
-    return replace(plan, highlight=highlighted(plan))
 
 
 def run_compare(

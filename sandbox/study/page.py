@@ -77,6 +77,14 @@ def table(out: Path, name: str, columns: list[str]) -> str:
     return markdown(frame[columns] if columns else frame)
 
 
+#: One provenance entry as the page lists it (a field not recorded says so).
+PROVENANCE_LINE = (
+    "- {what}: `{command}` — {date}{parts}; device {device}{gpu}, CPU {cpu_model}, "
+    "torch {torch}, Python {python}, torch threads {torch_threads}, OS {os}, "
+    "code {git_commit}{dirty}{note}"
+)
+
+
 def provenance_text(out: Path) -> str:
     """The folder's ``provenance.json`` as a list: each command that computed parts (date,
     parts, machine), then the command that last rebuilt the tables."""
@@ -105,14 +113,6 @@ def provenance_text(out: Path) -> str:
             )
         lines.append(PROVENANCE_LINE.format_map(words))
     return "\n".join(lines) or f"- {NOT_RECORDED} (`{PROVENANCE}` lists no command)"
-
-
-#: One provenance entry as the page lists it (a field not recorded says so).
-PROVENANCE_LINE = (
-    "- {what}: `{command}` — {date}{parts}; device {device}{gpu}, CPU {cpu_model}, "
-    "torch {torch}, Python {python}, torch threads {torch_threads}, OS {os}, "
-    "code {git_commit}{dirty}{note}"
-)
 
 
 def run_dates(out: Path) -> str:

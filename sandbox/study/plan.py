@@ -144,31 +144,41 @@ def tune_jobs(config: StudyConfig, point: Mapping[str, tuple[float, int]]) -> li
     ]
 
 
+def own_step_sizes(
+    choice: pd.DataFrame, point: Mapping[str, tuple[float, int]], moved: bool
+) -> pd.DataFrame:
+    """The rules' own step sizes (``choice``'s rows marked ``chosen``,
+    :func:`~.analysis.step_size_choice`) on rungs with a calibrated ``point``: those that differ
+    from the calibrated step size (``moved``), or those that are it."""
+    own = choice[choice["chosen"] & choice["rung"].isin(list(point))]
+    return own[(own["lr"] != own["rung"].map(lambda r: point[r][0])) == moved]
+
+
 def control_jobs(
-    config: StudyConfig, point: Mapping[str, tuple[float, int]], chosen: pd.DataFrame
+    config: StudyConfig, point: Mapping[str, tuple[float, int]], choice: pd.DataFrame
 ) -> list[StudyJob]:
-    """The control's runs: each rule of a controlled rung at its own step size (``chosen``:
-    :func:`~.analysis.step_size_choice`'s rows marked ``chosen``) on the study's paired seeds,
-    where that is not the calibrated one (there the study's own run is the control's:
-    :func:`own_step_size_rows`)."""
-    own = chosen[chosen["chosen"]]
+    """The control's runs: each rule of a controlled rung at its own step size on the study's
+    paired seeds, where that is not the calibrated one (there the study's own run is the
+    control's: :func:`own_step_size_rows`)."""
+    moved = own_step_sizes(choice, point, moved=True)
     return [
         StudyJob("control", r.rung, r.rule, float(r.lr), point[r.rung][1], 0)
-        for r in own.itertuples()
-        if r.rung in controlled_rungs(config) and r.rung in point and r.lr != point[r.rung][0]
+        for r in moved.itertuples()
+        if r.rung in controlled_rungs(config)
     ]
 
 
-def own_step_size_rows(rows: pd.DataFrame, point: Mapping[str, tuple[float, int]]) -> pd.DataFrame:
+def own_step_size_rows(
+    rows: pd.DataFrame, point: Mapping[str, tuple[float, int]], choice: pd.DataFrame
+) -> pd.DataFrame:
     """``rows`` with the control's reading complete: a rule whose own step size is the calibrated
     one has no control run (:func:`control_jobs`); its study run's rows join as phase
     ``control``, so the control reads it as the study does (the same run, not a rerun that a
     float32 trajectory on another CPU would make differ)."""
-    choice = step_size_choice(rows)
-    same = choice[choice["chosen"] & (choice["lr"] == choice["rung"].map(lambda r: point[r][0]))]
+    kept = own_step_sizes(choice, point, moved=False)
     keys = pd.MultiIndex.from_frame(rows[["rung", "rule"]])
     take = (rows["phase"] == "study") & keys.isin(
-        list(zip(same["rung"], same["rule"], strict=True))
+        list(zip(kept["rung"], kept["rule"], strict=True))
     )
     return pd.concat([rows, rows[take].assign(phase="control")], ignore_index=True)
 
@@ -302,9 +312,9 @@ def study_rows(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float
     jobs = calibration_jobs(config) + study_jobs(at, dict(point)) + tune_jobs(at, point)
     rows = read_jobs(parts, config, jobs)
     if (rows["phase"] == "tune").any():
-        control = control_jobs(at, point, step_size_choice(rows))
-        rows = pd.concat([rows, read_jobs(parts, config, control)], ignore_index=True)
-        rows = own_step_size_rows(rows, point)
+        choice = step_size_choice(rows)
+        control = read_jobs(parts, config, control_jobs(at, point, choice))
+        rows = own_step_size_rows(pd.concat([rows, control], ignore_index=True), point, choice)
     return rows
 
 

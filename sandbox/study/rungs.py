@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from sandbox.experiments.results import part_name
+from sandbox.experiments.results import part_stem
 from sandbox.experiments.runs import (
     RunKind,
     RunSpec,
@@ -49,7 +49,7 @@ class StudyJob:
         (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``; the part adds the hash of its
         run spec: :func:`.plan.job_part`)."""
         lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
-        return part_name(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")[:-8]
+        return part_stem(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
 
     def group_key(self, varies: Sequence[str]) -> StudyJob:
         """What the jobs that may run as one group share: the job less its seed and, where its
