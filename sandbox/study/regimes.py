@@ -52,6 +52,8 @@ PILOT_SEEDS = {"bandit_sampled": 16, "tiny_tf": 8}
 #: A warm-started candidate's warm start: to partial competence (held-out pass 0.3 on the test
 #: partition), at most 400 supervised steps (:class:`~sandbox.train.warm_start.WarmStartConfig`).
 WARM = {"target": 0.3, "steps": 400}
+#: A warm-started candidate's step-size grid (Adam).
+WARM_LRS = [1e-5, 3e-5, 1e-4]
 #: The candidates of each rung: its section's settings (``warm_start``: a tiny_tf candidate's
 #: warm start, :func:`resolved` to the file its ``init`` names).
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
@@ -65,9 +67,12 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
         {"task": "bits", "knobs": {"op": "sort", "length": 3}, "steps": 40},
         {"task": "bits", "knobs": {"op": "reverse", "length": 3}, "steps": 80},
         # issue 38: thousands of problems, held-out ones from the test partition, every replicate
-        # from one warm start (made once into OUT/warm_start by sandbox.train.warm_start)
+        # from one warm start (made once into OUT/warm_start by sandbox.train.warm_start), on the
+        # step-size grid a warm start survives (results/warm_start_pilot: from 1e-3 up, Adam
+        # destroyed the warm model)
         *(
-            {"task": task, "knobs": knobs, "steps": 40, "split": True, "warm_start": WARM}
+            {"task": task, "knobs": knobs, "steps": 40, "split": True, "lrs": WARM_LRS}
+            | {"warm_start": WARM}
             for task, knobs in (
                 ("bits", {"op": "reverse", "length": 10}),
                 ("addition", {"digits": 2}),
@@ -80,9 +85,12 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
 
 def label(candidate: dict[str, Any]) -> str:
     """A candidate's folder name: its settings as key=value, knobs flattened (another mapping's
-    keys prefixed with its name: ``warm_start.target=0.3``)."""
+    keys prefixed with its name: ``warm_start.target=0.3``; a list's items joined by ``_``:
+    ``lrs=1e-05_3e-05``)."""
 
     def pairs(key: str, value: Any) -> list[tuple[str, Any]]:
+        if isinstance(value, list | tuple):
+            return [(key, "_".join(map(str, value)))]
         if not isinstance(value, dict):
             return [(key, value)]
         prefix = "" if key == "knobs" else f"{key}."
