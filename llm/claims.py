@@ -266,7 +266,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "calib_seeds": 2,
         "calib_steps": 2,
         "group_size": 4,
-        "bandit": {"seeds": 3, "steps": 4, "lrs": [1.0, 4.0]},
+        "bandit": {"seeds": 3, "steps": 4, "exact_steps": 4, "lrs": [1.0, 4.0]},
         "tf": {
             "seeds": 3,
             "task": "bits",

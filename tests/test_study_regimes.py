@@ -181,3 +181,54 @@ def test_warm_started_candidates_resolve_to_a_warm_start_file_their_rung_accepts
     assert "warm_start" not in settings and settings["init"].startswith(str(tmp_path))
     TfSettings(**settings).check()  # the file fits the candidate's task and the rung's model
     assert resolved(small, tmp_path) == settings  # found again, not remade
+
+
+def _exact_pilots(rows):
+    """A deterministic rung's pilot rows (diff_sd NaN: one seed, exact differences)."""
+    table = _pilots([(c, h, 0.1, s, 0.5) for c, h, s in rows])
+    return table.assign(rung="bandit_exact", diff_sd=float("nan"), seeds_needed=1, exact=True)
+
+
+def test_an_exact_rung_takes_the_longest_horizon_that_keeps_headroom():
+    """bandit_exact (issue 38 item 5): a difference without sampling noise has power 1 at its one
+    seed, so the rule's tie-break (the longer horizon) decides among the candidates with room."""
+    pilots = _exact_pilots([("s2", True, 2), ("s5", True, 5), ("s8", False, 8)])
+    table = regimes.candidates(pilots).set_index("candidate")
+    assert table["power"].eq(1.0).all() and table["seeds"].eq(1).all()
+    choice = regimes.choose(pilots).iloc[0]
+    assert choice["candidate"] == "s5" and choice["seeds"] == 1
+    assert "2 of 3 candidates keep headroom" in choice["why"] and "longest horizon" in choice["why"]
+
+
+def test_a_candidate_with_too_few_held_out_problems_fails_the_rule():
+    """Rule 2 (issue 38 item 1): a replicate's held-out set holds >= MIN_PROBLEMS distinct
+    problems; a 4-problem task scores how many of its 4 a run learned."""
+    pilots = _pilots([("few", True, 0.01, 40, 1.0), ("many", True, 0.2, 40, 1.0)])
+    pilots = pilots.assign(rung="tiny_tf", floor=0.1, problems=[3.0, 330.0])
+    table = regimes.candidates(pilots).set_index("candidate")
+    assert not table.loc["few", "ok"] and table.loc["many", "ok"]
+    choice = regimes.choose(pilots).iloc[0]
+    assert choice["candidate"] == "many"
+    assert f"with at least {regimes.MIN_PROBLEMS} held-out problems" in choice["why"]
+
+
+def test_held_out_size_counts_a_replicates_distinct_problems():
+    from sandbox.study.settings import BanditSettings, TfSettings
+
+    two_bits = TfSettings(seeds=2)  # bits reverse of length 2: 4 problems in all
+    assert regimes.held_out_size(two_bits) <= 4
+    ten_bits = TfSettings(seeds=2, knobs={"op": "reverse", "length": 10}, split=True)
+    assert regimes.held_out_size(ten_bits) >= regimes.MIN_PROBLEMS
+    assert pd.isna(regimes.held_out_size(BanditSettings()))
+
+
+def test_the_exact_flow_has_its_own_horizon():
+    """bandit_exact reads the bandit section's exact_steps, bandit_sampled its steps."""
+    from sandbox.study.config import StudyConfig
+    from sandbox.study.rungs import RUNGS
+
+    config = StudyConfig(sections={"bandit": {"steps": 15, "exact_steps": 3}})
+    assert RUNGS["bandit_exact"].steps(config) == 3
+    assert RUNGS["bandit_sampled"].steps(config) == 15
+    with pytest.raises(ValueError, match="bandit_exact_steps"):
+        StudyConfig(sections={"bandit": {"exact_steps": 0}})

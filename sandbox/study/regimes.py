@@ -8,11 +8,15 @@ were chosen", states it for readers, with its one revision before the study ran)
 1. headroom: every primary claim's comparator at least :data:`.claims.ROOM` margins below the ceiling;
 2. (tiny_tf) the reference rule's held-out pass@1 at least ``WIDE`` margins above the larger
    answer baseline (:func:`envs.reasoning.answer_baselines`): it learned the task, not the prior;
+   and every replicate's held-out set holds at least :data:`MIN_PROBLEMS` distinct problems
+   (issue 38: a task of 4 problems scores how many of its 4 a run learned);
 3. among the candidates passing 1 and 2, the highest mean power over the primary claims
    (:func:`mean_power`) at the seeds they need for ``POWER`` at :func:`claim_level` (the largest
    over the claims, from the pilot's SD of paired differences), capped at ``CAP_SECONDS`` of
    study time projected linearly from the pilot's wall time (ties: fewer seeds, then the longer
-   horizon); the cap is printed whenever it binds.
+   horizon); the cap is printed whenever it binds. On a deterministic rung (``bandit_exact``)
+   a difference is exact: power 1 at its one seed, so the rule picks the longest horizon that
+   keeps headroom.
 
 ``python -m sandbox.study.regimes --out results/regimes`` runs the pilots (each a resumable study
 folder under ``pilots/``) and writes ``pilot.csv`` (per candidate and claim), ``candidates.csv``
@@ -47,7 +51,9 @@ POWER = 0.8
 ALPHA = 0.05
 #: Study time per rung the seed count may cost (2-core CPU), in seconds.
 CAP_SECONDS = 3600
-PILOT_SEEDS = {"bandit_sampled": 16, "tiny_tf": 8}
+PILOT_SEEDS = {"bandit_exact": 1, "bandit_sampled": 16, "tiny_tf": 8}
+#: The fewest distinct problems a replicate's held-out set may hold (rule 2).
+MIN_PROBLEMS = 256
 
 #: A warm-started candidate's warm start: to partial competence (held-out pass 0.3 on the test
 #: partition), at most 400 supervised steps (:class:`~sandbox.train.warm_start.WarmStartConfig`).
@@ -57,6 +63,8 @@ WARM_LRS = [1e-5, 3e-5, 1e-4]
 #: The candidates of each rung: its section's settings (``warm_start``: a tiny_tf candidate's
 #: warm start, :func:`resolved` to the file its ``init`` names).
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
+    # the sampled rung's bandit in expectation (the two share their setting): only its horizon
+    "bandit_exact": [{"exact_steps": n} for n in (2, 3, 5, 8, 10, 15)],
     "bandit_sampled": [
         {"setting": s, "steps": n}
         for s in ("mixed", "easy", "gaussian", "needle")
@@ -129,7 +137,22 @@ def pilot(rung: str, candidate: dict[str, Any], out: Path, **settings: Any) -> d
         "bounds": tables["bounds"].set_index("rung"),
         "summary": tables["summary"],
         "seconds": json.loads(timing.read_text())["seconds"],
+        "steps": RUNGS[rung].steps(config),
+        "problems": held_out_size(config.section(RUNGS[rung].section)),
     }
+
+
+def held_out_size(section: Any) -> float:
+    """The fewest distinct problems in a replicate's held-out set, over the section's paired
+    seeds (rule 2); NaN for a section without a task (a bandit)."""
+    if not hasattr(section, "task"):
+        return np.nan
+    from envs.reasoning import make_task
+    from sandbox.train.sequence import held_out_problems
+
+    task, n = make_task(section.task, **section.knobs), section.eval_prompts
+    sets = [held_out_problems(task, 0, n, s, section.split)[0] for s in range(section.seeds)]
+    return float(min(len(set(prompts)) for prompts in sets))
 
 
 def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
@@ -139,6 +162,7 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
     bounds = found["bounds"].loc[rung]
     reference = found["summary"].set_index(["rung", "rule"]).loc[(rung, REFERENCE)]
     level = claim_level(len(ledger))
+    exact = RUNGS[rung].traits.deterministic
     rows = []
     for _, row in ledger.iterrows():
         margin, sd = MARGINS[row["metric"]], float(row["diff_sd"])
@@ -146,7 +170,7 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
         room = row["metric"] != "final_pass" or not near_ceiling(
             float(row["comparator_mean"]), ceiling, margin
         )
-        needed = seeds_for(sd, margin, power=POWER, alpha=level)
+        needed = 1 if exact else seeds_for(sd, margin, power=POWER, alpha=level)
         rows.append(
             {
                 "claim": row["claim"],
@@ -166,6 +190,8 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
     table["beats_baselines"] = bool(
         reference["final_pass"] >= float(bounds["floor"]) + WIDE * MARGINS["final_pass"] - 1e-12
     )
+    table["problems"] = found.get("problems", np.nan)
+    table["exact"] = exact
     return table
 
 
@@ -177,7 +203,9 @@ def claim_level(claims: int) -> float:
 
 def mean_power(rows: pd.DataFrame, seeds: int) -> float:
     """Mean power over a candidate's primary claims at ``seeds`` paired seeds, at
-    :func:`claim_level` as in :func:`assess`."""
+    :func:`claim_level` as in :func:`assess` (1 on a deterministic rung: exact differences)."""
+    if rows.get("exact", pd.Series([False])).any():
+        return 1.0
     level = claim_level(len(rows))
     powers = [
         paired_power(seeds, sd, MARGINS[metric], alpha=level) if np.isfinite(sd) else np.nan
@@ -194,8 +222,9 @@ def candidates(pilots: pd.DataFrame) -> pd.DataFrame:
         cost = float(one["study_seconds_per_seed"].iloc[0])
         cap = int(CAP_SECONDS // cost) if cost > 0 else 10**9
         needed = int(one["seeds_needed"].max())
-        seeds = max(2, min(needed, cap))
-        ok = bool(one["headroom"].all() and one["beats_baselines"].all())
+        seeds = max(1 if needed == 1 else 2, min(needed, cap))
+        few = "problems" in one and bool((one["problems"] < MIN_PROBLEMS).any())  # NaN: no task
+        ok = bool(one["headroom"].all() and one["beats_baselines"].all() and not few)
         steps = int(one["steps"].iloc[0])
         per.append((rung, name, ok, needed, seeds, mean_power(one, seeds), steps))
     columns = ["rung", "candidate", "ok", "needed", "seeds", "power", "steps"]
@@ -206,6 +235,10 @@ def choose(pilots: pd.DataFrame) -> pd.DataFrame:
     """Per rung, the candidate the rule picks (module docstring) and why."""
     out = []
     floors = pilots.groupby("rung")["floor"].max()  # > 0: the rung has answer baselines (rule 2)
+    by_rung = pilots.groupby("rung")
+    none = pd.Series(False, index=floors.index)  # a pilot.csv from before the column
+    tasks = by_rung["problems"].count() > 0 if "problems" in pilots else none
+    exact = by_rung["exact"].any() if "exact" in pilots else none
     for rung, table in candidates(pilots).groupby("rung", sort=False):
         ok = table[table["ok"]]
         if not len(ok):
@@ -217,8 +250,13 @@ def choose(pilots: pd.DataFrame) -> pd.DataFrame:
         seeds, needed = int(best["seeds"]), int(best["needed"])
         why = f"{len(ok)} of {len(table)} candidates keep headroom"
         why += " and beat the answer baselines" if floors[rung] > 0 else ""
-        why += f"; the highest mean power over its primary claims, {best['power']:.2f} at "
-        why += f"{seeds} seeds"
+        if tasks[rung]:
+            why += f" with at least {MIN_PROBLEMS} held-out problems"
+        if exact[rung]:
+            why += "; exact differences (power 1 at one seed): the longest horizon"
+        else:
+            why += f"; the highest mean power over its primary claims, {best['power']:.2f} at "
+            why += f"{seeds} seeds"
         if seeds < needed:
             why += f" (needs {needed}: capped by {CAP_SECONDS} s)"
         out.append({"rung": rung, "candidate": best["candidate"], "seeds": seeds, "why": why})
@@ -252,7 +290,7 @@ def run(rungs: list[str], out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             table = assess(rung, found).assign(
                 rung=rung,
                 candidate=name,
-                steps=candidate["steps"],
+                steps=found["steps"],
                 pilot_seeds=PILOT_SEEDS[rung],
                 study_seconds_per_seed=found["seconds"] / PILOT_SEEDS[rung],
             )

@@ -83,6 +83,8 @@ class Rung:
     spec: Callable[..., RunSpec]
     section: str = ""
     kind: str = ""
+    #: The section's field holding the rung's run length (``bandit_exact``: ``exact_steps``).
+    steps_field: str = "steps"
     members: Callable[[StudyConfig], int] | None = None
     written: Callable[[RunSpec], None] | None = None
     bounds: Callable[[StudyConfig], Bounds] | None = None
@@ -102,8 +104,8 @@ class Rung:
         return list(config.section(self.section).lrs)
 
     def steps(self, config: StudyConfig) -> int:
-        """The run length: the section's ``steps``."""
-        return config.section(self.section).steps
+        """The run length: the section's :attr:`steps_field` (default ``steps``)."""
+        return getattr(config.section(self.section), self.steps_field)
 
     def epochs(self, config: StudyConfig) -> list[int]:
         """The μ grid calibration tries: the section's ``epochs`` where it has one (not None),
@@ -228,7 +230,9 @@ def _tiny_tf_bounds(config: StudyConfig) -> Bounds:
     return task_bounds(task, sets)
 
 
-register_rung(Rung("bandit_exact", _bandit, "bandit", bounds=_bandit_bounds))
+register_rung(
+    Rung("bandit_exact", _bandit, "bandit", steps_field="exact_steps", bounds=_bandit_bounds)
+)
 register_rung(Rung("bandit_sampled", _bandit, "bandit", bounds=_bandit_bounds))
 register_rung(Rung("tiny_tf", _tiny_tf, "tf", bounds=_tiny_tf_bounds))
 

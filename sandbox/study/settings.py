@@ -150,7 +150,10 @@ class BanditSettings:
     setting: str = arg("mixed", "envs.make_bandit_suite name")
     # the regime (setting, steps, seeds): chosen by `python -m sandbox.study.regimes`
     # (results/regimes): `mixed` at 60 steps left every comparator within 2 margins of the optimum
-    steps: int = arg(15, "bandit steps")
+    steps: int = arg(15, "bandit_sampled steps")
+    # the exact flow's horizon, chosen by the same rule (results/regimes): at 15 steps every
+    # comparator of the exact flow sat within 2 margins of the optimum (no headroom)
+    exact_steps: int = arg(5, "bandit_exact steps (the expected-gradient flow's horizon)")
     prompts_per_step: int = arg(4, "groups per bandit step")
     lrs: list[float] = arg(
         [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0], "bandit step-size grid (SGD)"
