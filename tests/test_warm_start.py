@@ -111,6 +111,11 @@ def test_the_tiny_tf_rung_starts_from_the_warm_start_it_is_given(made, tmp_path)
         warm.section("tf").__class__(
             task="bits", knobs={"op": "copy", "length": 4}, init=str(made[3])
         ).check()
+    # training from scratch stays a setting: --tf-init none
+    cold, _ = parse_args(["--quick", "--rungs", "tiny_tf", *knobs, "--tf-init", "none"])
+    assert cold.section("tf").init is None and "init" not in dict(job_spec(cold, job).train)
+    with pytest.raises(ValueError, match="tf_init must be a non-empty string"):
+        parse_args(["--quick", "--rungs", "tiny_tf", "--tf-init", ""])
 
 
 def test_ensure_warm_start_makes_a_file_once_per_setting(tmp_path):

@@ -96,6 +96,14 @@ def knobs(name: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def optional_path(name: str, value: Any) -> str | None:
+    """A file path, or None where ``value`` is None or ``none`` (the command line's word for it:
+    ``--tf-init none`` trains from scratch)."""
+    if value is None or (isinstance(value, str) and value.lower() == "none"):
+        return None
+    return text(name, value)
+
+
 def text(name: str, value: Any) -> str:
     """A non-empty string."""
     if not isinstance(value, str) or not value:
@@ -203,7 +211,7 @@ class TfSettings:
     seeds: int = arg(119, "paired seeds per rule on tiny_tf")
 
     def __post_init__(self) -> None:
-        settle(self, "tf", lrs=step_sizes, epochs=mu_grid, knobs=knobs)
+        settle(self, "tf", lrs=step_sizes, epochs=mu_grid, knobs=knobs, init=optional_path)
 
     def check(self) -> None:
         """The task exists with these knobs, and a warm start fits them."""
