@@ -78,6 +78,34 @@ def test_study_ledger_by_hand_and_exact_rung_by_sign():
     assert e["reason"] == "exact difference within +-0.02"
 
 
+def test_the_ledger_states_each_claims_power_at_the_holm_level():
+    """issue 38 item 3: the power to find an effect of the margin at the row's seeds and SD, at
+    0.05 / k over the rung's k tested rows (here 2: alpha 0.025), and the seeds 80% needs there;
+    none for an exact difference."""
+    from sandbox.study.claims import CLAIMS
+
+    claims = [c for c in CLAIMS if c.name in ("nsr_beats_dapo", "dgpo_beats_hard_clip")]
+    rows = _rows(
+        {
+            ("bandit_sampled", "nsr_dapo"): [0.6, 0.7, 0.8, 0.65],
+            ("bandit_sampled", "dapo"): [0.5, 0.5, 0.5, 0.55],
+            ("bandit_sampled", "dgpo_1p5b"): [0.5, 0.52, 0.55, 0.5],
+            ("bandit_sampled", "grpo"): [0.5, 0.5, 0.5, 0.5],
+            ("bandit_exact", "nsr_dapo"): [0.4],
+            ("bandit_exact", "dapo"): [0.45],
+        }
+    )
+    table = study_ledger(run_scores(rows), claims).set_index(["rung", "claim"])
+    row = table.loc[("bandit_sampled", "nsr_beats_dapo")]
+    sd = float(np.std([0.1, 0.2, 0.3, 0.1], ddof=1))
+    assert row["power_holm"] == pytest.approx(evidence.paired_power(4, sd, 0.02, 0.025))
+    assert row["power_holm"] < evidence.paired_power(4, sd, 0.02, 0.05)  # k = 2 costs power
+    assert row["seeds_needed_holm"] == evidence.seeds_needed(sd, 0.02, alpha=0.025)
+    assert row["seeds_needed_holm"] > row["seeds_needed"]
+    exact = table.loc[("bandit_exact", "nsr_beats_dapo")]
+    assert np.isnan(exact["power_holm"]) and np.isnan(exact["seeds_needed_holm"])
+
+
 def test_nsr_and_its_decay_are_identical_by_construction_on_the_exact_flow_only():
     from sandbox.study.analysis import same_on_exact_flow
     from sandbox.study.claims import CLAIMS

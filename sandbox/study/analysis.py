@@ -31,6 +31,7 @@ from .claims import (
     holm_by_rung,
     ledger,
     power_lines,
+    seeds_for,
 )
 from .config import MARGINS, MECHANISM, NEVER_BINDS, ONE_AXIS, REFERENCE, STEP_SIZE_RULE
 from .rungs import RUNGS, evaluation_only
@@ -116,7 +117,8 @@ def study_ledger(
     - the headroom rule (:func:`.claims.headroom`) with ``bounds`` (:func:`study_bounds`;
       None: no headroom check);
     - Holm's adjustment over each rung's primary family (:func:`.claims.holm_by_rung`);
-    - ``below_margin``: every effect the interval allows (the exact gap) is within +- the margin.
+    - ``below_margin``: every effect the interval allows (the exact gap) is within +- the margin;
+    - the power at the Holm level (:func:`holm_power`).
     """
     table = ledger(scores, claims, margins=MARGINS, reading=reading)
     if not len(table):
@@ -143,7 +145,25 @@ def study_ledger(
     exact = table["estimate"].where(table["seeds"] == 1)
     lo, hi = table["lo"].fillna(exact), table["hi"].fillna(exact)
     table["below_margin"] = (hi < table["margin"]) & (lo > -table["margin"])
-    return table
+    return holm_power(table)
+
+
+def holm_power(table: pd.DataFrame, power: float = 0.8) -> pd.DataFrame:
+    """``table`` with the power line at the level Holm's first step tests a rung's family at,
+    0.05 / k over its k tested rows on one reading (a lower bound on Holm's power, as the regime
+    rule plans, ``sandbox.study.regimes``): ``power_holm``, the paired t-test's power to find an
+    effect of the margin at the row's seeds and SD of differences, and ``seeds_needed_holm`` for
+    ``power`` there; NaN on a row without a test (an exact difference, too few seeds)."""
+    out = table.assign(power_holm=np.nan, seeds_needed_holm=np.nan)
+    tested = np.isfinite(out["diff_sd"].astype(float)) & (out["seeds"] > 1)
+    tested &= (out["diff_sd"] > 0) & np.isfinite(out["margin"].astype(float))
+    for _, part in out[tested].groupby(["reading", "rung"], sort=False):
+        alpha = 0.05 / len(part)
+        for i, row in part.iterrows():
+            sd, m, n = float(row["diff_sd"]), float(row["margin"]), int(row["seeds"])
+            out.loc[i, "power_holm"] = evidence.paired_power(n, sd, m, alpha)
+            out.loc[i, "seeds_needed_holm"] = seeds_for(sd, m, power, alpha)
+    return out
 
 
 def step_size_choice(rows: pd.DataFrame) -> pd.DataFrame:
