@@ -5,6 +5,7 @@ from."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,3 +130,26 @@ def test_ensure_warm_start_makes_a_file_once_per_setting(tmp_path):
     assert first.stat().st_mtime_ns == stamp  # found, not made again
     other = ensure_warm_start(dataclasses.replace(config, lr=2e-3), tmp_path, log=lambda x: None)
     assert other != first and len(list(tmp_path.glob("*.pt"))) == 2
+
+
+def test_a_relative_warm_start_is_found_in_the_checkout_from_any_directory(
+    made, tmp_path, monkeypatch
+):
+    """The study's default init names a committed file relative to the checkout: a command run
+    elsewhere reads that file, under the same name (its runs' settings do not change)."""
+    from sandbox.train import warm_start as W
+
+    monkeypatch.setattr(W, "CHECKOUT", tmp_path / "checkout")
+    relative = "results/w.pt"
+    (tmp_path / "checkout" / "results").mkdir(parents=True)
+    (tmp_path / "checkout" / relative).write_bytes(made[3].read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert W.warm_start_path(relative) == tmp_path / "checkout" / relative
+    run = SequenceTrainConfig(**RUN, init=relative)  # checks the file: found in the checkout
+    state = load_warm_start(relative, run)
+    assert all(torch.equal(state[k], made[1][k]) for k in state)
+    (tmp_path / relative).parent.mkdir()
+    (tmp_path / relative).write_bytes(b"x")  # the working directory's own file comes first
+    assert W.warm_start_path(relative) == Path(relative)
+    with pytest.raises(ValueError, match=r"^init: cannot read"):
+        load_warm_start("results/missing.pt", run)

@@ -158,11 +158,26 @@ def ensure_warm_start(config: WarmStartConfig, folder: str | Path, log=print) ->
     return save_warm_start(state, config, history, path)
 
 
+#: The checkout this package runs from: a relative warm-start path is also looked up here.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def warm_start_path(path: str | Path) -> Path:
+    """``path``, or, where it is relative and not found from the working directory, the same
+    path in the checkout (a committed warm start, as the claims study's default ``init``), so a
+    run's setting names the file the same way wherever the command runs."""
+    path = Path(path)
+    if path.is_absolute() or path.exists() or not (CHECKOUT / path).exists():
+        return path
+    return CHECKOUT / path
+
+
 def load_warm_start(path: str | Path, run: SequenceTrainConfig) -> dict[str, torch.Tensor]:
-    """The weights of a warm-start file for the run ``run``: a ``ValueError`` naming ``init``
-    where the file is missing, not a warm start, or made for another task or model shape."""
+    """The weights of a warm-start file for the run ``run`` (:func:`warm_start_path`): a
+    ``ValueError`` naming ``init`` where the file is missing, not a warm start, or made for
+    another task or model shape."""
     try:
-        record = torch.load(path, map_location="cpu", weights_only=True)
+        record = torch.load(warm_start_path(path), map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError) as exc:
         raise ValueError(f"init: cannot read {path} as a warm start: {exc}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
