@@ -276,6 +276,8 @@ PROFILES: dict[str, dict[str, Any]] = {
             "lrs": [1e-2],
             "eval_prompts": 8,
             "eval_k": 1,
+            "split": False,
+            "init": None,
         },
         "llm": {
             "model": "tiny",

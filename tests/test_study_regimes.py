@@ -101,16 +101,22 @@ def test_choose_says_when_no_candidate_passes():
 
 
 def test_the_committed_pilot_gives_the_committed_choice_and_the_revision_note_is_true():
-    """results/regimes: the rule picks the 40-step bits reversal at 119 seeds; the first rule
+    """results/regimes: the rule picks 4-digit reversal from its warm start at 26 seeds, the
+    exact flow's 5 steps and the bandit's mixed setting at 15; the 4- and 8-problem bits tasks
+    fail the 256-problem floor. On the three candidates the rule was revised on, the first rule
     (fewest seeds needed) would have picked the 80-step task, capped at 39 (the page says so)."""
     pilots = pd.read_csv(ROOT / "results" / "regimes" / "pilot.csv")
     choice = regimes.choose(pilots).set_index("rung")
     committed = pd.read_csv(ROOT / "results" / "regimes" / "choice.csv").set_index("rung")
     assert choice["candidate"].to_dict() == committed["candidate"].to_dict()
-    assert choice.loc["tiny_tf", "candidate"] == "task=bits,length=2,op=reverse,steps=40"
-    assert choice.loc["tiny_tf", "seeds"] == 119
-    table = regimes.candidates(pilots)
-    tf = table[table["rung"] == "tiny_tf"]
+    assert choice.loc["tiny_tf", "candidate"].startswith("task=sequence,alphabet=digits,length=4")
+    assert choice.loc["tiny_tf", "seeds"] == 26
+    assert choice.loc["bandit_exact", "candidate"] == "exact_steps=5"
+    table = regimes.candidates(pilots).set_index("candidate")
+    small = [c for c in table.index if c.startswith("task=bits,length=") and "split" not in c]
+    assert len(small) == 3 and not table.loc[small, "ok"].any()
+    assert (pilots.set_index("candidate").loc[small, "problems"] < regimes.MIN_PROBLEMS).all()
+    tf = table.loc[small].reset_index()
     first_rule = tf.sort_values(["needed", "steps"], ascending=[True, False]).iloc[0]
     assert first_rule["candidate"] == "task=bits,length=3,op=reverse,steps=80"
     assert first_rule["seeds"] == 39 and tf["needed"].min() > 1000
@@ -215,9 +221,10 @@ def test_a_candidate_with_too_few_held_out_problems_fails_the_rule():
 def test_held_out_size_counts_a_replicates_distinct_problems():
     from sandbox.study.settings import BanditSettings, TfSettings
 
-    two_bits = TfSettings(seeds=2)  # bits reverse of length 2: 4 problems in all
+    cold = {"seeds": 2, "task": "bits", "split": False, "init": None}
+    two_bits = TfSettings(**cold, knobs={"op": "reverse", "length": 2})  # 4 problems in all
     assert regimes.held_out_size(two_bits) <= 4
-    ten_bits = TfSettings(seeds=2, knobs={"op": "reverse", "length": 10}, split=True)
+    ten_bits = TfSettings(**{**cold, "split": True}, knobs={"op": "reverse", "length": 10})
     assert regimes.held_out_size(ten_bits) >= regimes.MIN_PROBLEMS
     assert pd.isna(regimes.held_out_size(BanditSettings()))
 

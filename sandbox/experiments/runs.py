@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -242,10 +243,13 @@ class RunSpec:
     def digest(self) -> str:
         """A hash of every field that changes the run's result: the whole spec but the ``train``
         keys of :data:`EXECUTION`, with the trainers' random-number scheme
-        (:data:`sandbox.streams.RNG`)."""
+        (:data:`sandbox.streams.RNG`); a warm start (``train.init``) by its bytes
+        (:func:`file_identity`), not by where it lies."""
         from sandbox.streams import RNG
 
         train = {k: v for k, v in thaw(self.train).items() if k not in EXECUTION}
+        if train.get("init") is not None:
+            train["init"] = file_identity(train["init"])
         text = replace(self, train=freeze(train)).to_json() + RNG
         return hashlib.sha1(text.encode()).hexdigest()[:DIGEST]
 
@@ -260,6 +264,27 @@ class RunSpec:
         """What specs that may run as one batched program share: the spec less the fields
         ``varies`` (its kind's :attr:`RunKind.batch_varies`)."""
         return replace(self, **dict.fromkeys(varies))
+
+
+def file_identity(path: str) -> str:
+    """A warm-start file as a run's setting: ``sha256:`` and the hash of its bytes, so a part
+    made from it keeps its name when the folder moves and changes it when the weights change (a
+    warm start made again on another CPU rounds differently); the path itself where it cannot
+    be read (the run then stops on it by name)."""
+    from sandbox.train.warm_start import warm_start_path
+
+    found = warm_start_path(path)
+    try:
+        stat = found.stat()
+    except OSError:
+        return str(path)
+    return _bytes_hash(str(found.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _bytes_hash(path: str, mtime_ns: int, size: int) -> str:
+    """:func:`file_identity` of a file as it is now (a plan names its parts many times)."""
+    return "sha256:" + hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 @functools.cache
