@@ -481,6 +481,7 @@ def test_the_cpu_profile_runs_the_llm_rung_rule_by_rule_at_its_cpu_shapes():
 
     config, _ = parse_args(["--profile", "cpu"])
     assert config.rungs[-1] == "llm" and config.device == "cpu"
+    assert config.control_seeds == 16  # the committed study's step-size control, one command
     s = config.section("llm")
     assert (s.task, s.task_knobs, s.steps, s.seeds) == ("addition", {"digits": 1}, 2, 8)
     jobs = [j for j in study_jobs(config, {r: (1.0, 2) for r in config.rungs}) if j.rung == "llm"]
