@@ -240,7 +240,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # 5-10% band)
     "cpu": {
         "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
-        "control_seeds": 16,  # the step-size control (issue 38) on the sampled toy rungs
         "llm": {
             "task": "addition",
             "task_knobs": {"digits": 1},

@@ -84,7 +84,8 @@ def test_a_study_of_other_settings_computes_its_own_parts_and_never_mixes_them(
     before = pd.read_csv(out / "scores.csv")
     old = _parts(out)
     steps = pd.read_parquet(out / "results.parquet")["step"].max()
-    changed = in_process(claims, *FAST, "--bandit-steps", "5", "--out", str(out))
+    five = ["--bandit-steps", "5", "--bandit-exact-steps", "5"]  # both bandit rungs
+    changed = in_process(claims, *FAST, *five, "--out", str(out))
     assert changed.returncode == 0, changed.stderr
     new = {n: v for n, v in _parts(out).items() if n not in old}
     assert all(_parts(out)[n] == v for n, v in old.items())  # the old parts untouched

@@ -123,7 +123,7 @@ def test_a_seed_fixes_initial_state_and_first_rollout_for_every_rule(kind):
     and an identical first rollout (prompts, samples, rewards), replicate by replicate."""
     from sandbox.study import RUNGS, StudyJob
 
-    tf = {"task": "bits", "knobs": {"op": "reverse", "length": 3}, "eval_prompts": 4}
+    tf = {"task": "bits", "knobs": {"op": "reverse", "length": 3}, "eval_prompts": 4, "init": None}
     config = StudyConfig(sections={"tf": tf})
     jobs = [StudyJob("study", kind, rule, 0.01, 2, 5) for rule in ("dapo", "nsr_dapo")]
     specs = [RUNGS[kind].spec(config, job, seeds=3, steps=2) for job in jobs]

@@ -276,7 +276,9 @@ def test_the_tiny_tf_rung_logs_the_entropy_law_and_its_table_has_a_row():
     from sandbox.study.plan import StudyJob, run_jobs
 
     tf = {"seeds": 2, "steps": 2, "task": "bits", "knobs": {"op": "reverse", "length": 3}}
-    config = StudyConfig(rungs=["tiny_tf"], sections={"tf": {**tf, "eval_prompts": 4}})
+    config = StudyConfig(
+        rungs=["tiny_tf"], sections={"tf": {**tf, "eval_prompts": 4, "init": None}}
+    )
     job = StudyJob("study", "tiny_tf", "dapo", 0.01, 4, 0)
     assert sequence_config(RUNGS["tiny_tf"].spec(config, job, seeds=2, steps=2)).entropy_law
     rows = run_jobs(config, [job])[0]
