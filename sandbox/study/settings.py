@@ -236,7 +236,8 @@ class TfSettings:
             try:
                 SequenceTrainConfig(task=self.task, task_knobs=dict(self.knobs), init=self.init)
             except ValueError as exc:
-                raise ValueError(f"tf_{exc}") from None
+                hint = "; give --tf-init a warm start of this task, or none (from scratch)"
+                raise ValueError(f"tf_{exc}{hint}") from None
 
 
 register_section("bandit", BanditSettings)
