@@ -108,7 +108,10 @@ def test_the_tiny_tf_rung_starts_from_the_warm_start_it_is_given(made, tmp_path)
     knobs = ["--tf-task", "bits", "--tf-knobs", "op=reverse", "length=4"]
     warm, _ = parse_args(["--quick", "--rungs", "tiny_tf", *knobs, "--tf-init", str(made[3])])
     assert dict(job_spec(warm, job).train)["init"] == str(made[3])
-    with pytest.raises(ValueError, match=r"^tf_init: .*was made for .*give --tf-init a warm start of this task, or none"):
+    with pytest.raises(
+        ValueError,
+        match=r"^tf_init: .*was made for .*give --tf-init a warm start of this task, or none",
+    ):
         warm.section("tf").__class__(
             task="bits", knobs={"op": "copy", "length": 4}, init=str(made[3])
         ).check()
