@@ -169,7 +169,7 @@ def _simulated_power(n: int, sd: float, effect: float, alpha: float, studies: in
     [
         (0.8, 1.0, 10, 0.05),  # small n: nc 2.53, power ~0.62
         (0.08, 0.5, 200, 0.01),  # nc 2.26, power ~0.37
-        (0.07, 1.0, 2000, 0.05 / 6),  # a Bonferroni level (regimes.claim_level): nc 3.13, ~0.69
+        (0.07, 1.0, 2000, 0.05 / 6),  # a Bonferroni level (claims.claim_level): nc 3.13, ~0.69
         (0.02, 0.25, 3000, 0.05 / 7),  # nc 4.38 at 3,000 seeds: power ~0.95
         (0.03, 0.2, 3000, 0.05 / 7),  # nc 8.22, power 1 - 2e-8: nct.cdf NaN, the old code gave 0
     ],

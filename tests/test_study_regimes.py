@@ -23,7 +23,8 @@ def _found(comparator=0.5, ceiling=1.0, floor=0.2, reference=0.6, sd=0.05, metri
     )
     bounds = pd.DataFrame({"rung": ["tiny_tf"], "ceiling": [ceiling], "floor": [floor]})
     summary = pd.DataFrame({"rung": ["tiny_tf"], "rule": ["dapo"], "final_pass": [reference]})
-    return {"ledger": ledger, "bounds": bounds.set_index("rung"), "summary": summary}
+    tables = {"ledger": ledger, "bounds": bounds.set_index("rung"), "summary": summary}
+    return {**tables, "problems": 512.0}
 
 
 def test_assess_applies_headroom_baselines_and_bonferroni_power():
@@ -64,6 +65,8 @@ def _pilots(rows):
                 "seeds_needed": seeds_needed(sd, 0.02, alpha=0.05),
                 "steps": s,
                 "study_seconds_per_seed": sec,
+                "problems": float("nan"),  # a bandit: no task
+                "exact": False,
             }
             for c, h, sd, s, sec in rows
         ]

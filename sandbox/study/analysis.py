@@ -27,6 +27,7 @@ from .claims import (
     POWER_COLUMNS,
     Bounds,
     Claim,
+    claim_level,
     headroom,
     holm_by_rung,
     ledger,
@@ -151,14 +152,14 @@ def study_ledger(
 def holm_power(table: pd.DataFrame, power: float = 0.8) -> pd.DataFrame:
     """``table`` with the power line at the level Holm's first step tests a rung's family at,
     0.05 / k over its k tested rows on one reading (a lower bound on Holm's power, as the regime
-    rule plans, ``sandbox.study.regimes``): ``power_holm``, the paired t-test's power to find an
+    rule plans, :func:`.claims.claim_level`): ``power_holm``, the paired t-test's power to find an
     effect of the margin at the row's seeds and SD of differences, and ``seeds_needed_holm`` for
     ``power`` there; NaN on a row without a test (an exact difference, too few seeds)."""
     out = table.assign(power_holm=np.nan, seeds_needed_holm=np.nan)
     tested = np.isfinite(out["diff_sd"].astype(float)) & (out["seeds"] > 1)
     tested &= (out["diff_sd"] > 0) & np.isfinite(out["margin"].astype(float))
     for _, part in out[tested].groupby(["reading", "rung"], sort=False):
-        alpha = 0.05 / len(part)
+        alpha = claim_level(len(part))
         for i, row in part.iterrows():
             sd, m, n = float(row["diff_sd"]), float(row["margin"]), int(row["seeds"])
             out.loc[i, "power_holm"] = evidence.paired_power(n, sd, m, alpha)

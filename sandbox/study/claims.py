@@ -201,6 +201,13 @@ def claim_rules(claims: Iterable[Claim] = CLAIMS) -> list[str]:
     return list(dict.fromkeys(r for c in claims for r in c.rules))
 
 
+def claim_level(claims: int, alpha: float = 0.05) -> float:
+    """The level each of a rung's ``claims`` primary claims is planned and powered at:
+    Bonferroni, ``alpha`` / the claims (Holm's first step; Holm, which the study applies, is at
+    least as powerful)."""
+    return alpha / claims
+
+
 def seeds_for(sd: float, margin: float, power: float, alpha: float = 0.05) -> float:
     """:func:`.evidence.seeds_needed` for ``margin``; NaN where the SD is not a positive number."""
     ok = np.isfinite(sd) and sd > 0

@@ -39,7 +39,7 @@ import pandas as pd
 from sandbox.configs import CommandParser
 from sandbox.experiments.results import record_run, recording_tables, write_csv
 
-from .claims import near_ceiling, seeds_for
+from .claims import claim_level, near_ceiling, seeds_for
 from .config import MARGINS, REFERENCE, StudyConfig
 from .evidence import paired_power
 from .plan import run_study
@@ -48,7 +48,6 @@ from .rungs import RUNGS
 #: Margins above the answer baselines the reference rule must reach (tiny_tf).
 WIDE = 5
 POWER = 0.8
-ALPHA = 0.05
 #: Study time per rung the seed count may cost (2-core CPU), in seconds.
 CAP_SECONDS = 3600
 PILOT_SEEDS = {"bandit_exact": 1, "bandit_sampled": 16, "tiny_tf": 8}
@@ -199,21 +198,15 @@ def assess(rung: str, found: dict[str, Any]) -> pd.DataFrame:
     table["beats_baselines"] = bool(
         reference["final_pass"] >= float(bounds["floor"]) + WIDE * MARGINS["final_pass"] - 1e-12
     )
-    table["problems"] = found.get("problems", np.nan)
+    table["problems"] = found["problems"]
     table["exact"] = exact
     return table
-
-
-def claim_level(claims: int) -> float:
-    """The test level the rule plans each primary claim at: Bonferroni, 0.05 / the rung's
-    primary claims (Holm, which the study applies, is at least as powerful)."""
-    return ALPHA / claims
 
 
 def mean_power(rows: pd.DataFrame, seeds: int) -> float:
     """Mean power over a candidate's primary claims at ``seeds`` paired seeds, at
     :func:`claim_level` as in :func:`assess` (1 on a deterministic rung: exact differences)."""
-    if rows.get("exact", pd.Series([False])).any():
+    if rows["exact"].any():
         return 1.0
     level = claim_level(len(rows))
     powers = [
@@ -232,7 +225,7 @@ def candidates(pilots: pd.DataFrame) -> pd.DataFrame:
         cap = int(CAP_SECONDS // cost) if cost > 0 else 10**9
         needed = int(one["seeds_needed"].max())
         seeds = max(1 if needed == 1 else 2, min(needed, cap))
-        few = "problems" in one and bool((one["problems"] < MIN_PROBLEMS).any())  # NaN: no task
+        few = bool((one["problems"] < MIN_PROBLEMS).any())  # NaN (no task): never too few
         ok = bool(one["headroom"].all() and one["beats_baselines"].all() and not few)
         steps = int(one["steps"].iloc[0])
         per.append((rung, name, ok, needed, seeds, mean_power(one, seeds), steps))
@@ -245,9 +238,7 @@ def choose(pilots: pd.DataFrame) -> pd.DataFrame:
     out = []
     floors = pilots.groupby("rung")["floor"].max()  # > 0: the rung has answer baselines (rule 2)
     by_rung = pilots.groupby("rung")
-    none = pd.Series(False, index=floors.index)  # a pilot.csv from before the column
-    tasks = by_rung["problems"].count() > 0 if "problems" in pilots else none
-    exact = by_rung["exact"].any() if "exact" in pilots else none
+    tasks, exact = by_rung["problems"].count() > 0, by_rung["exact"].any()
     for rung, table in candidates(pilots).groupby("rung", sort=False):
         ok = table[table["ok"]]
         if not len(ok):
