@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from sandbox.train import SequenceTrainConfig, SequenceTrainer
+from sandbox.train.sequence import load_warm_start
 from sandbox.train.warm_start import (
     WarmStartConfig,
-    load_warm_start,
     main,
     save_warm_start,
     warm_start,
@@ -140,7 +140,7 @@ def test_a_relative_warm_start_is_found_in_the_checkout_from_any_directory(
 ):
     """The study's default init names a committed file relative to the checkout: a command run
     elsewhere reads that file, under the same name (its runs' settings do not change)."""
-    from sandbox.train import warm_start as W
+    from sandbox.train import sequence as W  # the trainer reads warm starts
 
     monkeypatch.setattr(W, "CHECKOUT", tmp_path / "checkout")
     relative = "results/w.pt"

@@ -271,7 +271,7 @@ def file_identity(path: str) -> str:
     made from it keeps its name when the folder moves and changes it when the weights change (a
     warm start made again on another CPU rounds differently); the path itself where it cannot
     be read (the run then stops on it by name)."""
-    from sandbox.train.warm_start import warm_start_path
+    from sandbox.train.sequence import warm_start_path
 
     found = warm_start_path(path)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,8 +26,9 @@ from sandbox.experiments.runs import (
 from .claims import Bounds
 from .settings import section_settings, task_setting, unknown
 
-if TYPE_CHECKING:
-    from .config import StudyConfig
+#: A study's :class:`~.config.StudyConfig`, as the rungs' hooks take it (``config`` imports
+#: this module to check a study's rungs, so the hooks name its type without importing it back).
+StudyConfig = Any
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,10 @@ batch-sampling variance (:mod:`sandbox.grad_noise`); NaN for a rule without a co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -175,8 +177,6 @@ class SequenceTrainConfig:
         check_int("group_size", self.group_size)
         check_int("eval_prompts", self.eval_prompts, 0)
         if self.init is not None:  # the file exists and fits this task and model shape
-            from .warm_start import load_warm_start
-
             load_warm_start(self.init, self)
         if self.advantage not in ADVANTAGE_METHODS:
             raise ValueError(
@@ -287,8 +287,6 @@ class SequenceTrainer:
         model_config, dtype = config.model_config(), self.dtype
         self.model = TinyTransformer(model_config, num_models=S, seed=config.seed, dtype=dtype)
         if config.init is not None:  # every replicate from the one warm-started model
-            from .warm_start import load_warm_start
-
             state = load_warm_start(config.init, config)
             self.model.load_state_dict(
                 {k: v.to(dtype).expand(S, *v.shape[1:]).clone() for k, v in state.items()}
@@ -598,3 +596,46 @@ def train_sequence(
     if not math.isfinite(float(frame["grad_norm"].max())):
         raise FloatingPointError("non-finite gradient norm during training")
     return frame
+
+
+#: The record a warm-start file holds besides the weights (what :func:`load_warm_start` checks).
+FORMAT = "clip-sandbox warm start v1"
+
+#: The checkout this package runs from: a relative warm-start path is also looked up here.
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def warm_start_path(path: str | Path) -> Path:
+    """``path``, or, where it is relative and not found from the working directory, the same
+    path in the checkout (a committed warm start, as the claims study's default ``init``), so a
+    run's setting names the file the same way wherever the command runs."""
+    path = Path(path)
+    if path.is_absolute() or path.exists() or not (CHECKOUT / path).exists():
+        return path
+    return CHECKOUT / path
+
+
+def load_warm_start(path: str | Path, run: SequenceTrainConfig) -> dict[str, torch.Tensor]:
+    """The weights of a warm-start file for the run ``run`` (:func:`warm_start_path`): a
+    ``ValueError`` naming ``init`` where the file is missing, not a warm start, or made for
+    another task or model shape."""
+    try:
+        record = torch.load(warm_start_path(path), map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ValueError(f"init: cannot read {path} as a warm start: {exc}") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise ValueError(f"init: {path} is not a warm start of python -m sandbox.train.warm_start")
+    from envs.reasoning import make_task
+
+    made = record["config"]
+    mine = {"task": run.task, "task_knobs": make_task(run.task, **run.task_knobs).knobs}
+    theirs = {
+        "task": made["task"],
+        "task_knobs": make_task(made["task"], **made["task_knobs"]).knobs,
+    }
+    if mine != theirs or record["model"] != dataclasses.asdict(run.model_config()):
+        raise ValueError(
+            f"init: {path} was made for {theirs} with model {record['model']}; this run is "
+            f"{mine} with model {dataclasses.asdict(run.model_config())}"
+        )
+    return record["state"]

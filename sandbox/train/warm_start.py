@@ -30,10 +30,7 @@ import torch
 
 from sandbox.configs import arg, check_int, check_number
 
-from .sequence import SequenceTrainConfig, SequenceTrainer
-
-#: The record a warm-start file holds besides the weights (what :func:`load_warm_start` checks).
-FORMAT = "clip-sandbox warm start v1"
+from .sequence import FORMAT, SequenceTrainConfig, SequenceTrainer
 
 
 @dataclass
@@ -156,46 +153,6 @@ def ensure_warm_start(config: WarmStartConfig, folder: str | Path, log=print) ->
             return path
     state, history = warm_start(config, log=log)
     return save_warm_start(state, config, history, path)
-
-
-#: The checkout this package runs from: a relative warm-start path is also looked up here.
-CHECKOUT = Path(__file__).resolve().parents[2]
-
-
-def warm_start_path(path: str | Path) -> Path:
-    """``path``, or, where it is relative and not found from the working directory, the same
-    path in the checkout (a committed warm start, as the claims study's default ``init``), so a
-    run's setting names the file the same way wherever the command runs."""
-    path = Path(path)
-    if path.is_absolute() or path.exists() or not (CHECKOUT / path).exists():
-        return path
-    return CHECKOUT / path
-
-
-def load_warm_start(path: str | Path, run: SequenceTrainConfig) -> dict[str, torch.Tensor]:
-    """The weights of a warm-start file for the run ``run`` (:func:`warm_start_path`): a
-    ``ValueError`` naming ``init`` where the file is missing, not a warm start, or made for
-    another task or model shape."""
-    try:
-        record = torch.load(warm_start_path(path), map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise ValueError(f"init: cannot read {path} as a warm start: {exc}") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ValueError(f"init: {path} is not a warm start of python -m sandbox.train.warm_start")
-    from envs.reasoning import make_task
-
-    made = record["config"]
-    mine = {"task": run.task, "task_knobs": make_task(run.task, **run.task_knobs).knobs}
-    theirs = {
-        "task": made["task"],
-        "task_knobs": make_task(made["task"], **made["task_knobs"]).knobs,
-    }
-    if mine != theirs or record["model"] != dataclasses.asdict(run.model_config()):
-        raise ValueError(
-            f"init: {path} was made for {theirs} with model {record['model']}; this run is "
-            f"{mine} with model {dataclasses.asdict(run.model_config())}"
-        )
-    return record["state"]
 
 
 def main(argv: list[str] | None = None) -> int:
