@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from sandbox.experiments.pool import answer_interrupt, signals_deferred
+    from sandbox.experiments.pool import answer_interrupt
+    from sandbox.experiments.signals import signals_deferred
 
     try:
         with signals_deferred():  # imports torch and sympy: a Ctrl-C acts once they are done

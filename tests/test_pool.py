@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.experiments.pool import Terminated, imap_unordered, signals_deferred
+from sandbox.experiments.pool import imap_unordered
+from sandbox.experiments.signals import Terminated, signals_deferred
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = [("a", (6, 2)), ("b", (1, 0)), ("c", (8, 2))]  # b divides by zero

@@ -2,7 +2,8 @@
 
 :class:`RunFolder` owns what every orchestrator needs around its runs: the folder checked before
 any work, the record of the command's settings, the "N of M runs already done" line, the progress
-bar, the pool (here, :mod:`.pool`, or Ray) and the atomic write of each finished part. A part is
+bar and the pool (here, :mod:`.pool`, or Ray). Each job writes its own parts where it runs
+(:func:`compute_parts`) and returns only their names: the driver never writes a result. A part is
 named by what made it (:attr:`.runs.RunSpec.part`), so a changed setting names other parts: a
 command computes what is missing and never reads a run of other settings. An orchestrator plans
 :class:`Job` s and analyses the parts; its worker function runs :func:`~.runs.run_specs`, never a
@@ -18,14 +19,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sandbox.configs import check_int
 
-from .pool import DeadlineReached, answer_interrupt, signals_deferred
+from .pool import DeadlineReached, answer_interrupt
 from .results import (
     git_commit,
     prepare_out_dir,
@@ -34,9 +35,16 @@ from .results import (
     write_parquet_atomic,
     write_text,
 )
+from .signals import signals_deferred, sigterm_held
 
 BACKENDS = ("local", "ray")
 RAY_HINT = "pip install 'clip-sandbox[ray]' (or pip install ray)"
+#: A Ray task writes its parts where the driver reads them: a multi-node cluster needs the folder on
+#: a filesystem every node mounts at one path (as Ray Train asks of its ``storage_path``).
+SHARED_DISK = (
+    "--backend ray: run {key} wrote its parts on another node; --out must be a folder every node "
+    "of the cluster mounts at the same path ({folder}: NFS or another shared filesystem)"
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ def interrupted_line(signum: int, kept: str, resume: str = RESUME) -> str:
 
 def answer_signal(stop: int | KeyboardInterrupt, kept: str) -> int:
     """A command's answer to the signal that stopped it (``stop``: its number, or the
-    ``KeyboardInterrupt`` it raised: Ctrl-C's, or :class:`~.pool.Terminated` for SIGTERM): its
+    ``KeyboardInterrupt`` it raised: Ctrl-C's, or :class:`~.signals.Terminated` for SIGTERM): its
     :func:`interrupted_line` printed once (:func:`~.pool.answer_interrupt`), and the exit status
     128 + the signal's number."""
     if isinstance(stop, KeyboardInterrupt):
@@ -132,16 +140,6 @@ class RunFolder:
             return self.longest[job.cost]
         return max([job.estimate, *self.longest.values()])
 
-    def _write(self, frame: Any, part: str) -> None:
-        """The finished ``part`` on disk, whole (:func:`~.results.write_parquet_atomic`), or a
-        one-line ``ValueError`` naming it."""
-        try:
-            write_parquet_atomic(frame, self.parts / part)
-        except OSError as exc:
-            raise ValueError(
-                f"cannot write the part {self.parts / part}: {exc.strerror or exc}"
-            ) from None
-
     def done(self, part: str) -> bool:
         """A finished part that this run keeps (``force`` recomputes every part)."""
         return not self.force and (self.parts / part).exists()
@@ -162,9 +160,9 @@ class RunFolder:
         threads: int | None = 1,
         deadline: float | None = None,
     ) -> list[Job]:
-        """Run ``jobs`` (``total`` parts wanted in all) and write each part as it finishes;
-        ``written(job)`` runs once all of a job's parts are on disk (e.g. removing the checkpoint
-        a resumed run would read). ``backend``: one of :data:`BACKENDS` (:func:`check_backend`,
+        """Run ``jobs`` (``total`` parts wanted in all), each writing its parts as it finishes
+        (:func:`compute_parts`); ``written(job)`` runs here once all of a job's parts are on disk
+        (e.g. removing the checkpoint a resumed run would read). ``backend``: one of :data:`BACKENDS` (:func:`check_backend`,
         before any run). ``threads``: torch's intra-op threads while jobs run in this process
         (:func:`_torch_threads`); pool workers always use 1.
 
@@ -190,7 +188,7 @@ class RunFolder:
                 flush=True,
             )
         bar = tqdm(total=total, initial=total - todo, disable=not progress, desc=desc, unit="run")
-        count = 0  # parts written by this call
+        before = self._stamps(jobs)
         started: dict[int, float] = {}  # id(job) -> time.monotonic() it was submitted
         left = {id(job): job for job in jobs}
 
@@ -203,29 +201,35 @@ class RunFolder:
         try:
             admit_now = None if deadline is None else admit
             stream = _stream(
-                fn, jobs, workers, backend, address, error, threads, admit_now, deadline
-            )
+                fn, jobs, str(self.parts), workers, backend, address, error, threads, admit_now,
+                deadline,
+            )  # fmt: skip
             with contextlib.closing(stream):
-                for job, frames in stream:
-                    # A signal amid a write would leave its temp file, or a ParquetWriter whose
-                    # __del__ prints a traceback: it acts once the job's parts are on disk.
-                    with signals_deferred():
-                        for part, frame in zip(job.parts, frames, strict=True):
-                            self._write(frame, part)
-                            count += 1
-                            bar.update()
-                        del left[id(job)]
-                        if id(job) in started:
-                            took = time.monotonic() - started[id(job)]
-                            self.longest[job.cost] = max(self.longest.get(job.cost, 0.0), took)
-                        if written is not None:
+                for job in stream:
+                    bar.update(len(job.parts))
+                    del left[id(job)]
+                    if id(job) in started:
+                        took = time.monotonic() - started[id(job)]
+                        self.longest[job.cost] = max(self.longest.get(job.cost, 0.0), took)
+                    if written is not None:
+                        with signals_deferred():
                             written(job)
                     bar.set_postfix_str(job.key, refresh=False)
         except DeadlineReached as exc:  # the running jobs were stopped (SIGTERM): left too
             self.stopped += exc.keys
+        except error as exc:  # a part a job could not write: its own one-line error
+            if isinstance(exc.__cause__, PartNotWritten):
+                raise exc.__cause__ from None
+            raise
         finally:
             bar.close()
-            if count:  # also when interrupted: the parts it wrote are the folder's now
+            # the pool is stopped: a worker killed amid a write (a second Ctrl-C ends the stop's
+            # grace at once) left its temp file, never a part
+            remove_temp_files(self.parts)
+            # also when interrupted: the parts its jobs wrote are the folder's now (a worker
+            # stopped once its parts were on disk wrote them, though it returned nothing)
+            count = sum(self._stamps(jobs)[p] != stamp for p, stamp in before.items())
+            if count:
                 record_run(
                     self.out,
                     device=self.device,
@@ -237,31 +241,70 @@ class RunFolder:
                 self._fresh = False
         return list(left.values())
 
+    def _stamps(self, jobs: Iterable[Job]) -> dict[str, tuple[int, int] | None]:
+        """Each part of ``jobs``: its (size, mtime) on disk, None where it is missing."""
+        out: dict[str, tuple[int, int] | None] = {}
+        for part in (p for job in jobs for p in job.parts):
+            try:
+                stat = (self.parts / part).stat()
+                out[part] = (stat.st_size, stat.st_mtime_ns)
+            except OSError:
+                out[part] = None
+        return out
 
-def _stream(fn, jobs, workers, backend, address, error, threads, admit, deadline):
-    """``(job, fn(*job.args))`` as jobs finish: here, in the forkserver pool (always with a
+
+class PartNotWritten(ValueError):
+    """A job's part could not be written (e.g. a file the system will not replace)."""
+
+
+def compute_parts(
+    fn: Callable[..., Sequence[Any]], folder: str, parts: tuple[str, ...], *args: Any
+) -> tuple[str, ...]:
+    """A job, where it runs (a pool worker, a Ray task, or this process): ``fn(*args)``'s frames
+    written as ``parts`` in ``folder``, each atomically (:func:`~.results.write_parquet_atomic`),
+    and all of them before a stop acts (SIGINT and SIGTERM deferred in this process; in a worker,
+    whose stop is SIGTERM, held for the milliseconds the writes take); returns ``parts``. A part
+    that cannot be written is a :class:`PartNotWritten` naming it."""
+    frames = fn(*args)
+    with signals_deferred(), sigterm_held():
+        for part, frame in zip(parts, frames, strict=True):
+            try:
+                write_parquet_atomic(frame, Path(folder) / part)
+            except OSError as exc:
+                why = exc.strerror or exc
+                raise PartNotWritten(
+                    f"cannot write the part {Path(folder) / part}: {why}"
+                ) from None
+    return parts
+
+
+def _stream(fn, jobs, folder, workers, backend, address, error, threads, admit, deadline):
+    """Each job as it finishes, its parts on disk: here, in the forkserver pool (always with a
     ``deadline``; ``admit`` goes with it), or on Ray."""
     if not jobs:
-        return _here(fn, jobs, error, None)
+        return _here(fn, jobs, folder, error, None)
     if backend == "ray":
-        return _ray(fn, jobs, workers, address, error)
+        return _ray(fn, jobs, folder, workers, address, error)
     workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(jobs)))
     if workers == 1 and deadline is None:
-        return _here(fn, jobs, error, threads)
+        return _here(fn, jobs, folder, error, threads)
     from .pool import imap_unordered
 
-    pairs = [(job, job.args) for job in jobs]
-    return imap_unordered(fn, pairs, workers, error, admit=admit, deadline=deadline)
+    pairs = [(job, (fn, folder, job.parts, *job.args)) for job in jobs]
+    runs = imap_unordered(compute_parts, pairs, workers, error, admit=admit, deadline=deadline)
+    return (job for job, _ in runs)
 
 
-def _here(fn, jobs, error, threads) -> Iterator[tuple[Job, Any]]:
+def _here(fn, jobs, folder, error, threads) -> Iterator[Job]:
     with _torch_threads(threads):
         for job in jobs:
             try:
-                frames = fn(*job.args)
+                compute_parts(fn, folder, job.parts, *job.args)
+            except PartNotWritten:
+                raise
             except Exception as exc:
                 raise error(f"run {job.key} failed: {exc!r}") from exc
-            yield job, frames
+            yield job
 
 
 @contextlib.contextmanager
@@ -284,7 +327,9 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _ray(fn, jobs, workers, address, error) -> Iterator[tuple[Job, Any]]:
+def _ray(fn, jobs, folder, workers, address, error) -> Iterator[Job]:
+    """The jobs as Ray tasks; each writes its parts into ``folder``, which every node must see
+    at that path (one machine, or a filesystem the cluster's nodes share)."""
     import ray  # there: check_backend
 
     started = False
@@ -295,18 +340,20 @@ def _ray(fn, jobs, workers, address, error) -> Iterator[tuple[Job, Any]]:
             ray.init(num_cpus=workers, include_dashboard=False)
         started = True
     try:
-        task = ray.remote(num_cpus=1)(fn)
-        pending = {task.remote(*job.args): job for job in jobs}
+        task = ray.remote(num_cpus=1)(compute_parts)
+        pending = {task.remote(fn, folder, job.parts, *job.args): job for job in jobs}
         while pending:
             ref = ray.wait(list(pending), num_returns=1)[0][0]
             job = pending.pop(ref)
             try:
-                frames = ray.get(ref)
+                ray.get(ref)
             except Exception as exc:
                 for other in pending:
                     ray.cancel(other)
                 raise error(f"run {job.key} failed: {exc}") from exc
-            yield job, frames
+            if not all((Path(folder) / part).exists() for part in job.parts):
+                raise ValueError(SHARED_DISK.format(key=job.key, folder=folder))
+            yield job
     finally:
         if started:
             ray.shutdown()

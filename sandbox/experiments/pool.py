@@ -6,11 +6,12 @@
   multiprocessing". Workers import only the experiment modules, not plotting or the CLI.
 * **Interruption.** Workers ignore SIGINT (Ctrl-C reaches the whole process group; a worker
   would report it as its run's result and go on). The driver takes it (SIGTERM becomes
-  :class:`Terminated`, a ``KeyboardInterrupt``), cancels what has not started, terminates the
+  :class:`~.signals.Terminated`, a ``KeyboardInterrupt``), cancels what has not started, terminates the
   running workers (:func:`_stop`) and re-raises, so the caller can print a resume hint. A run
   that takes SIGTERM to finish its step (``llm.train``: a checkpoint first) ends its worker once
-  it has; a second Ctrl-C during that grace kills every worker at once. The driver writes
-  finished runs as they arrive: nothing finished is lost, nothing half-written.
+  it has; a second Ctrl-C during that grace kills every worker at once. A worker writes its
+  run's results itself (:func:`.planner.compute_parts`): nothing finished is lost, nothing
+  half-written.
 * **No orphans.** On Linux each worker asks the kernel for SIGKILL when its parent dies
   (``PR_SET_PDEATHSIG``), so even a SIGKILL of the driver leaves no worker behind.
 * **No hang on stop.** A worker's result (or exception) goes back through a file, the pool's
@@ -36,6 +37,9 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
+from . import signals
+from .signals import signals_deferred, terminate_raises
+
 #: Modules the forkserver imports once, so each worker starts with them loaded: torch imports
 #: torch._dynamo and sympy lazily, 2-5 s on a busy 2-core machine, once here, not per worker.
 PRELOAD = (
@@ -49,17 +53,8 @@ PRELOAD = (
 QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (or SIGHUP) received by the driver; handled like Ctrl-C, exit status 128 + signum."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"received {signal.Signals(signum).name}")
-        self.signum = signum
-
-
 def _worker_init() -> None:
-    global _in_worker
-    _in_worker = True  # no signals_deferred here: _stop's SIGTERM must end a worker at once
+    signals.in_worker = True  # no signals_deferred here: _stop's SIGTERM must end a worker at once
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):  # SIGKILL this worker when its parent dies
@@ -213,65 +208,6 @@ def command_imports(name: str) -> Iterator[None]:
         with own_command(True):
             answer_interrupt("\ninterrupted (SIGINT) before any run started")
         raise SystemExit(128 + signal.SIGINT) from None
-
-
-@contextlib.contextmanager
-def terminate_raises() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` in the main thread (as
-    SIGINT raises KeyboardInterrupt), so ``finally`` blocks and the pool's clean-up run."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-#: Whether a :func:`signals_deferred` block is open (an inner one then adds nothing: it must not
-#: act on a signal amid the outer block's work), and whether this process is a pool worker.
-_deferring = _in_worker = False
-
-
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP that arrive within the block act when it ends (as
-    ``KeyboardInterrupt`` or :class:`Terminated`), for work an interrupt would break: an import
-    of sympy (broken for the process if interrupted halfway), a file's atomic write (a temp file
-    left behind), or a submit to the pool, which starts a worker: interrupted, it would leave a
-    worker the pool does not know yet (a FileNotFoundError traceback in it); deferred,
-    :func:`_stop` finds and ends every worker. Blocks nest (the outermost acts); a signal the
-    process ignores stays ignored; a pool worker defers nothing (:func:`_stop`'s SIGTERM ends it
-    at once, amid a figure's write too: the folder's writer removes such temp files)."""
-    global _deferring
-    if _deferring or _in_worker or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending: list[int] = []
-    signals = [
-        sig
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        if signal.getsignal(sig) not in (signal.SIG_IGN, None)
-    ]
-    previous = {
-        sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in signals
-    }
-    _deferring = True
-    try:
-        yield
-    finally:
-        _deferring = False
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-    if pending:
-        signum = pending[0]
-        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
 
 
 #: Seconds the running workers get after SIGTERM before SIGKILL: time for a run that handles

@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from .pool import signals_deferred
+from .signals import signals_deferred
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.=-]+")
 TMP_SUFFIX = ".tmp"
@@ -48,7 +48,7 @@ def part_stem(*fields: object) -> str:
 def _write_atomic(path: Path, write: Callable[[str], None]) -> Path:
     """``write(tmp)`` to a temp file beside ``path``, then ``os.replace``: readers see only
     complete files; an exception leaves no temp file, and a signal (Ctrl-C, SIGTERM in the
-    driver) acts once the file is in place (:func:`.pool.signals_deferred`)."""
+    driver) acts once the file is in place (:func:`.signals.signals_deferred`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with signals_deferred():
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)

@@ -15,7 +15,8 @@ one storage layout of every plan says (a part per sampled run or exact flow: its
 and a hash of what made the run, :meth:`~.runs.RunSpec.digest`). A restart skips finished parts, so an interrupted sweep
 loses nothing and recomputes nothing; a changed setting names other parts, which it computes, and
 its tables hold its own runs only. Runs go to a local process pool or to Ray
-tasks (the driver writes the parts: workers need no shared disk). At the end: ``results.parquet``
+tasks (each run writes its own parts: on a multi-node Ray cluster ``--out`` lies on a filesystem
+every node mounts). At the end: ``results.parquet``
 (tidy; ``objective`` holds the variant label such as ``nsr[noise=band,sigma=0.1]``),
 ``summary.csv`` (final scores) and the standard figures.
 
@@ -528,7 +529,7 @@ def run_sweep(
     cluster at ``address``, or on a local Ray instance with ``workers`` CPUs (all CPUs if None);
     an already initialised Ray is used as it is. The plan's finished parts are reused (their
     names say what made them; ``force``: recompute them), the others computed. Ctrl-C or SIGTERM stop at once with ``KeyboardInterrupt``
-    (:class:`~.pool.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
+    (:class:`~.signals.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
     finished part is on disk, and the same call resumes with the missing ones.
     """
     check_backend(backend, workers)  # before anything is written

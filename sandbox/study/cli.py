@@ -33,7 +33,8 @@ from sandbox.configs import (
     profile_settings,
 )
 from sandbox.experiments.planner import answer_signal
-from sandbox.experiments.pool import own_command, terminate_raises
+from sandbox.experiments.pool import own_command
+from sandbox.experiments.signals import terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
 from .config import StudyConfig
