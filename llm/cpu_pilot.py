@@ -177,6 +177,12 @@ def pilot_runs(found: list[RunSpec]) -> list[pd.DataFrame]:
     return run_specs(found)
 
 
+def pilot_written(found: list[RunSpec]) -> None:
+    """A job's parts are on disk: its runs' scratch checkpoints go (where the job ran)."""
+    for spec in found:
+        llm.runs.remove_scratch(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         left = folder.run(
             pilot_runs, jobs, total=len(found), workers=args.workers, desc="pilot",
-            deadline=deadline, written=lambda job: llm.runs.remove_scratch(job.args[0][0]),
+            deadline=deadline, written=pilot_written,
         )  # fmt: skip
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM (Terminated): one line, no traceback
         kept = f"finished runs are parts of {out}, cut ones resume from their checkpoint"

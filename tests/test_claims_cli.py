@@ -15,7 +15,7 @@ def test_llm_flag_sets_the_rungs_grids_and_calibration_crosses_them():
     assert config.section("llm").ensemble == 2 and RUNGS["llm"].epochs(config) == [2, 4]
     jobs = calibration_jobs(config)
     assert sorted((j.lr, j.epochs) for j in jobs) == [(1e-3, 2), (1e-3, 4), (2e-3, 2), (2e-3, 4)]
-    assert RUNGS["llm"].grid(config) == [1e-3, 2e-3]
+    assert RUNGS["llm"].lrs(config) == [1e-3, 2e-3]
 
 
 @pytest.mark.parametrize(

@@ -330,13 +330,14 @@ def test_a_subset_of_rules_in_a_study_folder_adds_to_it_instead_of_shrinking_it(
 #: ``python -m llm.claims`` with two instruments: it counts the llm steps trained in the process
 #: (to stderr at exit) and, with CUT_AT set, sends itself a real SIGINT as the first part whose
 #: name starts with CUT_AT is about to be written (after its run finished training); with
-#: CUT_BEFORE, as that part's finished job reaches the planner, before its writes begin.
+#: CUT_BEFORE, as that part's job finished its runs, before its writes begin (the job writes its
+#: parts itself, planner.compute_parts).
 DRIVER = """
 import atexit, os, signal, sys
 import llm.train as t
 import sandbox.experiments.planner as planner
 steps, real_rollout, real_write = [], t.rollout_phase, planner.write_parquet_atomic
-real_stream = planner._stream
+real_compute = planner.compute_parts
 t.rollout_phase = lambda run, step: steps.append(step) or real_rollout(run, step)
 def cut(name, key):
     if os.environ.get(key) and name.startswith(os.environ[key]):
@@ -345,11 +346,13 @@ def cut(name, key):
 def write(frame, path):
     cut(path.name, "CUT_AT")
     return real_write(frame, path)
-def stream(*args):
-    for job, frames in real_stream(*args):
-        cut(job.parts[0], "CUT_BEFORE")
-        yield job, frames
-planner.write_parquet_atomic, planner._stream = write, stream
+def compute(fns, folder, parts, *args):
+    def runs(*given):
+        frames = fns[0](*given)
+        cut(parts[0], "CUT_BEFORE")
+        return frames
+    return real_compute((runs, fns[1]), folder, parts, *args)
+planner.write_parquet_atomic, planner.compute_parts = write, compute
 atexit.register(lambda: print(f"trained steps {steps}", file=sys.stderr))
 from llm.claims import main
 sys.exit(main(sys.argv[1:]))

@@ -53,7 +53,7 @@ def test_every_registered_rung_reads_its_kind(name):
     rung = RUNGS[name]
     kind = run_kind(rung.kind)
     config = StudyConfig(rules=ALL_RULES, rungs=[name])
-    lr, mu = rung.grid(config)[0], rung.epochs(config)[0]
+    lr, mu = rung.lrs(config)[0], rung.epochs(config)[0]
     rules = rung_rules(config, name)
     assert "dapo" in rules
     for rule in ALL_RULES:

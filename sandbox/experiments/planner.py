@@ -156,13 +156,14 @@ class RunFolder:
         backend: str = "local",
         address: str | None = None,
         error: type[Exception] = RuntimeError,
-        written: Callable[[Job], None] | None = None,
+        written: Callable[..., None] | None = None,
         threads: int | None = 1,
         deadline: float | None = None,
     ) -> list[Job]:
         """Run ``jobs`` (``total`` parts wanted in all), each writing its parts as it finishes
-        (:func:`compute_parts`); ``written(job)`` runs here once all of a job's parts are on disk
-        (e.g. removing the checkpoint a resumed run would read). ``backend``: one of :data:`BACKENDS` (:func:`check_backend`,
+        (:func:`compute_parts`); ``written(*job.args)`` (a module-level function) runs where the
+        job ran once all its parts are on disk (e.g. removing the checkpoint a resumed run would
+        read). ``backend``: one of :data:`BACKENDS` (:func:`check_backend`,
         before any run). ``threads``: torch's intra-op threads while jobs run in this process
         (:func:`_torch_threads`); pool workers always use 1.
 
@@ -201,8 +202,8 @@ class RunFolder:
         try:
             admit_now = None if deadline is None else admit
             stream = _stream(
-                fn, jobs, str(self.parts), workers, backend, address, error, threads, admit_now,
-                deadline,
+                (fn, written), jobs, str(self.parts), workers, backend, address, error, threads,
+                admit_now, deadline,
             )  # fmt: skip
             with contextlib.closing(stream):
                 for job in stream:
@@ -211,9 +212,6 @@ class RunFolder:
                     if id(job) in started:
                         took = time.monotonic() - started[id(job)]
                         self.longest[job.cost] = max(self.longest.get(job.cost, 0.0), took)
-                    if written is not None:
-                        with signals_deferred():
-                            written(job)
                     bar.set_postfix_str(job.key, refresh=False)
         except DeadlineReached as exc:  # the running jobs were stopped (SIGTERM): left too
             self.stopped += exc.keys
@@ -258,13 +256,18 @@ class PartNotWritten(ValueError):
 
 
 def compute_parts(
-    fn: Callable[..., Sequence[Any]], folder: str, parts: tuple[str, ...], *args: Any
+    fns: tuple[Callable[..., Sequence[Any]], Callable[..., None] | None],
+    folder: str,
+    parts: tuple[str, ...],
+    *args: Any,
 ) -> tuple[str, ...]:
-    """A job, where it runs (a pool worker, a Ray task, or this process): ``fn(*args)``'s frames
-    written as ``parts`` in ``folder``, each atomically (:func:`~.results.write_parquet_atomic`),
-    and all of them before a stop acts (SIGINT and SIGTERM deferred in this process; in a worker,
-    whose stop is SIGTERM, held for the milliseconds the writes take); returns ``parts``. A part
-    that cannot be written is a :class:`PartNotWritten` naming it."""
+    """A job, where it runs (a pool worker, a Ray task, or this process): with ``fns`` =
+    ``(fn, written)``, ``fn(*args)``'s frames written as ``parts`` in ``folder``, each atomically
+    (:func:`~.results.write_parquet_atomic`), then ``written(*args)`` (None: nothing), all before
+    a stop acts (SIGINT and SIGTERM deferred in this process; in a worker, whose stop is SIGTERM,
+    held for the milliseconds the writes take); returns ``parts``. A part that cannot be written
+    is a :class:`PartNotWritten` naming it."""
+    fn, written = fns
     frames = fn(*args)
     with signals_deferred(), sigterm_held():
         for part, frame in zip(parts, frames, strict=True):
@@ -275,31 +278,33 @@ def compute_parts(
                 raise PartNotWritten(
                     f"cannot write the part {Path(folder) / part}: {why}"
                 ) from None
+        if written is not None:
+            written(*args)
     return parts
 
 
-def _stream(fn, jobs, folder, workers, backend, address, error, threads, admit, deadline):
-    """Each job as it finishes, its parts on disk: here, in the forkserver pool (always with a
+def _stream(fns, jobs, folder, workers, backend, address, error, threads, admit, deadline):
+    """Each job as it finishes (:func:`compute_parts` with ``fns``), its parts on disk: here, in the forkserver pool (always with a
     ``deadline``; ``admit`` goes with it), or on Ray."""
     if not jobs:
-        return _here(fn, jobs, folder, error, None)
+        return _here(fns, jobs, folder, error, None)
     if backend == "ray":
-        return _ray(fn, jobs, folder, workers, address, error)
+        return _ray(fns, jobs, folder, workers, address, error)
     workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(jobs)))
     if workers == 1 and deadline is None:
-        return _here(fn, jobs, folder, error, threads)
+        return _here(fns, jobs, folder, error, threads)
     from .pool import imap_unordered
 
-    pairs = [(job, (fn, folder, job.parts, *job.args)) for job in jobs]
+    pairs = [(job, (fns, folder, job.parts, *job.args)) for job in jobs]
     runs = imap_unordered(compute_parts, pairs, workers, error, admit=admit, deadline=deadline)
     return (job for job, _ in runs)
 
 
-def _here(fn, jobs, folder, error, threads) -> Iterator[Job]:
+def _here(fns, jobs, folder, error, threads) -> Iterator[Job]:
     with _torch_threads(threads):
         for job in jobs:
             try:
-                compute_parts(fn, folder, job.parts, *job.args)
+                compute_parts(fns, folder, job.parts, *job.args)
             except PartNotWritten:
                 raise
             except Exception as exc:
@@ -327,7 +332,7 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _ray(fn, jobs, folder, workers, address, error) -> Iterator[Job]:
+def _ray(fns, jobs, folder, workers, address, error) -> Iterator[Job]:
     """The jobs as Ray tasks; each writes its parts into ``folder``, which every node must see
     at that path (one machine, or a filesystem the cluster's nodes share)."""
     import ray  # there: check_backend
@@ -341,7 +346,7 @@ def _ray(fn, jobs, folder, workers, address, error) -> Iterator[Job]:
         started = True
     try:
         task = ray.remote(num_cpus=1)(compute_parts)
-        pending = {task.remote(fn, folder, job.parts, *job.args): job for job in jobs}
+        pending = {task.remote(fns, folder, job.parts, *job.args): job for job in jobs}
         while pending:
             ref = ray.wait(list(pending), num_returns=1)[0][0]
             job = pending.pop(ref)

@@ -77,7 +77,7 @@ def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
         StudyJob("calib", rung, REFERENCE, lr, mu, 0)
         for rung in config.rungs
         for mu in RUNGS[rung].epochs(config)
-        for lr in RUNGS[rung].grid(config)
+        for lr in RUNGS[rung].lrs(config)
     ]
 
 
@@ -140,7 +140,7 @@ def tune_jobs(config: StudyConfig, point: Mapping[str, tuple[float, int]]) -> li
         for rung in controlled_rungs(config)
         if rung in point
         for rule in rung_rules(config, rung)
-        for lr in RUNGS[rung].grid(config)
+        for lr in RUNGS[rung].lrs(config)
     ]
 
 
@@ -226,6 +226,15 @@ def run_jobs(config: StudyConfig, jobs: Sequence[StudyJob]) -> list[pd.DataFrame
     return [job_rows(job, frame) for job, frame in zip(jobs, frames, strict=True)]
 
 
+def jobs_written(config: StudyConfig, jobs: Sequence[StudyJob]) -> None:
+    """The parts of a group of :func:`job_groups` are on disk: each rung's clean-up runs
+    (:attr:`.rungs.Rung.written`: ``llm`` removes the run's scratch checkpoint)."""
+    for job in jobs:
+        hook = RUNGS[job.rung].written
+        if hook is not None:
+            hook(job_spec(config, job))
+
+
 def job_rows(job: StudyJob, frame: pd.DataFrame) -> pd.DataFrame:
     """A run kind's frame of ``job`` as the study's tidy rows: phase, rung, rule, lr, epochs,
     seed (paired id), step and :data:`ROW_COLUMNS` (NaN where the kind does not log one)."""
@@ -272,14 +281,7 @@ def _run(
     call's), or :class:`BudgetSpent` if the time budget left some."""
     left = [j for j in jobs if not folder.done(job_part(config, j))]
     todo = [_unit(config, group) for group in job_groups(config, left)]
-
-    def written(job: Job) -> None:  # the job's parts are on disk: a rung's clean-up may run
-        for one in job.args[1]:
-            hook = RUNGS[one.rung].written
-            if hook is not None:
-                hook(job_spec(config, one))
-
-    unrun = folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=written, **kw)
+    unrun = folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=jobs_written, **kw)
     done += len(todo) - len(unrun)
     if unrun:  # only a deadline leaves units without an error
         in_calib, in_study = _units_left(folder, config)
@@ -352,7 +354,7 @@ def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
     if done_rungs.rungs:
         point = calibrate(calibration_curve(calibration_rows(folder.parts, config)), done_rungs)
     for rung in open_rungs:  # any grid point: the count of units is the same at every one
-        point[rung] = (RUNGS[rung].grid(config)[0], RUNGS[rung].epochs(config)[0])
+        point[rung] = (RUNGS[rung].lrs(config)[0], RUNGS[rung].epochs(config)[0])
     study = [j for j in study_jobs(config, point) if not folder.done(job_part(config, j))]
     tune = [j for j in tune_jobs(config, point) if not folder.done(job_part(config, j))]
     if tune or open_rungs:  # each rule's own step size is not known yet: one run each
@@ -462,7 +464,7 @@ def calibrate(rows: pd.DataFrame, config: StudyConfig) -> dict[str, tuple[float,
     out = {}
     for rung in config.rungs:
         r = RUNGS[rung]
-        keep = curve["lr"].isin(r.grid(config)) & curve["epochs"].isin(r.epochs(config))
+        keep = curve["lr"].isin(r.lrs(config)) & curve["epochs"].isin(r.epochs(config))
         out[rung] = pick_step_size(
             curve[(curve["rung"] == rung) & keep], config.target_low, config.target_high
         )

@@ -47,10 +47,11 @@ class StudyJob:
     @property
     def stem(self) -> str:
         """The readable start of the job's part name
-        (``<phase>__<rung>__<rule>__lr=<lr>__mu=<mu>__s<seed>``; the part adds the hash of its
-        run spec: :func:`.plan.job_part`)."""
-        lr, mu = f"lr={self.lr!r}", f"mu={self.epochs}"
-        return part_stem(self.phase, self.rung, self.rule, lr, mu, f"s{self.seed}")
+        (``<phase>__<rung>__<rule>__lr=<lr>__epochs=<epochs>__s<seed>``, the names of the
+        study's flags and table columns; the part adds the hash of its run spec:
+        :func:`.plan.job_part`)."""
+        lr, epochs = f"lr={self.lr!r}", f"epochs={self.epochs}"
+        return part_stem(self.phase, self.rung, self.rule, lr, epochs, f"s{self.seed}")
 
     def group_key(self, varies: Sequence[str]) -> StudyJob:
         """What the jobs that may run as one group share: the job less its seed and, where its
@@ -100,8 +101,8 @@ class Rung:
         """The rung's run kind with its traits (``ValueError`` naming an unregistered kind)."""
         return run_kind(self.kind)
 
-    def grid(self, config: StudyConfig) -> list[float]:
-        """The step sizes calibration tries: the section's ``lrs``."""
+    def lrs(self, config: StudyConfig) -> list[float]:
+        """The step sizes calibration tries: the section's ``lrs`` (``--<section>-lrs``)."""
         return list(config.section(self.section).lrs)
 
     def steps(self, config: StudyConfig) -> int:
@@ -244,7 +245,7 @@ def rung_rules(config: StudyConfig, rung: str) -> list[str]:
     r = RUNGS[rung]
     if not r.traits.deterministic:
         return list(config.rules)
-    lr, mu = r.grid(config)[0], r.epochs(config)[0]
+    lr, mu = r.lrs(config)[0], r.epochs(config)[0]
 
     def admitted(rule: str) -> bool:
         job = StudyJob("study", rung, rule, lr, mu, 0)
