@@ -48,7 +48,7 @@ with command_imports(__name__):  # a Ctrl-C amid them: one line, exit 130
     )
     from sandbox.study.cli import main as study_main
     from sandbox.study.cli import parse_study_args
-    from sandbox.study.settings import (
+    from sandbox.study.rungs import (
         check_task,
         knobs,
         mu_grid,

@@ -1,4 +1,4 @@
-"""The study's record (sandbox.study.config, sandbox.study.settings): typed sections, and the
+"""The study's record (sandbox.study.config, sandbox.study.rungs): typed sections, and the
 settings a folder's parts depend on."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sandbox.configs import check_number
 from sandbox.study import StudyConfig, read_record
 from sandbox.study.claims import Claim
 from sandbox.study.plan import calibration_jobs, check_time_budget, job_part
-from sandbox.study.settings import TfSettings
+from sandbox.study.rungs import TfSettings
 
 pytest.importorskip("transformers")
 import llm.claims  # noqa: F401  (registers the llm rung and its section)

@@ -19,8 +19,8 @@ import pytest
 import llm.claims
 from sandbox.study import StudyConfig
 from sandbox.study.analysis import step_size_choice
-from sandbox.study.page import write_doc
 from sandbox.study.plan import TUNE_SEED, controlled_rungs, job_spec, tune_jobs
+from sandbox.study.tables import write_doc
 
 
 def _tune_rows(passes: dict[tuple[str, float], list[float]]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""sandbox.study.page: docs/claims.md from page.md and a study folder's tables.
+"""sandbox.study.tables, the page: docs/claims.md from page.md and a study folder's tables.
 
 - the committed folder gives the committed page byte for byte, twice, without rewriting it, and
   from the folder alone (nothing beside it is read);
@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import llm.claims  # registers the llm rung (whose baseline the page cites); runs the tiny study
-from sandbox.study.page import TABLE, TEMPLATE, VALUE, cell, page_values, render, write_doc
+from sandbox.study.tables import TABLE, TEMPLATE, VALUE, cell, page_values, render, write_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 LEFT = re.compile(r"\{\{")  # a placeholder left unfilled
@@ -167,7 +167,7 @@ def test_the_provenance_list_says_what_each_entry_did_not_record(tmp_path):
     """A run with a GPU, uncommitted changes, parts and a note; a run that recorded only its date
     (an empty or null field reads "not recorded" too); the tables entry, whose parts and note
     are not listed; then no record, and a record that lists no command."""
-    from sandbox.study.page import provenance_text
+    from sandbox.study.tables import provenance_text
 
     machine = {"device": "cuda", "gpu": "H100", "cpu_model": "", "torch": "2.13.0"}
     machine |= {"python": "3.11.7", "torch_threads": 2, "os": None, "git_commit": "abc"}

@@ -176,7 +176,7 @@ def test_warm_started_candidates_resolve_to_a_warm_start_file_their_rung_accepts
 
     from envs.reasoning import make_task, problem_split
     from sandbox.study.regimes import CANDIDATES, resolved
-    from sandbox.study.settings import TfSettings
+    from sandbox.study.rungs import TfSettings
 
     warm = [c for c in CANDIDATES["tiny_tf"] if "warm_start" in c]
     assert len(warm) >= 3 and all(c["split"] for c in warm)
@@ -222,7 +222,7 @@ def test_a_candidate_with_too_few_held_out_problems_fails_the_rule():
 
 
 def test_held_out_size_counts_a_replicates_distinct_problems():
-    from sandbox.study.settings import BanditSettings, TfSettings
+    from sandbox.study.rungs import BanditSettings, TfSettings
 
     cold = {"seeds": 2, "task": "bits", "split": False, "init": None}
     two_bits = TfSettings(**cold, knobs={"op": "reverse", "length": 2})  # 4 problems in all

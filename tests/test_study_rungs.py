@@ -31,8 +31,13 @@ from sandbox.experiments.runs import (
 from sandbox.loss import grad_mass_shares
 from sandbox.study import RUNGS, Rung, StudyConfig, register_rung, run_study
 from sandbox.study.plan import StudyJob, job_rows, job_spec, study_jobs
-from sandbox.study.rungs import rung_rules, unregister_rung
-from sandbox.study.settings import SECTIONS, register_section, unregister_section
+from sandbox.study.rungs import (
+    SECTIONS,
+    register_section,
+    rung_rules,
+    unregister_rung,
+    unregister_section,
+)
 
 pytest.importorskip("transformers")
 import llm.claims  # noqa: F401  (registers the llm rung)

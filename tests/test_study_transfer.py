@@ -1,4 +1,4 @@
-"""sandbox.study.transfer: transfer read off the claims ledgers, with hand-computed values."""
+"""sandbox.study.analysis, transfer: transfer read off the claims ledgers, with hand-computed values."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sandbox.study.transfer import (
+from sandbox.study.analysis import (
     AGREEMENT_COLUMNS,
-    COLUMNS,
     LEDGERS,
+    TRANSFER_COLUMNS,
     clopper_pearson,
     read_ledger,
     transfer_agreement,
@@ -88,7 +88,7 @@ SECONDARY = [
 
 def test_the_table_keeps_the_ledgers_order_and_reads_an_exact_run_as_a_zero_width_interval():
     table = transfer_table(_ledger(PRIMARY), _ledger(SECONDARY))
-    assert list(table.columns) == COLUMNS
+    assert list(table.columns) == TRANSFER_COLUMNS
     # claims, then metrics, then rungs in the order they first appear: c1's auc rows after its
     # m rows (metric m seen first), and rung x before y though c1/auc lists y first
     keys = list(zip(table["claim"], table["metric"], table["rung"], strict=True))
@@ -280,7 +280,7 @@ def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_
     write_transfer(out, _ledgers(out))
     with open(out / "transfer.csv", newline="") as f:
         written = list(csv.DictReader(f))
-    assert list(written[0]) == COLUMNS
+    assert list(written[0]) == TRANSFER_COLUMNS
     ledger = []
     for name in ("ledger.csv", "ledger_auc.csv"):
         with open(out / name, newline="") as f:
@@ -348,4 +348,4 @@ def test_write_transfer_reads_an_empty_ledger_as_no_rows(tmp_path):
     (tmp_path / "ledger.csv").write_text("")
     table, agreement = write_transfer(tmp_path, _ledgers(tmp_path))
     assert table.equals(write_transfer(tmp_path, [pd.DataFrame()])[0])  # in memory: no columns
-    assert list(table.columns) == COLUMNS and table.empty and agreement.empty
+    assert list(table.columns) == TRANSFER_COLUMNS and table.empty and agreement.empty

@@ -6,13 +6,13 @@ What is where:
 - :mod:`.claims`: claims as records, the ledger, Holm, headroom;
 - :mod:`.evidence`: paired intervals, power, the verdict classes;
 - :mod:`.config`: :class:`StudyConfig`, the study's constants, a folder's record (``config.json``);
-- :mod:`.settings`: each rung's typed settings by section, and their value checks;
-- :mod:`.rungs`: :class:`Rung`, :data:`RUNGS`, the toy rungs and their bounds, :class:`StudyJob`;
+- :mod:`.rungs`: each rung's typed settings section and their value checks, :class:`Rung`,
+  :data:`RUNGS`, the toy rungs and their bounds, :class:`StudyJob`;
 - :mod:`.plan`: the jobs (calibration, study), their parts and specs, :func:`run_study`, calibration;
-- :mod:`.analysis`: per-run scores, the study's ledger, summaries, mechanism checks;
-- :mod:`.tables`: :func:`write_tables` and the figures (:func:`rebuild_tables` is in :mod:`.plan`);
-- :mod:`.transfer`: each claim's effect on every rung side by side, and their sign agreement;
-- :mod:`.page` (+ ``page.md``): the page (docs/claims.md) from a Markdown template and the tables;
+- :mod:`.analysis`: per-run scores, the study's ledger, summaries, mechanism checks, and transfer
+  (each claim's effect on every rung side by side, and their sign agreement);
+- :mod:`.tables` (+ ``page.md``): :func:`write_tables` and the figures (:func:`rebuild_tables` is
+  in :mod:`.plan`), and the page (docs/claims.md) from a Markdown template and the tables;
 - :mod:`.cli`: the command line (``python -m llm.claims`` with the llm rung registered).
 
 Imports flow one way: ``llm`` -> ``sandbox.study`` -> ``sandbox.experiments`` (the run kinds,

@@ -39,8 +39,7 @@ from sandbox.experiments.signals import terminate_raises
 from .claims import claim_record, parse_claim, read_claims
 from .config import StudyConfig
 from .plan import BudgetSpent, rebuild_tables, run_study
-from .rungs import RUNGS
-from .settings import SECTIONS
+from .rungs import RUNGS, SECTIONS
 
 #: A hook run before the study: ``prepare(config, out) -> (config, folder or None)``; the folder
 #: (the llm rung's checkpoints) is named by the resume line and removed once every run is a part.
@@ -272,7 +271,7 @@ def _report(out: Path, ledger: pd.DataFrame, doc: str | None, start: float) -> i
         cols = ["claim", "rung", "estimate", "lo", "hi", "seeds", "verdict"]
         print(ledger[cols].round(4).to_string(index=False) if len(ledger) else "empty ledger")
     if doc:
-        from .page import write_doc
+        from .tables import write_doc
 
         try:
             write_doc(out, Path(doc))

@@ -16,8 +16,15 @@ from sandbox.experiments.runs import objective_of
 from sandbox.streams import RNG
 
 from .claims import CLAIMS, Claim, claim_from_record, claim_record, claim_rules
-from .rungs import RUNGS, members_per_job
-from .settings import SECTIONS, check_fields, mu_grid, section_settings, unknown
+from .rungs import (
+    RUNGS,
+    SECTIONS,
+    check_fields,
+    members_per_job,
+    mu_grid,
+    section_settings,
+    unknown,
+)
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -76,7 +83,7 @@ class StudyConfig:
     )
     sections: dict[str, Any] = arg(
         {},
-        "each rung's typed settings by section (sandbox.study.settings: bandit, tf; llm from "
+        "each rung's typed settings by section (sandbox.study.rungs: bandit, tf; llm from "
         "llm.claims), given as settings or mappings; a section not given has its defaults",
     )
     rng: str | None = arg(
@@ -144,7 +151,7 @@ class StudyConfig:
                 check()  # ValueError naming the section's setting
 
     def section(self, name: str) -> Any:
-        """The settings of section ``name`` (:mod:`.settings`), e.g. ``config.section("tf")``."""
+        """The settings of section ``name`` (:mod:`.rungs`), e.g. ``config.section("tf")``."""
         if name not in self.sections:
             raise unknown("section", name, SECTIONS)
         return self.sections[name]
