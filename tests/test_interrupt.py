@@ -103,7 +103,8 @@ def _complete_parts(parts: Path) -> dict[Path, int]:
     stamps = {}
     for path in parts.glob("*.parquet"):
         frame = pd.read_parquet(path)
-        assert len(frame) == (4 * 40 if path.stem.endswith("sampled") else 40), path.name
+        # a part's name: <run id>__<flow>__<hash of its spec>.parquet
+        assert len(frame) == (4 * 40 if "__sampled__" in path.name else 40), path.name
         assert sorted(frame["step"].unique()) == list(range(1, 41))
         stamps[path] = path.stat().st_mtime_ns
     assert not list(parts.glob(".*.tmp")), "a half-written part was left behind"
