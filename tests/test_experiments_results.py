@@ -264,8 +264,9 @@ def test_tables_provenance_is_recorded_only_when_a_table_changes(tmp_path):
 def test_the_committed_folders_account_for_every_part_and_say_what_was_not_recorded(folder):
     record = R.read_provenance(ROOT / "results" / folder)
     parts = len(list((ROOT / "results" / folder / "parts").glob("*.parquet")))
-    assert sum(run["parts"] for run in record["runs"]) == parts  # every part accounted for
-    for entry in [*record["runs"], record["tables"]]:
+    pruned = sum(entry["parts"] for entry in record.get("pruned", []))  # --tables-only --prune
+    assert sum(run["parts"] for run in record["runs"]) - pruned == parts  # every part accounted for
+    for entry in [*record["runs"], *record.get("pruned", []), record["tables"]]:
         assert set(FIELDS) <= set(entry)
         assert all(v not in ("", "unknown") for v in entry.values())
     for run in record["runs"]:  # every run since 2026-11-26 recorded everything

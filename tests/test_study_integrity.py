@@ -7,6 +7,7 @@ kind of error of each command (the one line a user sees, no traceback), through 
 output of several runs, which saves a fresh interpreter's imports per run.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -104,6 +105,34 @@ def test_a_study_of_other_settings_computes_its_own_parts_and_never_mixes_them(
     for name, (_, stamp) in old.items():
         assert _parts(out)[name][1] > stamp, name
     pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)
+
+
+def test_prune_deletes_only_the_parts_the_recorded_study_does_not_read(
+    tmp_path, in_process, fast_study
+):
+    """After a study of other settings, ``--tables-only --prune`` deletes the old settings' parts
+    and nothing the recorded study reads: its tables rebuild to the same bytes, its provenance
+    accounts for every part on disk (``runs`` less ``pruned``), a second prune removes nothing,
+    and ``--prune`` without ``--tables-only`` is one line."""
+    out = _copy_of(fast_study, tmp_path)
+    old_study = {n for n in _parts(out) if n.startswith("study__")}
+    five = ["--bandit-steps", "5", "--bandit-exact-steps", "5"]
+    assert in_process(claims, *FAST, *five, "--out", str(out)).returncode == 0
+    tables = {p.name: p.read_bytes() for p in out.glob("*.csv")}
+    read = set(_parts(out)) - old_study  # the shared calibration and the 5-step study
+    pruned = in_process(claims, "--tables-only", "--prune", "--out", str(out))
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"pruned {len(old_study)} parts" in pruned.stderr and len(old_study) == 4
+    assert set(_parts(out)) == read
+    assert {p.name: p.read_bytes() for p in out.glob("*.csv")} == tables
+    record = json.loads((out / "provenance.json").read_text())
+    computed = sum(run["parts"] for run in record["runs"])
+    assert computed - sum(entry["parts"] for entry in record["pruned"]) == len(read)
+    again = in_process(claims, "--tables-only", "--prune", "--out", str(out))
+    assert again.returncode == 0 and "pruned 0 parts" in again.stderr, again.stderr
+    assert len(json.loads((out / "provenance.json").read_text())["pruned"]) == 1
+    alone = in_process(claims, *FAST, "--prune", "--out", str(out))
+    _one_line_error(alone, "--prune: only with --tables-only")
 
 
 @pytest.mark.parametrize(

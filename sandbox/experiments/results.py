@@ -319,6 +319,22 @@ def record_run(
     _write_provenance(out_dir, record)
 
 
+def prune_parts(out_dir: str | Path, keep: set[str]) -> int:
+    """Delete the parts in ``out_dir/parts`` not named in ``keep`` (a command's whole read set:
+    a part of other settings keeps its name and is never read again); returns how many went, and
+    where any did, the folder's provenance gains a ``pruned`` entry (this command, ``parts``: the
+    count), so its ``runs`` less its ``pruned`` account for every part on disk."""
+    gone = [p for p in Path(out_dir, "parts").glob("*.parquet") if p.name not in keep]
+    for path in gone:
+        path.unlink()
+    if gone:
+        record = read_provenance(out_dir)
+        record["pruned"] = [*record.get("pruned", []), provenance(parts=len(gone))]
+        _write_provenance(out_dir, record)
+    print(f"pruned {len(gone)} parts the study does not read from {out_dir}", file=sys.stderr)
+    return len(gone)
+
+
 def _stamps(out_dir: Path) -> dict[str, tuple[int, int]]:
     return {
         p.name: (p.stat().st_size, p.stat().st_mtime_ns)

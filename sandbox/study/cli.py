@@ -91,6 +91,12 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
     )
     parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
     parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="with --tables-only: first delete the parts of OUT the recorded study does not read "
+        "(runs of superseded settings, kept apart by their names); provenance.json records it",
+    )
+    parser.add_argument(
         "--claim",
         action="append",
         default=[],
@@ -228,13 +234,17 @@ def _main(
         config, args = parse_study_args(argv, prog=prog, description=description, profiles=profiles)
         if not args.tables_only:
             config.validate()
+        if args.prune and not args.tables_only:
+            raise ValueError(
+                "--prune: only with --tables-only (it removes what a rebuild reads not)"
+            )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     start, out, folder = time.perf_counter(), Path(args.out), None
     try:
         if args.tables_only:  # the recorded study at its recorded calibration, and any --claim
-            tables = rebuild_tables(out, config)
+            tables = rebuild_tables(out, config, prune=args.prune)
         else:
             if prepare is not None:
                 config, folder = prepare(config, out)

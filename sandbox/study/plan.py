@@ -36,6 +36,7 @@ import pandas as pd
 
 from sandbox.configs import check_number
 from sandbox.experiments.planner import Job, RunFolder, check_workers
+from sandbox.experiments.results import prune_parts
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
@@ -306,18 +307,28 @@ def calibration_rows(parts: Path, config: StudyConfig) -> pd.DataFrame:
     return rows
 
 
-def study_rows(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
-    """The rows of the study ``config`` in ``parts``: its calibration grid and its rules at each
+def read_set(
+    parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]
+) -> tuple[list[StudyJob], pd.DataFrame | None]:
+    """The jobs whose parts the study ``config`` reads: its calibration grid and its rules at each
     rung's calibrated ``point`` (never a run at another step size or mu), and with the step-size
-    control its tuning runs and each rule's run at its own step size."""
+    control its tuning runs and each rule's run at its own step size; and the control's choice
+    (:func:`~.analysis.step_size_choice`; None before its tuning runs are in ``parts``)."""
     at = replace(config, rungs=[r for r in config.rungs if r in point])
-    jobs = calibration_jobs(config) + study_jobs(at, dict(point)) + tune_jobs(at, point)
+    jobs, tune = calibration_jobs(config) + study_jobs(at, dict(point)), tune_jobs(at, point)
+    tuned = read_jobs(parts, config, tune)
+    if tuned.empty:
+        return jobs + tune, None
+    choice = step_size_choice(tuned)
+    return jobs + tune + control_jobs(at, point, choice), choice
+
+
+def study_rows(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
+    """The rows of the study ``config`` in ``parts``: those of :func:`read_set`'s jobs, with the
+    control's reading completed (:func:`own_step_size_rows`)."""
+    jobs, choice = read_set(parts, config, point)
     rows = read_jobs(parts, config, jobs)
-    if (rows["phase"] == "tune").any():
-        choice = step_size_choice(rows)
-        control = read_jobs(parts, config, control_jobs(at, point, choice))
-        rows = own_step_size_rows(pd.concat([rows, control], ignore_index=True), point, choice)
-    return rows
+    return rows if choice is None else own_step_size_rows(rows, point, choice)
 
 
 class BudgetSpent(Exception):
@@ -407,10 +418,14 @@ def run_study(
     return write_tables(study_rows(folder.parts, config, point), folder.out, config)
 
 
-def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[str, pd.DataFrame]:
+def rebuild_tables(
+    out: str | Path, config: StudyConfig | None = None, prune: bool = False
+) -> dict[str, pd.DataFrame]:
     """``--tables-only``: the tables of the study recorded in ``out/config.json`` (else
     ``config``; claims in ``config`` join the record's) from :func:`study_rows` at the recorded
-    calibrated point (without one: calibrated again from the parts)."""
+    calibrated point (without one: calibrated again from the parts). ``prune`` (``--prune``):
+    first the parts it does not read go (:func:`~sandbox.experiments.results.prune_parts`):
+    those of superseded settings, which a part's name keeps apart but never removes."""
     out = Path(out)
     files = sorted((out / "parts").glob("*.parquet"))
     if not files:
@@ -428,6 +443,9 @@ def rebuild_tables(out: str | Path, config: StudyConfig | None = None) -> dict[s
         point = calibrate(
             curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
         )
+    if prune:
+        jobs, _ = read_set(out / "parts", config, point)
+        prune_parts(out, {job_part(config, job) for job in jobs})
     rows = study_rows(out / "parts", config, point)
     if not (rows["phase"] == "study").any():
         raise ValueError(
