@@ -315,7 +315,8 @@ class Rung:
       runs through :func:`~.runs.run_specs` together (``llm``: one ensemble; default 1), each
       still its own part: paired seeds, or calibration step sizes where the kind's batch varies
       in ``lr`` (:meth:`StudyJob.group_key`);
-    - ``written(spec)``: called once a run's part is written (``llm``: its scratch folder goes);
+    - ``written(spec)``: called where the run ran (a pool worker too), once its part is written
+      and before a stop acts (``llm``: its scratch folder goes);
     - ``bounds(config)``: the ceiling and answer baseline of its pass metrics, for the headroom
       rule (:func:`~.claims.headroom`);
     - ``unit_seconds(config, group)``: a time budget's first guess for one job before any has
