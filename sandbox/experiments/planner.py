@@ -284,8 +284,8 @@ def compute_parts(
 
 
 def _stream(fns, jobs, folder, workers, backend, address, error, threads, admit, deadline):
-    """Each job as it finishes (:func:`compute_parts` with ``fns``), its parts on disk: here, in the forkserver pool (always with a
-    ``deadline``; ``admit`` goes with it), or on Ray."""
+    """Each job as it finishes (:func:`compute_parts` with ``fns``), its parts on disk: here, in
+    the forkserver pool (always with a ``deadline``; ``admit`` goes with it), or on Ray."""
     if not jobs:
         return _here(fns, jobs, folder, error, None)
     if backend == "ray":
@@ -297,7 +297,15 @@ def _stream(fns, jobs, folder, workers, backend, address, error, threads, admit,
 
     pairs = [(job, (fns, folder, job.parts, *job.args)) for job in jobs]
     runs = imap_unordered(compute_parts, pairs, workers, error, admit=admit, deadline=deadline)
-    return (job for job, _ in runs)
+    return _jobs_of(runs)
+
+
+def _jobs_of(runs: Iterator[tuple[Job, Any]]) -> Iterator[Job]:
+    """The jobs of the pool's ``(job, names)`` pairs; closing this closes the pool's stream (its
+    stop) at once, not when the garbage collector finds it."""
+    with contextlib.closing(runs):
+        for job, _ in runs:
+            yield job
 
 
 def _here(fns, jobs, folder, error, threads) -> Iterator[Job]:
