@@ -6,12 +6,12 @@
   multiprocessing". Workers import only the experiment modules, not plotting or the CLI.
 * **Interruption.** Workers ignore SIGINT (Ctrl-C reaches the whole process group; a worker
   would report it as its run's result and go on). The driver takes it (SIGTERM becomes
-  :class:`~.signals.Terminated`, a ``KeyboardInterrupt``), cancels what has not started, terminates the
-  running workers (:func:`_stop`) and re-raises, so the caller can print a resume hint. A run
-  that takes SIGTERM to finish its step (``llm.train``: a checkpoint first) ends its worker once
-  it has; a second Ctrl-C during that grace kills every worker at once. A worker writes its
-  run's results itself (:func:`.planner.compute_parts`): nothing finished is lost, nothing
-  half-written.
+  :class:`~.signals.Terminated`, a ``KeyboardInterrupt``), cancels what has not started,
+  terminates the running workers (:func:`_stop`) and re-raises, so the caller can print a resume
+  hint. A run that takes SIGTERM to finish its step (``llm.train``: a checkpoint first) ends its
+  worker once it has; a second Ctrl-C during that grace kills every worker at once. A worker
+  writes its run's results itself (:func:`.planner.compute_parts`): nothing finished is lost,
+  nothing half-written.
 * **No orphans.** On Linux each worker asks the kernel for SIGKILL when its parent dies
   (``PR_SET_PDEATHSIG``), so even a SIGKILL of the driver leaves no worker behind.
 * **No hang on stop.** A worker's result (or exception) goes back through a file, the pool's

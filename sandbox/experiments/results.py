@@ -331,7 +331,7 @@ def prune_parts(out_dir: str | Path, keep: set[str]) -> int:
         record = read_provenance(out_dir)
         record["pruned"] = [*record.get("pruned", []), provenance(parts=len(gone))]
         _write_provenance(out_dir, record)
-    print(f"pruned {len(gone)} parts the study does not read from {out_dir}", file=sys.stderr)
+    print(f"pruned {len(gone)} parts this command does not read from {out_dir}", file=sys.stderr)
     return len(gone)
 
 

@@ -53,10 +53,10 @@ def signals_deferred() -> Iterator[None]:
     ``KeyboardInterrupt`` or :class:`Terminated`), for work an interrupt would break: an import
     of sympy (broken for the process if interrupted halfway), a file's atomic write (a temp file
     left behind), or a submit to the pool, which starts a worker: interrupted, it would leave a
-    worker the pool does not know yet (a FileNotFoundError traceback in it); deferred,
-    :func:`_stop` finds and ends every worker. Blocks nest (the outermost acts); a signal the
-    process ignores stays ignored; a pool worker defers nothing (:func:`_stop`'s SIGTERM ends it
-    at once, amid a figure's write too: the folder's writer removes such temp files)."""
+    worker the pool does not know yet (a FileNotFoundError traceback in it); deferred, the pool's
+    stop finds and ends every worker. Blocks nest (the outermost acts); a signal the process
+    ignores stays ignored; a pool worker defers nothing (the pool's stop, SIGTERM, must end it at
+    once; its part writes hold SIGTERM back instead, :func:`sigterm_held`)."""
     global _deferring
     if _deferring or in_worker or threading.current_thread() is not threading.main_thread():
         yield
