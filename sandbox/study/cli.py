@@ -93,7 +93,7 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
     parser.add_argument(
         "--prune",
         action="store_true",
-        help="with --tables-only: first delete the parts of OUT the recorded study does not read "
+        help="with --tables-only: also delete the parts of OUT the recorded study does not read "
         "(runs of superseded settings, kept apart by their names); provenance.json records it",
     )
     parser.add_argument(
@@ -235,9 +235,7 @@ def _main(
         if not args.tables_only:
             config.validate()
         if args.prune and not args.tables_only:
-            raise ValueError(
-                "--prune: only with --tables-only (it removes what a rebuild reads not)"
-            )
+            raise ValueError("--prune: only with --tables-only (the rebuild knows what it reads)")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

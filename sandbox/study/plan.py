@@ -424,7 +424,7 @@ def rebuild_tables(
     """``--tables-only``: the tables of the study recorded in ``out/config.json`` (else
     ``config``; claims in ``config`` join the record's) from :func:`study_rows` at the recorded
     calibrated point (without one: calibrated again from the parts). ``prune`` (``--prune``):
-    first the parts it does not read go (:func:`~sandbox.experiments.results.prune_parts`):
+    then the parts it does not read go (:func:`~sandbox.experiments.results.prune_parts`):
     those of superseded settings, which a part's name keeps apart but never removes."""
     out = Path(out)
     files = sorted((out / "parts").glob("*.parquet"))
@@ -443,14 +443,14 @@ def rebuild_tables(
         point = calibrate(
             curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
         )
-    if prune:
-        jobs, _ = read_set(out / "parts", config, point)
-        prune_parts(out, {job_part(config, job) for job in jobs})
     rows = study_rows(out / "parts", config, point)
     if not (rows["phase"] == "study").any():
         raise ValueError(
             f"--tables-only: no study parts of {out}/config.json's study in {out}/parts"
         )
+    if prune:  # once the folder holds the study: what it does not read goes
+        jobs, _ = read_set(out / "parts", config, point)
+        prune_parts(out, {job_part(config, job) for job in jobs})
     if given and (out / "config.json").exists():
         record_calibration(out, config, point)
     return write_tables(rows, out, config)
