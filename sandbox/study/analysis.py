@@ -374,7 +374,7 @@ def fmt_interval(estimate: float, lo: float, hi: float, spec: str = "+.4f", alon
     return f"{estimate:{spec}} {fmt_ci(lo, hi, spec)}"
 
 
-# -- transfer: does a claim's paired effect keep its sign from rung to rung? ------------------------
+# -- transfer: does a claim's paired effect keep its sign from rung to rung? -----------------------
 # Transfer measured on claim effects: does a claim's paired effect keep its sign from rung to rung?
 #
 # Read off the claims study's ledgers (``ledger.csv``: each claim's primary reading,

@@ -29,7 +29,7 @@ from sandbox.experiments.runs import (
 
 from .claims import Bounds
 
-# -- sections: each rung's typed settings, one way to set each --------------------------------------
+# -- sections: each rung's typed settings, one way to set each -------------------------------------
 # Typed per-rung settings: one frozen dataclass per *section*, one way to set each setting.
 #
 # A section holds the settings of one or more rungs (``bandit``: ``bandit_exact`` and

@@ -170,7 +170,7 @@ def rung_bounds(bounds: Mapping[str, Bounds]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["rung", "ceiling", "floor", "source"])
 
 
-# -- the page: docs/claims.md from page.md and the folder's tables ----------------------------------
+# -- the page: docs/claims.md from page.md and the folder's tables ---------------------------------
 # docs/claims.md from a claims-study folder (``python -m llm.claims --tables-only --out
 # results/claims --doc docs/claims.md``).
 #
