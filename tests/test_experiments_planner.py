@@ -53,3 +53,50 @@ def test_jobs_run_here_on_one_torch_thread_and_the_count_comes_back(tmp_path):
         assert pd.read_parquet(kept.parts / "p0.parquet")["threads"][0] == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_pool_workers_write_their_jobs_parts_and_run_their_clean_up(tmp_path, monkeypatch):
+    """The driver never writes a part: each pool worker writes its job's parts and then runs
+    ``written`` (here, as the llm rung's clean-up does, it removes a scratch folder); provenance
+    counts every part."""
+    import functools
+    import json
+    import shutil
+
+    from sandbox.experiments import planner
+    from sandbox.experiments.runs import run_kind, run_specs
+
+    def driver_wrote(*args, **kwargs):
+        raise AssertionError("the driver wrote a part")
+
+    monkeypatch.setattr(planner, "write_parquet_atomic", driver_wrote)  # the driver's own
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    clean_up = functools.partial(shutil.rmtree, str(scratch))  # rmtree(scratch, ignore_errors)
+    specs = [run_kind("bandit_exact").tiny_spec, run_kind("bandit_sampled").tiny_spec]
+    folder = RunFolder(tmp_path / "out", {"specs": 2})
+    jobs = [Job(s.kind, (s.part,), ([s],)) for s in specs]
+    left = folder.run(run_specs, jobs, total=2, workers=2, progress=False, written=clean_up)
+    assert left == [] and all(folder.done(s.part) for s in specs) and not scratch.exists()
+    record = json.loads((folder.out / "provenance.json").read_text())
+    assert [run["parts"] for run in record["runs"]] == [2]
+
+
+def test_a_ray_task_whose_parts_the_driver_cannot_see_stops_with_a_line_saying_so(tmp_path):
+    """On a cluster, a task writes its parts into ``--out`` on its own node: where the driver
+    cannot see them (no shared filesystem), the run stops with the line that says what ``--out``
+    must be. Simulated on one machine: the task's clean-up removes the folder it wrote into."""
+    import functools
+    import shutil
+
+    pytest.importorskip("ray")
+    from sandbox.experiments.runs import run_kind, run_specs
+
+    spec = run_kind("bandit_exact").tiny_spec
+    folder = RunFolder(tmp_path / "out", {"spec": 1})
+    vanish = functools.partial(shutil.rmtree, str(folder.parts))  # rmtree(parts, ignore_errors)
+    with pytest.raises(ValueError, match="every node of the cluster mounts at the same path"):
+        folder.run(
+            run_specs, [Job("j", (spec.part,), ([spec],))], total=1, workers=1, progress=False,
+            backend="ray", written=vanish,
+        )  # fmt: skip
