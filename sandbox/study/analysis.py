@@ -437,10 +437,8 @@ def read_ledger(path: Path) -> pd.DataFrame:
 
 def _no_rows() -> pd.DataFrame:
     """A ledger without rows, with the columns :func:`transfer_table` reads."""
-    read = dict.fromkeys(
-        [*TRANSFER_COLUMNS, *AT_MARGIN_COLUMNS]
-    )  # once each; at_margin is computed
-    return pd.DataFrame(columns=[c for c in read if c != "at_margin"])
+    read = dict.fromkeys([*TRANSFER_COLUMNS, *AT_MARGIN_COLUMNS])  # once each
+    return pd.DataFrame(columns=[c for c in read if c != "at_margin"])  # at_margin is computed
 
 
 def transfer_table(*ledgers: pd.DataFrame) -> pd.DataFrame:

@@ -69,7 +69,6 @@ batch-sampling variance (:mod:`sandbox.grad_noise`); NaN for a rule without a co
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -625,17 +624,15 @@ def load_warm_start(path: str | Path, run: SequenceTrainConfig) -> dict[str, tor
         raise ValueError(f"init: cannot read {path} as a warm start: {exc}") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise ValueError(f"init: {path} is not a warm start of python -m sandbox.train.warm_start")
-    from envs.reasoning import make_task
-
     made = record["config"]
     mine = {"task": run.task, "task_knobs": make_task(run.task, **run.task_knobs).knobs}
     theirs = {
         "task": made["task"],
         "task_knobs": make_task(made["task"], **made["task_knobs"]).knobs,
     }
-    if mine != theirs or record["model"] != dataclasses.asdict(run.model_config()):
+    if mine != theirs or record["model"] != asdict(run.model_config()):
         raise ValueError(
             f"init: {path} was made for {theirs} with model {record['model']}; this run is "
-            f"{mine} with model {dataclasses.asdict(run.model_config())}"
+            f"{mine} with model {asdict(run.model_config())}"
         )
     return record["state"]
