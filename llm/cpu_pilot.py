@@ -40,8 +40,7 @@ from sandbox.experiments.results import write_csv
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.study import task_bounds
 from sandbox.study.claims import near_ceiling
-from sandbox.study.config import MARGINS, REFERENCE
-from sandbox.study.rungs import task_setting
+from sandbox.study.rungs import MARGINS, REFERENCE, task_setting
 
 #: how far above the answer floor dapo's held-out pass must end (issue 40)
 CLEAR = 0.10

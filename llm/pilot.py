@@ -52,8 +52,8 @@ from llm.config import TrainConfig
 from llm.streams import Stream
 from sandbox.configs import CommandParser, check_device, key_values
 from sandbox.experiments.results import prepare_out_dir
-from sandbox.study.config import MARGINS
 from sandbox.study.regimes import WIDE
+from sandbox.study.rungs import MARGINS
 
 PREFILL = "The answer is"
 #: ``--out`` when none is given: under ``runs/`` (git-ignored), never the committed results.

@@ -133,7 +133,7 @@ def test_a_study_whose_rules_make_no_claim_ends_with_an_empty_ledger(tmp_path, c
 
 
 def test_rules_that_leave_out_some_claims_are_named_with_the_claims_kept():
-    from sandbox.study.config import rules_note
+    from sandbox.study.rungs import rules_note
 
     config, _ = parse_args(["--quick", "--rules", "dapo", "nsr_dapo"])
     # nsr_beats_dapo (nsr_dapo vs dapo) is kept; the other six need a rule not given

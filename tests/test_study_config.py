@@ -1,4 +1,4 @@
-"""The study's record (sandbox.study.config, sandbox.study.rungs): typed sections, and the
+"""The study's record (sandbox.study.rungs): typed sections, and the
 settings a folder's parts depend on."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_a_section_no_rung_uses_changes_no_part():
 
 
 def test_a_new_record_holds_the_sections_and_reads_back(tmp_path):
-    from sandbox.study.config import record_calibration
+    from sandbox.study.rungs import record_calibration
 
     config = StudyConfig(sections={"tf": TfSettings(knobs={"op": "reverse", "length": 2})})
     record_calibration(tmp_path, config, {"tiny_tf": (1e-3, 4)})
@@ -145,7 +145,7 @@ def test_a_claim_of_a_recorded_name_that_says_otherwise_is_refused_on_both_paths
     with the folder's by one rule: a recorded claim is never replaced by another of its name."""
     from sandbox.study import rebuild_tables
     from sandbox.study.claims import claim_record, parse_claim
-    from sandbox.study.config import joined_claims, with_folder
+    from sandbox.study.rungs import joined_claims, with_folder
 
     out = tmp_path / "exact_mu"
     shutil.copytree(ROOT / "results/claims_exact_mu", out)

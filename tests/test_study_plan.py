@@ -285,8 +285,8 @@ def test_the_claim_order_completes_the_papers_claims_soonest():
     open claims, then the given order: the issue-40 minimum set (dapo, nsr_dapo, nsr_decay_dapo,
     unclipped, grpo, dgpo_1p5b) is the first six, completing 4 of the 7 claims."""
     from sandbox.study.claims import CLAIMS
-    from sandbox.study.config import StudyConfig
     from sandbox.study.plan import claim_order
+    from sandbox.study.rungs import StudyConfig
 
     rules = StudyConfig().rules
     order = claim_order(rules, CLAIMS)

@@ -234,8 +234,7 @@ def test_held_out_size_counts_a_replicates_distinct_problems():
 
 def test_the_exact_flow_has_its_own_horizon():
     """bandit_exact reads the bandit section's exact_steps, bandit_sampled its steps."""
-    from sandbox.study.config import StudyConfig
-    from sandbox.study.rungs import RUNGS
+    from sandbox.study.rungs import RUNGS, StudyConfig
 
     config = StudyConfig(sections={"bandit": {"steps": 15, "exact_steps": 3}})
     assert RUNGS["bandit_exact"].steps(config) == 3

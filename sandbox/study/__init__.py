@@ -5,9 +5,9 @@ What is where:
 
 - :mod:`.claims`: claims as records, the ledger, Holm, headroom;
 - :mod:`.evidence`: paired intervals, power, the verdict classes;
-- :mod:`.config`: :class:`StudyConfig`, the study's constants, a folder's record (``config.json``);
-- :mod:`.rungs`: each rung's typed settings section and their value checks, :class:`Rung`,
-  :data:`RUNGS`, the toy rungs and their bounds, :class:`StudyJob`;
+- :mod:`.rungs`: :class:`StudyConfig` and the study's constants, each rung's typed settings
+  section and their value checks, :class:`Rung`, :data:`RUNGS`, the toy rungs and their bounds,
+  :class:`StudyJob`, a folder's record (``config.json``);
 - :mod:`.plan`: the jobs (calibration, study), their parts and specs, :func:`run_study`, calibration;
 - :mod:`.analysis`: per-run scores, the study's ledger, summaries, mechanism checks, and transfer
   (each claim's effect on every rung side by side, and their sign agreement);
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from .analysis import calibration_curve, run_scores, study_ledger
 from .claims import CLAIMS, Bounds, Claim, ledger
-from .config import MARGINS, REFERENCE, StudyConfig, read_record, with_folder
 from .plan import (
     BudgetSpent,
     calibrate,
@@ -32,7 +31,19 @@ from .plan import (
     run_study,
     study_jobs,
 )
-from .rungs import RUNGS, Rung, StudyJob, probe_settings, register_rung, task_bounds
+from .rungs import (
+    MARGINS,
+    REFERENCE,
+    RUNGS,
+    Rung,
+    StudyConfig,
+    StudyJob,
+    probe_settings,
+    read_record,
+    register_rung,
+    task_bounds,
+    with_folder,
+)
 from .tables import write_tables
 
 __all__ = [

@@ -42,9 +42,17 @@ from .claims import (
     power_lines,
     seeds_for,
 )
-from .config import MARGINS, MECHANISM, NEVER_BINDS, ONE_AXIS, REFERENCE, STEP_SIZE_RULE
 from .evidence import NOT_VERDICTS
-from .rungs import RUNGS, evaluation_only
+from .rungs import (
+    MARGINS,
+    MECHANISM,
+    NEVER_BINDS,
+    ONE_AXIS,
+    REFERENCE,
+    RUNGS,
+    STEP_SIZE_RULE,
+    evaluation_only,
+)
 
 #: The columns that identify a row of the study (:func:`canonical_rows` sorts by them).
 ROW_KEYS = ["phase", "rung", "rule", "lr", "epochs", "seed", "step"]

@@ -1,6 +1,6 @@
 """The claims study's command line, generic over the registered rungs and sections (``python -m
 llm.claims`` is it with the ``llm`` rung registered): the study's own flags from
-:class:`~.config.StudyConfig`, one flag per section setting (``--<section>-<field>``), named
+:class:`~.rungs.StudyConfig`, one flag per section setting (``--<section>-<field>``), named
 profiles, ``--claim``/``--claims``, ``--tables-only``, ``--doc``, ``--time-budget``, and the
 resume line after a signal. A bad, unknown or removed flag is a one-line error (exit 2).
 """
@@ -37,9 +37,8 @@ from sandbox.experiments.pool import own_command
 from sandbox.experiments.signals import terminate_raises
 
 from .claims import claim_record, parse_claim, read_claims
-from .config import StudyConfig
 from .plan import BudgetSpent, rebuild_tables, run_study
-from .rungs import RUNGS, SECTIONS
+from .rungs import RUNGS, SECTIONS, StudyConfig
 
 #: A hook run before the study: ``prepare(config, out) -> (config, folder or None)``; the folder
 #: (the llm rung's checkpoints) is named by the resume line and removed once every run is a part.

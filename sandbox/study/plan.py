@@ -42,17 +42,20 @@ from sandbox.grad_noise import GRAD_NOISE_COLUMNS
 
 from .analysis import calibration_curve, step_size_choice
 from .claims import Claim
-from .config import (
+from .rungs import (
     REFERENCE,
+    RUNGS,
     StudyConfig,
+    StudyJob,
     joined_claims,
+    members_per_job,
     read_record,
     record_calibration,
     rules_note,
+    rung_rules,
     study_claims,
     with_folder,
 )
-from .rungs import RUNGS, StudyJob, members_per_job, rung_rules
 from .tables import write_tables
 
 ROW_COLUMNS = (
@@ -307,28 +310,24 @@ def calibration_rows(parts: Path, config: StudyConfig) -> pd.DataFrame:
     return rows
 
 
-def read_set(
+def study_rows(
     parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]
-) -> tuple[list[StudyJob], pd.DataFrame | None]:
-    """The jobs whose parts the study ``config`` reads: its calibration grid and its rules at each
-    rung's calibrated ``point`` (never a run at another step size or mu), and with the step-size
-    control its tuning runs and each rule's run at its own step size; and the control's choice
-    (:func:`~.analysis.step_size_choice`; None before its tuning runs are in ``parts``)."""
+) -> tuple[list[StudyJob], pd.DataFrame]:
+    """The jobs whose parts the study ``config`` reads, and their rows in ``parts``: its
+    calibration grid and its rules at each rung's calibrated ``point`` (never a run at another
+    step size or mu), and with the step-size control its tuning runs and each rule's run at its
+    own step size (chosen from the tuning rows, :func:`~.analysis.step_size_choice`), the
+    control's reading completed (:func:`own_step_size_rows`). Each part is read once."""
     at = replace(config, rungs=[r for r in config.rungs if r in point])
-    jobs, tune = calibration_jobs(config) + study_jobs(at, dict(point)), tune_jobs(at, point)
-    tuned = read_jobs(parts, config, tune)
-    if tuned.empty:
-        return jobs + tune, None
-    choice = step_size_choice(tuned)
-    return jobs + tune + control_jobs(at, point, choice), choice
-
-
-def study_rows(parts: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
-    """The rows of the study ``config`` in ``parts``: those of :func:`read_set`'s jobs, with the
-    control's reading completed (:func:`own_step_size_rows`)."""
-    jobs, choice = read_set(parts, config, point)
+    jobs = calibration_jobs(config) + study_jobs(at, dict(point)) + tune_jobs(at, point)
     rows = read_jobs(parts, config, jobs)
-    return rows if choice is None else own_step_size_rows(rows, point, choice)
+    if not (rows["phase"] == "tune").any():
+        return jobs, rows
+    choice = step_size_choice(rows)
+    control = control_jobs(at, point, choice)
+    if len(moved := read_jobs(parts, config, control)):
+        rows = pd.concat([rows, moved], ignore_index=True)
+    return jobs + control, own_step_size_rows(rows, point, choice)
 
 
 class BudgetSpent(Exception):
@@ -415,7 +414,7 @@ def run_study(
         chosen = step_size_choice(read_jobs(folder.parts, config, tune))
         control = control_jobs(config, point, chosen)
         _run(folder, config, control, "own step sizes", done, time_budget, **kw)
-    return write_tables(study_rows(folder.parts, config, point), folder.out, config)
+    return write_tables(study_rows(folder.parts, config, point)[1], folder.out, config)
 
 
 def rebuild_tables(
@@ -443,13 +442,12 @@ def rebuild_tables(
         point = calibrate(
             curve, replace(config, rungs=[r for r in config.rungs if r in set(curve["rung"])])
         )
-    rows = study_rows(out / "parts", config, point)
+    jobs, rows = study_rows(out / "parts", config, point)
     if not (rows["phase"] == "study").any():
         raise ValueError(
             f"--tables-only: no study parts of {out}/config.json's study in {out}/parts"
         )
     if prune:  # once the folder holds the study: what it does not read goes
-        jobs, _ = read_set(out / "parts", config, point)
         prune_parts(out, {job_part(config, job) for job in jobs})
     if given and (out / "config.json").exists():
         record_calibration(out, config, point)

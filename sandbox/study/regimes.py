@@ -40,10 +40,9 @@ from sandbox.configs import CommandParser
 from sandbox.experiments.results import record_run, recording_tables, write_csv
 
 from .claims import claim_level, near_ceiling, seeds_for
-from .config import MARGINS, REFERENCE, StudyConfig
 from .evidence import paired_power
 from .plan import run_study
-from .rungs import RUNGS
+from .rungs import MARGINS, REFERENCE, RUNGS, StudyConfig
 
 #: Margins above the answer baselines the reference rule must reach (tiny_tf).
 WIDE = 5

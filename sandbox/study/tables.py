@@ -46,8 +46,7 @@ from .analysis import (
     write_transfer,
 )
 from .claims import CLAIMS, Bounds, claim_from_record
-from .config import StudyConfig, study_claims
-from .rungs import study_bounds
+from .rungs import StudyConfig, study_bounds, study_claims
 
 
 def write_tables(
