@@ -4,7 +4,9 @@ rung added here (``sandbox`` never imports ``llm``).
 
 Profiles (:data:`PROFILES`; flags override them): ``quick`` (CI-sized smoke: 23 s on the
 project's 2-core CPU, 2026-11-26; the tiny Llama on the llm rung), ``cpu`` (the toy rungs at
-full power and the llm rung at 2-core CPU shapes, run in units with ``--time-budget``), ``gpu`` (adds the llm rung on SmolLM2-135M, 8 paired seeds per rule).
+full power and the llm rung at 2-core CPU shapes, run in units with ``--time-budget``), ``gpu`` (the
+llm rung on CUDA, 8 paired seeds per rule as one ensemble). Every profile runs every registered
+rung (``--rungs`` picks fewer).
 
 The llm rung trains one ``llm.train`` run per (rule, paired seed); ``--llm-ensemble K`` trains up
 to K seeds of one rule, and its calibration's step sizes at one mu, as one
@@ -17,8 +19,8 @@ trained with separate runs. ``OUT/llm_scratch/`` holds the llm runs in progress
 continues each cut run mid-way when run again (the outputs: README, "The claims ledger")::
 
     python -m llm.claims --quick                                   # smoke, ~25 s on 2 cores
-    python -m llm.claims --profile cpu --out results/claims        # the toy rungs, CPU
-    python -m llm.claims --profile gpu --device cuda --out results/claims   # + the llm rung
+    python -m llm.claims --profile cpu --out results/claims        # every rung, on 2 CPU cores
+    python -m llm.claims --profile gpu --out results/claims        # the llm rung on CUDA
     python -m llm.claims --tables-only --out results/claims --doc docs/claims.md
     python -m llm.claims --quick --claim 'mine:grpo>gspo:reward_auc'   # a claim of your own
 """
@@ -229,7 +231,8 @@ register_rung(
     )
 )
 
-#: Named settings (``--profile``); a section's values under its name. Flags override them.
+#: Named settings (``--profile``); a section's values under its name. Flags override them. None
+#: names the rungs: a profile runs every registered rung (the llm rung too), as ``--rungs`` says.
 PROFILES: dict[str, dict[str, Any]] = {
     # the toy rungs at full power and the llm rung at 2-core CPU shapes (issue 40): the task and
     # horizon chosen by `python -m llm.cpu_pilot`'s rule (results/llm_cpu_pilot_digits1: 1-digit
@@ -239,7 +242,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # EPYC), the step-size grid at and below the pilot's 2e-5 (dapo clipped ~11% there, above the
     # 5-10% band)
     "cpu": {
-        "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
         "llm": {
             "task": "addition",
             "task_knobs": {"digits": 1},
@@ -256,13 +258,11 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
     # the llm rung as one compact ensemble of its 8 paired seeds per rule (issue 28's fast path)
     "gpu": {
-        "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
         "device": "cuda",
         "llm": {"rollout_backend": "compact", "ensemble": 8},
     },
     "quick": {
         "rules": ["dapo", "nsr_dapo", "grpo", "gspo"],
-        "rungs": ["bandit_exact", "bandit_sampled", "tiny_tf", "llm"],
         "calib_seeds": 2,
         "calib_steps": 2,
         "group_size": 4,

@@ -30,6 +30,7 @@ from sandbox.experiments.runs import (
 )
 from sandbox.loss import grad_mass_shares
 from sandbox.study import RUNGS, Rung, StudyConfig, register_rung, run_study
+from sandbox.study.cli import parse_study_args
 from sandbox.study.plan import StudyJob, job_rows, job_spec, study_jobs
 from sandbox.study.rungs import (
     SECTIONS,
@@ -159,8 +160,8 @@ def _throwaway_spec(config: StudyConfig, job: StudyJob, *, seeds: int, steps: in
 
 
 def test_a_new_rung_needs_no_other_edit(tmp_path):
-    """A throwaway kind and a rung on it, registered here and nowhere else: the study calibrates
-    it, runs every rule paired by seed and gives it ledger rows with the values worked out by
+    """A throwaway kind and a rung on it, registered here and nowhere else: it joins the default
+    study (and its flags apply there), the study calibrates it, runs every rule paired by seed and gives it ledger rows with the values worked out by
     hand; then both go again."""
     tiny = RunSpec.make("throwaway_kind", "synthetic", "dapo", seeds=2, steps=2, lr=7.0)
     register_run("throwaway_kind", tiny_spec=tiny)(_throwaway_run)
@@ -169,6 +170,11 @@ def test_a_new_rung_needs_no_other_edit(tmp_path):
     register_rung(rung)
     try:
         assert rung.traits is run_kind("throwaway_kind")
+        assert StudyConfig().rungs[-1] == "throwaway"  # it joins the default study
+        given, _ = parse_study_args(
+            ["--throwaway-seeds", "3"], prog="p", description="", profiles={"cpu": {}}
+        )
+        assert given.rungs[-1] == "throwaway" and given.section("throwaway").seeds == 3
         sections = {"throwaway": ThrowawaySettings(seeds=4)}
         config = StudyConfig(rules=["dapo", "nsr_dapo"], rungs=["throwaway"], sections=sections)
         rows = run_study(config, tmp_path, progress=False, workers=1)["results"]
@@ -193,6 +199,7 @@ def test_a_new_rung_needs_no_other_edit(tmp_path):
         unregister_section("throwaway")
         unregister_run("throwaway_kind")
     assert "throwaway" not in RUNGS and "throwaway" not in SECTIONS
+    assert "throwaway" not in StudyConfig().rungs
 
 
 # -- gradient-mass shares ---------------------------------------------------------------------

@@ -414,7 +414,12 @@ class StudyConfig:
         "rules (default: every claim's); a claim whose two rules are not both given is left out "
         "of the ledger, and a note on stderr names it",
     )
-    rungs: list[str] = arg(["bandit_exact", "bandit_sampled", "tiny_tf"], "rungs, cheapest first")
+    rungs: list[str] = dataclasses.field(
+        default_factory=lambda: list(RUNGS),  # a rung joins the default study as it registers
+        metadata={
+            "help": "rungs, cheapest first (a rung joins the default as it registers)"
+        },
+    )
     epochs: list[int] = arg(
         [2], "mu grid: epochs (x minibatches) calibration tries on the bandit and llm rungs"
     )
