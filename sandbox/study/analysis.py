@@ -409,9 +409,6 @@ TRANSFER_COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"
 AGREEMENT_COLUMNS = ["metric", "rung_a", "rung_b", "counted", "claims", "resolved", "same_sign"]
 AGREEMENT_COLUMNS += ["share", "lo", "hi", "unresolved", "result"]
 
-#: The ledger tables of a results folder that :func:`write_transfer` reads, in this order.
-LEDGERS = ("ledger.csv", "ledger_auc.csv")
-
 #: The two countings of :func:`transfer_agreement` (see the module docstring).
 COUNTINGS = ("margin", "verdicts", "all")
 
@@ -433,14 +430,6 @@ def clopper_pearson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     lo = 0.0 if k == 0 else float(betaincinv(k, n - k + 1, a / 2))
     hi = 1.0 if k == n else float(betaincinv(k + 1, n - k, 1 - a / 2))
     return lo, hi
-
-
-def read_ledger(path: Path) -> pd.DataFrame:
-    """A ledger as written; an empty one (a study whose rules make no claim) as no rows."""
-    try:
-        return pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        return _no_rows()
 
 
 def _no_rows() -> pd.DataFrame:
@@ -546,7 +535,7 @@ def transfer_agreement(
 def write_transfer(
     out: str | Path, ledgers: Sequence[pd.DataFrame]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """From a study's ``ledgers`` (the tables of :data:`LEDGERS`, as the study just computed
+    """From a study's ``ledgers`` (``ledger.csv``'s and ``ledger_auc.csv``'s, as the study just computed
     them), write ``transfer.csv`` (:func:`transfer_table`) and ``transfer_agreement.csv``
     (:func:`transfer_agreement`) into the results folder ``out``, each only when its bytes
     change; returns both tables."""

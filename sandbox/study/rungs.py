@@ -416,9 +416,7 @@ class StudyConfig:
     )
     rungs: list[str] = dataclasses.field(
         default_factory=lambda: list(RUNGS),  # a rung joins the default study as it registers
-        metadata={
-            "help": "rungs, cheapest first (a rung joins the default as it registers)"
-        },
+        metadata={"help": "rungs, cheapest first (a rung joins the default as it registers)"},
     )
     epochs: list[int] = arg(
         [2], "mu grid: epochs (x minibatches) calibration tries on the bandit and llm rungs"
