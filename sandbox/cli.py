@@ -68,6 +68,12 @@ def _interrupted(err: KeyboardInterrupt, where: str) -> int:
     return answer_signal(err, where)
 
 
+PRUNE_HELP = (
+    "after the run, delete the parts in the folder this command does not read (runs of other "
+    "settings, kept apart by their names); provenance.json records it"
+)
+
+
 def _compare(args: argparse.Namespace) -> int:
     if args.workers != 1:  # the pool's forkserver imports torch while this process does too
         from sandbox.experiments.pool import start_forkserver
@@ -94,6 +100,7 @@ def _compare(args: argparse.Namespace) -> int:
             workers=args.workers,
             force=args.force,
             progress=not args.no_progress,
+            prune=args.prune,
         )
     except KeyboardInterrupt as err:
         return _interrupted(err, compare_progress(config, out))
@@ -155,6 +162,7 @@ def _sweep(args: argparse.Namespace) -> int:
             address=args.address,
             force=args.force,
             progress=not args.no_progress,
+            prune=args.prune,
         )
     except ImportError as err:  # --backend ray without Ray installed
         print(f"clip-sandbox: error: {err}", file=sys.stderr)
@@ -233,6 +241,7 @@ def _add_compare_arguments(p: argparse.ArgumentParser) -> None:
         help="processes (default: min(cpus, 4); 1 runs in this process)",
     )
     p.add_argument("--force", action="store_true", help="recompute finished runs")
+    p.add_argument("--prune", action="store_true", help=PRUNE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     shown = {}
     for f in fields(CompareConfig):
@@ -347,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override the file's training steps",
     )
     p.add_argument("--force", action="store_true", help="recompute finished runs")
+    p.add_argument("--prune", action="store_true", help=PRUNE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--dry-run", action="store_true", help="validate and list the runs, run nothing")
     p.set_defaults(func=_sweep)

@@ -195,6 +195,26 @@ def test_compare_never_mixes_parts_made_with_other_settings(tmp_path, change):
     assert all((out / "parts" / n).stat().st_mtime_ns == t for n, t in stamps.items())
 
 
+def test_prune_deletes_the_parts_of_other_settings_and_records_it(tmp_path):
+    """``--prune``: after a run of other settings, the folder holds only the parts that run
+    reads, its tables are unchanged by the deletion, and provenance's runs less pruned account
+    for the parts on disk; the old settings then compute their parts again."""
+    out = tmp_path / "r"
+    run_compare(CompareConfig(**TINY), out, workers=1, progress=False, figures=False)
+    old = {p.name for p in (out / "parts").glob("*.parquet")}
+    other = CompareConfig(**{**TINY, "steps": 2})
+    kept, _ = run_compare(other, out, workers=1, progress=False, figures=False, prune=True)
+    left = {p.name for p in (out / "parts").glob("*.parquet")}
+    assert len(left) == 2 and not left & old
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), kept)
+    record = json.loads((out / "provenance.json").read_text())
+    assert [entry["parts"] for entry in record["pruned"]] == [2]
+    assert sum(r["parts"] for r in record["runs"]) - 2 == len(left)
+    again, _ = run_compare(other, out, workers=1, progress=False, figures=False, prune=True)
+    pd.testing.assert_frame_equal(again, kept)  # nothing else to prune: no new entry
+    assert len(json.loads((out / "provenance.json").read_text())["pruned"]) == 1
+
+
 def test_compare_cli_reports_only_its_own_runs_and_refuses_bad_flags(tmp_path, capsys):
     base = [
         "compare",
@@ -221,6 +241,10 @@ def test_compare_cli_reports_only_its_own_runs_and_refuses_bad_flags(tmp_path, c
     assert main([*base, "--steps", "2"]) == 0  # other settings: its own runs, its own tables
     capsys.readouterr()
     assert pd.read_parquet(tmp_path / "r" / "results.parquet")["step"].max() == 2
+    assert len(list((tmp_path / "r" / "parts").glob("*.parquet"))) == 4  # both settings' parts
+    assert main([*base, "--steps", "2", "--prune"]) == 0  # the first settings' parts go
+    assert "pruned 2 parts" in capsys.readouterr().err
+    assert len(list((tmp_path / "r" / "parts").glob("*.parquet"))) == 2
     for bad in ("0", "-1", "two"):
         with pytest.raises(SystemExit) as exit_info:
             main([*base[:-3], "--workers", bad])

@@ -57,6 +57,7 @@ from .compare import (
 from .planner import Job, RunFolder, check_backend
 from .plots import HIGHLIGHT, final_scores, format_scores, render_all
 from .results import (
+    prune_parts,
     recording_tables,
     write_csv,
     write_parquet_if_changed,
@@ -521,6 +522,7 @@ def run_sweep(
     progress: bool = True,
     force: bool = False,
     figures: bool = True,
+    prune: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run (or resume) ``plan`` into ``out_dir``; returns ``(results, scores)``.
 
@@ -530,7 +532,9 @@ def run_sweep(
     an already initialised Ray is used as it is. The plan's finished parts are reused (their
     names say what made them; ``force``: recompute them), the others computed. Ctrl-C or SIGTERM stop at once with ``KeyboardInterrupt``
     (:class:`~.signals.Terminated` for SIGTERM), a failing run with :class:`SweepRunError`; every
-    finished part is on disk, and the same call resumes with the missing ones.
+    finished part is on disk, and the same call resumes with the missing ones. ``prune``: once
+    every part of the plan is on disk, the folder's other parts (runs of other settings, which
+    their names keep apart) are deleted (:func:`~.results.prune_parts`).
     """
     check_backend(backend, workers)  # before anything is written
     folder = RunFolder(out_dir, plan.to_dict(), record="plan.json", force=force)
@@ -548,6 +552,8 @@ def run_sweep(
     )
 
     results = collect_results(plan, folder.parts)
+    if prune:
+        prune_parts(folder.out, {name for name, _ in parts})
     with recording_tables(folder.out):  # files rewritten only when their bytes change
         write_parquet_if_changed(results, folder.out / "results.parquet")
         scores = summarize(plan, final_scores(results))
