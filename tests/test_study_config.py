@@ -60,6 +60,19 @@ def test_a_new_record_holds_the_sections_and_reads_back(tmp_path):
     assert again == config and point == {"tiny_tf": (1e-3, 4)}
 
 
+def test_a_record_holds_only_the_sections_of_its_rungs(tmp_path):
+    """A bandit-only study records the bandit section alone: another section's values are no
+    setting it used, and read back as that section's defaults."""
+    from sandbox.study.rungs import record_calibration
+
+    config = StudyConfig(rungs=["bandit_exact"], sections={"tf": {"steps": 7}})
+    record_calibration(tmp_path, config, {"bandit_exact": (1.0, 2)})
+    assert list(json.loads((tmp_path / "config.json").read_text())["sections"]) == ["bandit"]
+    again, _ = read_record(tmp_path)
+    assert again.section("bandit") == config.section("bandit")
+    assert again.section("tf") == TfSettings()
+
+
 @pytest.mark.parametrize(
     ("sections", "message"),
     [

@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -400,7 +400,7 @@ def run_study(
     config.validate()
     config = with_folder(config, out, force)
     config.validate()
-    folder = RunFolder(out, asdict(config), force=force, device=config.device)
+    folder = RunFolder(out, config.record(), force=force, device=config.device)
     if note_rules and (note := rules_note(config)) is not None:
         print(note, file=sys.stderr, flush=True)
     kw = {"progress": progress, "workers": workers, "deadline": deadline}

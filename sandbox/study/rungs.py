@@ -508,6 +508,14 @@ class StudyConfig:
             if check is not None:
                 check()  # ValueError naming the section's setting
 
+    def record(self) -> dict[str, Any]:
+        """The settings as a folder records them (``config.json``): every field, and the sections
+        of the study's rungs only (another section's defaults are no setting this study used)."""
+        values = asdict(self)
+        used = {RUNGS[r].section for r in self.rungs if r in RUNGS}
+        values["sections"] = {k: v for k, v in values["sections"].items() if k in used}
+        return values
+
     def section(self, name: str) -> Any:
         """The settings of section ``name`` (above), e.g. ``config.section("tf")``."""
         if name not in self.sections:
@@ -565,8 +573,7 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
 
 def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
     """Write ``config.json`` with the calibrated point of every rung."""
-    values = asdict(config)
-    record = {**values, CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
+    record = {**config.record(), CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
     write_text(json.dumps(record, indent=2, default=str), Path(out) / "config.json")
 
 
