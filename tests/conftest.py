@@ -105,3 +105,28 @@ def signal_when(
         time.sleep(0.1)
     proc.send_signal(signum)
     return proc.communicate(timeout=120)[1]
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray instance of 2 CPUs for the test (skipped without Ray, or where one does not
+    start within 120 s: a sandbox without /dev/shm, say), shut down after it."""
+    ray = pytest.importorskip("ray")
+    import signal as signals
+
+    def give_up(signum, frame):
+        raise TimeoutError("no local Ray instance within 120 s")
+
+    previous = signals.signal(signals.SIGALRM, give_up)
+    signals.alarm(120)
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    except Exception as exc:  # Ray installed but unable to start here
+        pytest.skip(f"a local Ray instance did not start: {exc!r}")
+    finally:
+        signals.alarm(0)
+        signals.signal(signals.SIGALRM, previous)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -73,6 +73,17 @@ def test_a_bad_time_budget_is_one_line_naming_the_flag(tmp_path, capsys, value):
     assert not out.exists()  # checked before anything is written
 
 
+def test_a_time_budget_on_ray_is_one_line_naming_both_flags(tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main([*STUDY, "--out", str(out), "--backend", "ray", "--time-budget", "60"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --time-budget: only with --backend local (a Ray task is not stopped at a "
+        "deadline with its checkpoint)"
+    ]
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_a_budget_stops_between_units_and_the_rerun_equals_an_uninterrupted_study(
     tmp_path, in_process

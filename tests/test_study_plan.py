@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sandbox.experiments.runs import bandit_config, sequence_config, setting_model
-from sandbox.study import StudyConfig, calibrate
+from sandbox.study import StudyConfig, calibrate, run_study
 from sandbox.study.plan import pick_step_size
 from sandbox.train import SequenceTrainConfig
 from sandbox.train.sequence import SequenceTrainer
@@ -294,3 +294,25 @@ def test_the_claim_order_completes_the_papers_claims_soonest():
     assert order[:6] == ["dapo", "nsr_dapo", "nsr_decay_dapo", "unclipped", "grpo", "dgpo_1p5b"]
     assert sum(set(c.rules) <= set(order[:6]) for c in CLAIMS) == 4
     assert claim_order(["grpo", "gspo"], CLAIMS) == ["grpo", "gspo"]  # no reference: as given
+
+
+@pytest.mark.slow
+def test_a_study_on_ray_writes_the_local_pools_parts_and_tables(tmp_path, local_ray, monkeypatch):
+    """``backend="ray"``: each unit a Ray task that writes its parts where the driver reads them,
+    from the driver's working directory (a relative --out means the same folder); the parts and
+    tables are the local pool's, byte for byte."""
+    config = StudyConfig(
+        rules=["dapo", "nsr_dapo"],
+        rungs=["bandit_exact", "bandit_sampled"],
+        calib_seeds=2,
+        calib_steps=2,
+        group_size=4,
+        sections={"bandit": {"seeds": 3, "steps": 4, "exact_steps": 4, "lrs": [1.0, 4.0]}},
+    )
+    monkeypatch.chdir(tmp_path)
+    run_study(config, "ray", progress=False, backend="ray")
+    run_study(config, "local", progress=False, workers=2)
+    names = sorted(p.name for p in (tmp_path / "local" / "parts").glob("*.parquet"))
+    assert sorted(p.name for p in (tmp_path / "ray" / "parts").glob("*.parquet")) == names
+    for table in ("calibration.csv", "scores.csv", "ledger.csv", "transfer.csv"):
+        assert (tmp_path / "ray" / table).read_bytes() == (tmp_path / "local" / table).read_bytes()

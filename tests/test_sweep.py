@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import signal
 from pathlib import Path
 
 import pandas as pd
@@ -468,28 +467,11 @@ def test_names_that_leave_the_output_folder_are_refused(tmp_path, capsys, name):
 
 
 @pytest.mark.slow
-def test_ray_backend_matches_the_local_one(tiny, tmp_path):
-    ray = pytest.importorskip("ray")
-
-    def give_up(signum, frame):
-        raise TimeoutError("no local Ray instance within 120 s")
-
-    previous = signal.signal(signal.SIGALRM, give_up)
-    signal.alarm(120)
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    except Exception as exc:  # Ray installed but unable to start here (sandbox, no /dev/shm, ...)
-        pytest.skip(f"a local Ray instance did not start: {exc!r}")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    try:
-        results, scores = run_sweep(
-            tiny, tmp_path / "ray", backend="ray", progress=False, figures=False
-        )
-        assert ray.is_initialized()  # an instance the caller started is left running
-    finally:
-        ray.shutdown()
+def test_ray_backend_matches_the_local_one(tiny, tmp_path, local_ray):
+    results, scores = run_sweep(
+        tiny, tmp_path / "ray", backend="ray", progress=False, figures=False
+    )
+    assert local_ray.is_initialized()  # an instance the caller started is left running
     assert run_ids(tmp_path / "ray" / "parts") == sorted(TINY_RUN_IDS)
     local, _ = run_sweep(tiny, tmp_path / "local", workers=1, progress=False, figures=False)
     pd.testing.assert_frame_equal(results, local)

@@ -159,13 +159,15 @@ class RunFolder:
         written: Callable[..., None] | None = None,
         threads: int | None = 1,
         deadline: float | None = None,
+        gpus: float = 0.0,
     ) -> list[Job]:
         """Run ``jobs`` (``total`` parts wanted in all), each writing its parts as it finishes
         (:func:`compute_parts`); ``written(*job.args)`` (a module-level function) runs where the
         job ran once all its parts are on disk (e.g. removing the checkpoint a resumed run would
         read). ``backend``: one of :data:`BACKENDS` (:func:`check_backend`,
         before any run). ``threads``: torch's intra-op threads while jobs run in this process
-        (:func:`_torch_threads`); pool workers always use 1.
+        (:func:`_torch_threads`); pool workers always use 1. ``gpus``: the GPUs a Ray task asks
+        for (Ray hides the GPUs from a task that asks for none).
 
         ``deadline`` (a :func:`time.monotonic` time; a time budget): jobs start in order while
         each is expected (:meth:`expected`) to end by it; the first that is not starts nothing
@@ -203,7 +205,7 @@ class RunFolder:
             admit_now = None if deadline is None else admit
             stream = _stream(
                 (fn, written), jobs, str(self.parts), workers, backend, address, error, threads,
-                admit_now, deadline,
+                admit_now, deadline, gpus,
             )  # fmt: skip
             with contextlib.closing(stream):
                 for job in stream:
@@ -283,13 +285,14 @@ def compute_parts(
     return parts
 
 
-def _stream(fns, jobs, folder, workers, backend, address, error, threads, admit, deadline):
+def _stream(fns, jobs, folder, workers, backend, address, error, threads, admit, deadline, gpus):
     """Each job as it finishes (:func:`compute_parts` with ``fns``), its parts on disk: here, in
-    the forkserver pool (always with a ``deadline``; ``admit`` goes with it), or on Ray."""
+    the forkserver pool (always with a ``deadline``; ``admit`` goes with it), or on Ray (each
+    task with ``gpus``)."""
     if not jobs:
         return _here(fns, jobs, folder, error, None)
     if backend == "ray":
-        return _ray(fns, jobs, folder, workers, address, error)
+        return _ray(fns, jobs, folder, workers, address, error, gpus)
     workers = max(1, min(workers or min(os.cpu_count() or 1, 4), len(jobs)))
     if workers == 1 and deadline is None:
         return _here(fns, jobs, folder, error, threads)
@@ -340,9 +343,19 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _ray(fns, jobs, folder, workers, address, error) -> Iterator[Job]:
-    """The jobs as Ray tasks; each writes its parts into ``folder``, which every node must see
-    at that path (one machine, or a filesystem the cluster's nodes share)."""
+def _ray_task(cwd: str, *args: Any) -> tuple[str, ...]:
+    """:func:`compute_parts` in a Ray task, from the driver's working directory ``cwd`` where
+    this node has it (the checkout at the same path on every node): a relative path in a job
+    (a warm start, the llm rung's scratch) means there what it means to the driver."""
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    return compute_parts(*args)
+
+
+def _ray(fns, jobs, folder, workers, address, error, gpus=0.0) -> Iterator[Job]:
+    """The jobs as Ray tasks of one CPU and ``gpus`` GPUs each; each writes its parts into
+    ``folder``, which every node must see at that path (one machine, or a filesystem the
+    cluster's nodes share)."""
     import ray  # there: check_backend
 
     started = False
@@ -353,8 +366,9 @@ def _ray(fns, jobs, folder, workers, address, error) -> Iterator[Job]:
             ray.init(num_cpus=workers, include_dashboard=False)
         started = True
     try:
-        task = ray.remote(num_cpus=1)(compute_parts)
-        pending = {task.remote(fns, folder, job.parts, *job.args): job for job in jobs}
+        task = ray.remote(num_cpus=1, num_gpus=gpus)(_ray_task)
+        here, folder = os.getcwd(), str(Path(folder).resolve())
+        pending = {task.remote(here, fns, folder, job.parts, *job.args): job for job in jobs}
         while pending:
             ref = ray.wait(list(pending), num_returns=1)[0][0]
             job = pending.pop(ref)

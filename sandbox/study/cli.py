@@ -32,7 +32,7 @@ from sandbox.configs import (
     positive_int,
     profile_settings,
 )
-from sandbox.experiments.planner import answer_signal
+from sandbox.experiments.planner import BACKENDS, answer_signal
 from sandbox.experiments.pool import own_command
 from sandbox.experiments.signals import terminate_raises
 
@@ -87,6 +87,19 @@ def build_parser(prog: str, description: str, profiles: Mapping[str, Any]) -> St
         type=positive_int,  # 0 and -3 were taken for the default, as compare's refuses
         default=None,
         help="processes (default: up to 4)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="local",
+        help="local process pool, or Ray tasks (one per unit; a GPU each with --device cuda): "
+        "--out, and the llm rung's scratch, on a filesystem every node mounts; no --time-budget",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (e.g. auto or ray://host:10001); default: start a local Ray "
+        "instance with --workers CPUs",
     )
     parser.add_argument("--doc", default=None, help="also write the markdown write-up to this path")
     parser.add_argument(
@@ -154,6 +167,11 @@ def parse_study_args(
             raise ValueError(removed[word.split("=", 1)[0]])
     args = build_parser(prog, description, profiles).parse_args(argv)
     args.time_budget = time_budget(args.time_budget)
+    if args.time_budget is not None and args.backend != "local":
+        raise ValueError(
+            "--time-budget: only with --backend local (a Ray task is not stopped at a deadline "
+            "with its checkpoint)"
+        )
     settings = profile_settings(args, StudyConfig, dict(profiles), "claims")
     sections = {name: dict(settings.pop(name, {})) for name in SECTIONS}
     used = {RUNGS[r].section for r in settings.get("rungs", StudyConfig().rungs) if r in RUNGS}
@@ -254,6 +272,8 @@ def _main(
                     workers=args.workers,
                     time_budget=args.time_budget,
                     note_rules=args.rules is not None,  # a profile's rules are its own choice
+                    backend=args.backend,
+                    address=args.address,
                 )
             if folder is not None and folder.parent == out:  # every run is a part now
                 shutil.rmtree(folder, ignore_errors=True)

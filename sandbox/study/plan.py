@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from sandbox.configs import check_number
-from sandbox.experiments.planner import Job, RunFolder, check_workers
+from sandbox.experiments.planner import Job, RunFolder, check_backend
 from sandbox.experiments.results import prune_parts
 from sandbox.experiments.runs import RunSpec, run_specs
 from sandbox.grad_noise import GRAD_NOISE_COLUMNS
@@ -386,6 +386,8 @@ def run_study(
     workers: int | None = None,
     time_budget: float | None = None,
     note_rules: bool = False,
+    backend: str = "local",
+    address: str | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Calibrate, run and analyse (resuming what ``out`` holds); returns the tables
     (:func:`.tables.write_tables`: by name, ``results`` the tidy rows).
@@ -394,16 +396,25 @@ def run_study(
     end in time (:meth:`RunFolder.expected`), units still running at the end are stopped as on
     SIGTERM, and :class:`BudgetSpent` says what is left; the same call again goes on.
     ``note_rules`` (``--rules`` given): once the folder accepts the study, one line on stderr
-    names the claims its rules (the folder's too) leave out of the ledger (:func:`rules_note`)."""
+    names the claims its rules (the folder's too) leave out of the ledger (:func:`rules_note`).
+    ``backend``, ``address``: the executor's (:meth:`RunFolder.run`; ``ray``: each unit a Ray
+    task, with a GPU on ``device`` cuda; ``out`` on a filesystem every node mounts, and the llm
+    rung's scratch too, so a cut run resumes on any node), without a time budget."""
     deadline = None if time_budget is None else time.monotonic() + check_time_budget(time_budget)
-    check_workers(workers)  # before config.json is written (0 would be the default pool size)
+    check_backend(backend, workers)  # before config.json is written (0: the default pool size)
+    if deadline is not None and backend != "local":
+        raise ValueError(
+            f"time_budget: only on the local backend (a {backend} task is not stopped at a "
+            "deadline with its checkpoint)"
+        )
     config.validate()
     config = with_folder(config, out, force)
     config.validate()
     folder = RunFolder(out, config.record(), force=force, device=config.device)
     if note_rules and (note := rules_note(config)) is not None:
         print(note, file=sys.stderr, flush=True)
-    kw = {"progress": progress, "workers": workers, "deadline": deadline}
+    kw = {"progress": progress, "workers": workers, "deadline": deadline, "backend": backend}
+    kw |= {"address": address, "gpus": 1.0 if backend == "ray" and config.device == "cuda" else 0}
     done = _run(folder, config, calibration_jobs(config), "calibration", 0, time_budget, **kw)
     point = calibrate(calibration_curve(calibration_rows(folder.parts, config)), config)
     record_calibration(folder.out, config, point)
