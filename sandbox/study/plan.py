@@ -78,9 +78,9 @@ ROW_COLUMNS = (
 def calibration_jobs(config: StudyConfig) -> list[StudyJob]:
     """Every calibration run: the reference rule on each rung's step-size grid x mu grid."""
     return [
-        StudyJob("calib", rung, REFERENCE, lr, mu, 0)
+        StudyJob("calib", rung, REFERENCE, lr, epochs, 0)
         for rung in config.rungs
-        for mu in RUNGS[rung].epochs(config)
+        for epochs in RUNGS[rung].epochs(config)
         for lr in RUNGS[rung].lrs(config)
     ]
 
@@ -113,11 +113,11 @@ def study_jobs(config: StudyConfig, settings: Mapping[str, tuple[float, int]]) -
     for rung in config.rungs:
         r = RUNGS[rung]
         seeds = [0] if r.traits.replicates else range(config.seeds(rung))
-        lr, mu = settings[rung]
+        lr, epochs = settings[rung]
         rules = rung_rules(config, rung)
         if not r.traits.replicates:
             rules = claim_order(rules, study_claims(config))
-        out += [StudyJob("study", rung, rule, lr, mu, s) for rule in rules for s in seeds]
+        out += [StudyJob("study", rung, rule, lr, epochs, s) for rule in rules for s in seeds]
     return out
 
 

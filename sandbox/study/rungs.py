@@ -499,8 +499,8 @@ class StudyConfig:
                 f"target_low, target_high must satisfy 0 <= low < high <= 1, got "
                 f"{self.target_low}, {self.target_high}"
             )
-        mus = [mu for rung in self.rungs for mu in RUNGS[rung].epochs(self)]
-        if min(self.epochs + mus) * self.minibatches < 2:
+        grids = [e for rung in self.rungs for e in RUNGS[rung].epochs(self)]
+        if min(self.epochs + grids) * self.minibatches < 2:
             raise ValueError("epochs x minibatches must be >= 2: on-policy no rule clips")
         check_device(self.device)
         for name in dict.fromkeys(RUNGS[rung].section for rung in self.rungs):
@@ -573,7 +573,7 @@ def read_record(out: str | Path) -> tuple[StudyConfig, dict[str, tuple[float, in
 
 def record_calibration(out: Path, config: StudyConfig, point: Mapping[str, tuple[float, int]]):
     """Write ``config.json`` with the calibrated point of every rung."""
-    record = {**config.record(), CALIBRATED: {r: [lr, mu] for r, (lr, mu) in point.items()}}
+    record = {**config.record(), CALIBRATED: {r: [lr, epochs] for r, (lr, epochs) in point.items()}}
     write_text(json.dumps(record, indent=2, default=str), Path(out) / "config.json")
 
 
@@ -757,11 +757,11 @@ def rung_rules(config: StudyConfig, rung: str) -> list[str]:
     r = RUNGS[rung]
     if not r.traits.deterministic:
         return list(config.rules)
-    lr, mu = r.lrs(config)[0], r.epochs(config)[0]
+    lr, epochs = r.lrs(config)[0], r.epochs(config)[0]
 
     def admitted(rule: str) -> bool:
-        job = StudyJob("study", rung, rule, lr, mu, 0)
-        return has_exact_flow(replace(r.spec(config, job, seeds=1, steps=1), epochs=mu))
+        job = StudyJob("study", rung, rule, lr, epochs, 0)
+        return has_exact_flow(replace(r.spec(config, job, seeds=1, steps=1), epochs=epochs))
 
     return [rule for rule in config.rules if admitted(rule)]
 

@@ -121,12 +121,12 @@ def plot_calibration(
     with _panels(rungs, (4, 3.2), path) as axes:
         for ax, rung in zip(axes, rungs, strict=False):
             c = curve[curve["rung"] == rung].sort_values("lr", kind="stable")
-            for mu, m in c.groupby("epochs"):
-                ax.plot(m["lr"], m["clip_share"], marker="o", label=f"{mu} epochs")
+            for epochs, m in c.groupby("epochs"):
+                ax.plot(m["lr"], m["clip_share"], marker="o", label=f"{epochs} epochs")
             ax.axhspan(low, high, color="tab:green", alpha=0.15)
             if rung in chosen:
-                lr, mu = chosen[rung]
-                pick = c[(c["lr"] == lr) & (c["epochs"] == mu)]
+                lr, epochs = chosen[rung]
+                pick = c[(c["lr"] == lr) & (c["epochs"] == epochs)]
                 ax.plot(pick["lr"], pick["clip_share"], "k*", ms=12, label="chosen")
             ax.set(title=rung, xlabel="step size", ylabel="dapo clip share")
             ax.legend(fontsize=7)
