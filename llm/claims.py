@@ -242,6 +242,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # EPYC), the step-size grid at and below the pilot's 2e-5 (dapo clipped ~11% there, above the
     # 5-10% band)
     "cpu": {
+        "control_seeds": 16,  # the step-size control on the toy rungs (README: 16 tuning seeds)
         "llm": {
             "task": "addition",
             "task_knobs": {"digits": 1},

@@ -114,3 +114,11 @@ def test_a_study_with_the_control_reads_the_claims_at_each_rules_own_step_size(
     write_doc(out, doc)
     page = doc.read_text().split("## Step-size control")[1].split("\n## ")[0]
     assert "| bandit_sampled | nsr_dapo |" in page and "| verdict_calibrated | same |" in page
+    # the same study without the control (its parts reused): no control table of the earlier
+    # command is left in the folder as if this study had made it
+    off = in_process(llm.claims.main, *argv[:-3], "--control-seeds", "0", "--no-progress",
+                     "--workers", "1", "--out", str(out))  # fmt: skip
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert not {n for n in before if (out / n).exists()}
+    write_doc(out, doc)
+    assert "(no `ledger_control.csv` in this folder)" in doc.read_text()

@@ -48,14 +48,17 @@ from .analysis import (
 from .claims import CLAIMS, Bounds, claim_from_record
 from .rungs import StudyConfig, study_bounds, study_claims
 
+#: The tables of the step-size control, written only where it ran (phase ``tune`` rows).
+CONTROL_TABLES = {"step_size_choice", "ledger_control"}
+
 
 def write_tables(
     rows: pd.DataFrame, out: Path, config: StudyConfig | None = None
 ) -> dict[str, pd.DataFrame]:
     """``results.parquet`` and the CSVs (calibration, scores, summary, ledger, power,
     entropy_law, grad_noise, bounds, axis; with the step-size control, step_size_choice and
-    ledger_control; transfer, transfer_agreement) and the figures; returns the tables by name,
-    ``results`` the tidy rows.
+    ledger_control, and without it neither is left in ``out``; transfer, transfer_agreement) and
+    the figures; returns the tables by name, ``results`` the tidy rows.
 
     The same rows, in any order, give the same bytes (:func:`canonical_rows`, stable sorts,
     :func:`~.results.write_csv`'s float format, PNGs without a version stamp), and a file whose
@@ -85,6 +88,8 @@ def write_tables(
             tables["ledger_control"] = controlled_ledger(control, claims, bounds, tables["ledger"])
         for name, table in tables.items():
             write_csv(table, out / f"{name}.csv")
+        for name in CONTROL_TABLES.difference(tables):  # an earlier command's, not this study's
+            (out / f"{name}.csv").unlink(missing_ok=True)
         ledgers = [tables["ledger"], tables["ledger_auc"]]
         tables["transfer"], tables["transfer_agreement"] = write_transfer(out, ledgers)
         plot_calibration(tables["calibration"], tables["summary"], out / "calibration.png", config)
