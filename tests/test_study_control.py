@@ -122,3 +122,23 @@ def test_a_study_with_the_control_reads_the_claims_at_each_rules_own_step_size(
     assert not {n for n in before if (out / n).exists()}
     write_doc(out, doc)
     assert "(no `ledger_control.csv` in this folder)" in doc.read_text()
+
+
+def test_the_units_left_are_an_upper_bound_until_the_tuning_has_chosen(tmp_path, in_process):
+    """A time budget's count of units left: exact once the tuning runs are parts (a rule whose
+    own step size is the calibrated one has no control run), and said to be at most that many
+    before (one control run per rule is counted)."""
+    from sandbox.experiments.planner import RunFolder
+    from sandbox.study.plan import BudgetSpent, _units_left
+
+    out = tmp_path / "study"
+    argv = ["--quick", "--rungs", "bandit_sampled", "--control-seeds", "2", "--no-progress"]
+    assert in_process(llm.claims.main, *argv, "--workers", "1", "--out", str(out)).returncode == 0
+    config, _ = llm.claims.parse_args([*argv, "--out", str(out)])
+    folder = RunFolder(out, config.record())
+    assert _units_left(folder, config) == (0, 0, False)
+    tuned = sorted((out / "parts").glob("tune__*"))
+    tuned[0].unlink()
+    assert _units_left(folder, config) == (0, 1 + len(config.rules), True)
+    line = str(BudgetSpent(60, 5, 0, 2, 0, bound=True))
+    assert line == "time budget of 60 s spent: 2 units run, at most 5 left (all in the study)"

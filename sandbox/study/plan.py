@@ -288,9 +288,10 @@ def _run(
     unrun = folder.run(run_jobs, todo, total=len(jobs), desc=desc, written=jobs_written, **kw)
     done += len(todo) - len(unrun)
     if unrun:  # only a deadline leaves units without an error
-        in_calib, in_study = _units_left(folder, config)
+        in_calib, in_study, bound = _units_left(folder, config)
         assert budget is not None
-        raise BudgetSpent(budget, in_calib + in_study, in_calib, done, len(folder.stopped))
+        left = (in_calib + in_study, in_calib)
+        raise BudgetSpent(budget, *left, done, len(folder.stopped), bound=bound)
     return done
 
 
@@ -333,9 +334,12 @@ def study_rows(
 class BudgetSpent(Exception):
     """:func:`run_study`'s time budget ended the call with units (one rule x one group of seeds)
     left: ``left`` in all, ``calibration`` of them in the calibration phase; ``done`` this call;
-    ``stopped``: those the budget's end stopped while they ran."""
+    ``stopped``: those the budget's end stopped while they ran; ``bound``: ``left`` is an upper
+    bound (the step-size control's runs, before its tuning has chosen the rules' step sizes)."""
 
-    def __init__(self, budget: float, left: int, calibration: int, done: int, stopped: int):
+    def __init__(
+        self, budget: float, left: int, calibration: int, done: int, stopped: int, bound=False
+    ):
         self.budget, self.left, self.calibration = budget, left, calibration
         self.done, self.stopped = done, stopped
         where = f"{calibration} of them calibration" if calibration else "all in the study"
@@ -345,7 +349,8 @@ class BudgetSpent(Exception):
             else ""
         )
         super().__init__(
-            f"time budget of {budget:g} s spent: {done} units run, {left} left ({where}){cut}"
+            f"time budget of {budget:g} s spent: {done} units run, {'at most ' * bound}{left} "
+            f"left ({where}){cut}"
         )
 
 
@@ -354,9 +359,11 @@ def check_time_budget(value: Any) -> float:
     return check_number("time_budget", value, what="a number of seconds")
 
 
-def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
+def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int, bool]:
     """Units still to run in the calibration and in the study (the step-size control's
-    included: its tuning runs, then one run per rule and controlled rung)."""
+    included: its tuning runs, then a run per rule and controlled rung whose own step size is
+    not the calibrated one), and whether that is an upper bound: before the tuning has run, one
+    control run per rule is counted."""
     calib = [j for j in calibration_jobs(config) if not folder.done(job_part(config, j))]
     open_rungs = {j.rung for j in calib}
     done_rungs = replace(config, rungs=[r for r in config.rungs if r not in open_rungs])
@@ -367,14 +374,15 @@ def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int]:
         point[rung] = (RUNGS[rung].lrs(config)[0], RUNGS[rung].epochs(config)[0])
     study = [j for j in study_jobs(config, point) if not folder.done(job_part(config, j))]
     tune = [j for j in tune_jobs(config, point) if not folder.done(job_part(config, j))]
-    if tune or open_rungs:  # each rule's own step size is not known yet: one run each
+    control, bound = [], bool(controlled_rungs(config)) and bool(tune or open_rungs)
+    if bound:  # each rule's own step size is not known yet: one run each, at most
         control = [(r, rule) for r in controlled_rungs(config) for rule in rung_rules(config, r)]
-    else:
+    elif controlled_rungs(config):
         chosen = step_size_choice(read_jobs(folder.parts, config, tune_jobs(config, point)))
         control = control_jobs(config, point, chosen)
         control = [j for j in control if not folder.done(job_part(config, j))]
     rest = len(job_groups(config, study)) + len(job_groups(config, tune)) + len(control)
-    return len(job_groups(config, calib)), rest
+    return len(job_groups(config, calib)), rest, bound
 
 
 def run_study(
