@@ -290,8 +290,7 @@ def _run(
     if unrun:  # only a deadline leaves units without an error
         in_calib, in_study, bound = _units_left(folder, config)
         assert budget is not None
-        left = (in_calib + in_study, in_calib)
-        raise BudgetSpent(budget, *left, done, len(folder.stopped), bound=bound)
+        raise BudgetSpent(budget, in_calib + in_study, in_calib, done, len(folder.stopped), bound)
     return done
 
 
