@@ -35,7 +35,7 @@ from sandbox.streams import RNG
 
 from .claims import CLAIMS, Bounds, Claim, claim_from_record, claim_record, claim_rules
 
-# -- the study's constants ---------------------------------------------------------------
+# -- the study's constants -------------------------------------------------------------------------
 
 #: The reference rule every rung is calibrated with.
 REFERENCE = "dapo"
@@ -115,7 +115,7 @@ def section_settings(name: str, value: Any = None) -> Any:
         raise ValueError(f"{name}: {exc}") from None
 
 
-# -- value checks, each naming its setting ------------------------------------------------------
+# -- value checks, each naming its setting ---------------------------------------------------------
 
 
 def step_sizes(name: str, value: Any) -> list[float]:
@@ -201,7 +201,7 @@ def task_setting(task: str, task_knobs: Mapping[str, Any]) -> str:
     return "-".join([task, *(f"{k}{knob_text(v)}" for k, v in sorted(task_knobs.items()))])
 
 
-# -- the sandbox sections -----------------------------------------------------------------------
+# -- the sandbox sections --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ class TfSettings:
 register_section("bandit", BanditSettings)
 register_section("tf", TfSettings)
 
-# -- the rungs ------------------------------------------------------------------------------------
+# -- the rungs -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -402,7 +402,7 @@ def unregister_rung(name: str) -> None:
         raise unknown("rung", name, RUNGS)
 
 
-# -- the study's settings and a folder's record -------------------------------------------
+# -- the study's settings and a folder's record ----------------------------------------------------
 
 
 @dataclass
@@ -642,7 +642,7 @@ def rules_note(config: StudyConfig) -> str | None:
     )
 
 
-# -- the toy rungs ------------------------------------------------------------------------
+# -- the toy rungs ---------------------------------------------------------------------------------
 
 
 def probe_settings(config: StudyConfig, rule: str) -> dict[str, Any]:
