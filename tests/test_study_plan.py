@@ -228,6 +228,8 @@ ARGV = [
     "2.0",
     "4.0",
     "8.0",
+    "--control-seeds",  # the cpu profile's control off: calibration and study parts only
+    "0",
     "--workers",
     "2",
     "--no-progress",

@@ -13,6 +13,7 @@ import pytest
 
 from sandbox.study.analysis import (
     AGREEMENT_COLUMNS,
+    LEDGERS,
     TRANSFER_COLUMNS,
     clopper_pearson,
     transfer_agreement,
@@ -279,8 +280,7 @@ def _ledgers(out: Path) -> list[pd.DataFrame]:
         except pd.errors.EmptyDataError:
             return pd.DataFrame()
 
-    names = ("ledger.csv", "ledger_auc.csv")
-    return [read(out / name) for name in names if (out / name).exists()]
+    return [read(out / name) for name in LEDGERS if (out / name).exists()]
 
 
 def test_write_transfer_on_the_committed_ledgers_recounts_by_hand_and_keeps_its_bytes(tmp_path):

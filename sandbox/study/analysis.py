@@ -409,6 +409,9 @@ TRANSFER_COLUMNS = ["claim", "metric", "rung", "estimate", "lo", "hi", "verdict"
 AGREEMENT_COLUMNS = ["metric", "rung_a", "rung_b", "counted", "claims", "resolved", "same_sign"]
 AGREEMENT_COLUMNS += ["share", "lo", "hi", "unresolved", "result"]
 
+#: A study folder's ledger tables, in the order :func:`transfer_table` takes them (notebook 08).
+LEDGERS = ("ledger.csv", "ledger_auc.csv")
+
 #: The two countings of :func:`transfer_agreement` (see the module docstring).
 COUNTINGS = ("margin", "verdicts", "all")
 
@@ -535,7 +538,7 @@ def transfer_agreement(
 def write_transfer(
     out: str | Path, ledgers: Sequence[pd.DataFrame]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """From a study's ``ledgers`` (``ledger.csv``'s and ``ledger_auc.csv``'s, as the study just computed
+    """From a study's ``ledgers`` (the tables of :data:`LEDGERS`, as the study just computed
     them), write ``transfer.csv`` (:func:`transfer_table`) and ``transfer_agreement.csv``
     (:func:`transfer_agreement`) into the results folder ``out``, each only when its bytes
     change; returns both tables."""
