@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sandbox.experiments.runs import bandit_config, sequence_config, setting_model
-from sandbox.study import StudyConfig, calibrate, run_study
+from sandbox.study import RUNGS, StudyConfig, calibrate
 from sandbox.study.plan import pick_step_size
 from sandbox.train import SequenceTrainConfig
 from sandbox.train.sequence import SequenceTrainer
@@ -299,22 +299,22 @@ def test_the_claim_order_completes_the_papers_claims_soonest():
 
 
 @pytest.mark.slow
-def test_a_study_on_ray_writes_the_local_pools_parts_and_tables(tmp_path, local_ray, monkeypatch):
-    """``backend="ray"``: each unit a Ray task that writes its parts where the driver reads them,
-    from the driver's working directory (a relative --out means the same folder); the parts and
-    tables are the local pool's, byte for byte."""
-    config = StudyConfig(
-        rules=["dapo", "nsr_dapo"],
-        rungs=["bandit_exact", "bandit_sampled"],
-        calib_seeds=2,
-        calib_steps=2,
-        group_size=4,
-        sections={"bandit": {"seeds": 3, "steps": 4, "exact_steps": 4, "lrs": [1.0, 4.0]}},
-    )
-    monkeypatch.chdir(tmp_path)
-    run_study(config, "ray", progress=False, backend="ray")
-    run_study(config, "local", progress=False, workers=2)
+def test_a_study_on_ray_writes_the_local_pools_parts_and_tables(tmp_path):
+    """``python -m llm.claims --backend ray``: each unit a Ray task that imports what the command
+    registers (the llm rung), runs from the driver's working directory (a relative --out means
+    the same folder) and writes its parts where the driver reads them; every rung's parts and
+    the tables equal the local pool's, byte for byte."""
+    pytest.importorskip("ray")
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path}
+    study = ["-m", "llm.claims", "--quick", "--rules", "dapo", "nsr_dapo", "--no-progress"]
+    for out, backend in (("ray", "ray"), ("local", "local")):
+        argv = [sys.executable, *study, "--workers", "2", "--backend", backend, "--out", out]
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
     names = sorted(p.name for p in (tmp_path / "local" / "parts").glob("*.parquet"))
+    assert {name.split("__")[1] for name in names} == {*RUNGS, "llm"}  # the llm rung's too
     assert sorted(p.name for p in (tmp_path / "ray" / "parts").glob("*.parquet")) == names
     for table in ("calibration.csv", "scores.csv", "ledger.csv", "transfer.csv"):
         assert (tmp_path / "ray" / table).read_bytes() == (tmp_path / "local" / table).read_bytes()

@@ -343,13 +343,26 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _ray_task(cwd: str, *args: Any) -> tuple[str, ...]:
+def _ray_task(cwd: str, main: str | None, *args: Any) -> tuple[str, ...]:
     """:func:`compute_parts` in a Ray task, from the driver's working directory ``cwd`` where
     this node has it (the checkout at the same path on every node): a relative path in a job
-    (a warm start, the llm rung's scratch) means there what it means to the driver."""
+    (a warm start, the llm rung's scratch) means there what it means to the driver. ``main``:
+    the module the driver runs as ``__main__`` (``llm.claims``), imported first, as a
+    multiprocessing worker imports it: what it registers (the llm rung and its run kind) is
+    registered here too."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
+    if main is not None:
+        importlib.import_module(main)
     return compute_parts(*args)
+
+
+def _main_module() -> str | None:
+    """The module name this process runs as ``__main__`` (``python -m NAME``), None for a
+    script or a package's ``__main__`` (whose import would run it again)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    return None if name is None or name.endswith("__main__") else name
 
 
 def _ray(fns, jobs, folder, workers, address, error, gpus=0.0) -> Iterator[Job]:
@@ -367,8 +380,8 @@ def _ray(fns, jobs, folder, workers, address, error, gpus=0.0) -> Iterator[Job]:
         started = True
     try:
         task = ray.remote(num_cpus=1, num_gpus=gpus)(_ray_task)
-        here, folder = os.getcwd(), str(Path(folder).resolve())
-        pending = {task.remote(here, fns, folder, job.parts, *job.args): job for job in jobs}
+        here, main, folder = os.getcwd(), _main_module(), str(Path(folder).resolve())
+        pending = {task.remote(here, main, fns, folder, job.parts, *job.args): job for job in jobs}
         while pending:
             ref = ray.wait(list(pending), num_returns=1)[0][0]
             job = pending.pop(ref)
