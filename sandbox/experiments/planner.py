@@ -95,14 +95,20 @@ def check_workers(workers: Any) -> None:
         check_int("workers", workers)
 
 
-def check_backend(backend: str, workers: Any = None) -> None:
+def check_backend(backend: str, workers: Any = None, deadline: float | None = None) -> None:
     """Before any work: ``backend`` is one of :data:`BACKENDS`, and Ray is installed for
-    ``ray``; ``workers`` as :func:`check_workers` wants. Else a one-line ``ValueError``."""
+    ``ray``; ``workers`` as :func:`check_workers` wants; a ``deadline`` (a time budget) only on
+    the local backend. Else a one-line ``ValueError``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     check_workers(workers)
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError(f"--backend ray needs Ray: {RAY_HINT}")
+    if deadline is not None and backend != "local":
+        raise ValueError(
+            f"deadline (a time budget): only with backend='local' (a {backend} task is not "
+            "stopped at a deadline with its checkpoint)"
+        )
 
 
 class RunFolder:
@@ -178,9 +184,7 @@ class RunFolder:
         done); their parts are missing and a later call runs them."""
         from tqdm import tqdm
 
-        check_backend(backend, workers)  # workers=0 would be the default pool size
-        if deadline is not None and backend != "local":
-            raise ValueError(f"deadline: the {backend} backend has none (use backend='local')")
+        check_backend(backend, workers, deadline)  # workers=0 would be the default pool size
 
         todo = sum(len(job.parts) for job in jobs)
         if todo < total:

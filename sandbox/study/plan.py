@@ -373,10 +373,11 @@ def _units_left(folder: RunFolder, config: StudyConfig) -> tuple[int, int, bool]
         point[rung] = (RUNGS[rung].lrs(config)[0], RUNGS[rung].epochs(config)[0])
     study = [j for j in study_jobs(config, point) if not folder.done(job_part(config, j))]
     tune = [j for j in tune_jobs(config, point) if not folder.done(job_part(config, j))]
-    control, bound = [], bool(controlled_rungs(config)) and bool(tune or open_rungs)
+    controlled = controlled_rungs(config)
+    control, bound = [], bool(controlled) and bool(tune or open_rungs)
     if bound:  # each rule's own step size is not known yet: one run each, at most
-        control = [(r, rule) for r in controlled_rungs(config) for rule in rung_rules(config, r)]
-    elif controlled_rungs(config):
+        control = [(r, rule) for r in controlled for rule in rung_rules(config, r)]
+    elif controlled:
         chosen = step_size_choice(read_jobs(folder.parts, config, tune_jobs(config, point)))
         control = control_jobs(config, point, chosen)
         control = [j for j in control if not folder.done(job_part(config, j))]
@@ -408,12 +409,7 @@ def run_study(
     task, with a GPU on ``device`` cuda; ``out`` on a filesystem every node mounts, and the llm
     rung's scratch too, so a cut run resumes on any node), without a time budget."""
     deadline = None if time_budget is None else time.monotonic() + check_time_budget(time_budget)
-    check_backend(backend, workers)  # before config.json is written (0: the default pool size)
-    if deadline is not None and backend != "local":
-        raise ValueError(
-            f"time_budget: only on the local backend (a {backend} task is not stopped at a "
-            "deadline with its checkpoint)"
-        )
+    check_backend(backend, workers, deadline)  # before config.json is written
     config.validate()
     config = with_folder(config, out, force)
     config.validate()
@@ -421,7 +417,7 @@ def run_study(
     if note_rules and (note := rules_note(config)) is not None:
         print(note, file=sys.stderr, flush=True)
     kw = {"progress": progress, "workers": workers, "deadline": deadline, "backend": backend}
-    kw |= {"address": address, "gpus": 1.0 if backend == "ray" and config.device == "cuda" else 0}
+    kw |= {"address": address, "gpus": 1.0 if config.device == "cuda" else 0.0}  # on Ray
     done = _run(folder, config, calibration_jobs(config), "calibration", 0, time_budget, **kw)
     point = calibrate(calibration_curve(calibration_rows(folder.parts, config)), config)
     record_calibration(folder.out, config, point)
